@@ -1,0 +1,2 @@
+//! The waitroom node.
+pub mod xdp;
