@@ -23,7 +23,8 @@ fn main() -> anyhow::Result<()> {
         .as_str()
         .to_owned();
 
-    let skip = std::env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+    let skip =
+        std::env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     if skip {
         let out_dir = std::env::var("OUT_DIR").context("OUT_DIR not set")?;
         std::fs::write(std::path::Path::new(&out_dir).join("waitroom"), [])

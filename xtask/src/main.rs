@@ -1,1 +1,37 @@
-fn main(){}
+//! `cargo xtask VERB`: the project's automation, one file per verb.
+//!
+//! - `setup`: installs what a fresh machine lacks (idempotent).
+//! - `test`: setup, fmt, clippy, every test (privileged ones too when root).
+//! - `demo`: a waitroom node in front of a demo origin, on loopback.
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+mod cmd;
+mod demo;
+mod setup;
+mod test;
+
+#[derive(Debug, Parser)]
+#[command(about = "waitroom project automation")]
+struct Cli {
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(Debug, Subcommand)]
+enum Verb {
+    /// Install the toolchain pieces and Debian packages the build and tests need.
+    Setup,
+    /// Run setup, formatting and lint checks, and every test.
+    Test(test::Args),
+    /// Start a demo: a waitroom node in front of a small built-in origin.
+    Demo(demo::Args),
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().verb {
+        Verb::Setup => setup::run(),
+        Verb::Test(args) => test::run(&args),
+        Verb::Demo(args) => demo::run(&args),
+    }
+}

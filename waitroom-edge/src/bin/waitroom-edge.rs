@@ -1,1 +1,66 @@
-fn main(){}
+//! `waitroom-edge`: the node binary. Parses the command line, sets up logging,
+//! and hands over to the library.
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "waitroom edge node: a virtual waiting room in front of your site"
+)]
+struct Cli {
+    /// The node's TOML configuration.
+    #[arg(long, short, global = true, default_value = "/etc/waitroom/edge.toml")]
+    config: PathBuf,
+    /// Validate the configuration and exit.
+    #[arg(long)]
+    check: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the node (the default).
+    Run,
+    /// Serve the built-in demo origin (a small shop) for demos and tests.
+    DemoOrigin {
+        #[arg(long, default_value = "127.0.0.1:8081")]
+        listen: std::net::SocketAddr,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::DemoOrigin { listen }) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("starting the runtime")?
+            .block_on(waitroom_edge::demo_origin::serve(listen))
+            .context("demo origin"),
+        Some(Command::Run) | None => {
+            let config = waitroom_edge::config::load(&cli.config)?;
+            if cli.check {
+                println!(
+                    "{}: ok ({} room{})",
+                    cli.config.display(),
+                    config.rooms.len(),
+                    if config.rooms.len() == 1 { "" } else { "s" }
+                );
+                return Ok(());
+            }
+            waitroom_edge::run(config)
+        }
+    }
+}

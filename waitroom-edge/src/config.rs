@@ -1,0 +1,140 @@
+//! The node's configuration: one TOML file.
+//!
+//! Every error names the file, the field and what is wrong, because the person
+//! reading it is an operator at a terminal on launch day.
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
+
+use serde::Deserialize;
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Syntax {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("{path}: rooms[{index}] ({room}): {field}: {problem}")]
+    Room {
+        path: PathBuf,
+        index: usize,
+        room: String,
+        field: String,
+        problem: String,
+    },
+    #[error("{path}: {field}: {problem}")]
+    Field {
+        path: PathBuf,
+        field: String,
+        problem: String,
+    },
+}
+
+/// The `[node]` table: who this node is and where it listens.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSection {
+    /// Unique per node; the aggregator keys reports by it.
+    pub id: String,
+    /// The colo (data center) this node serves; slots are split between colos.
+    #[serde(default = "default_colo")]
+    pub colo: String,
+    /// Plain HTTP listener for visitors (HTTP/1.1 and h2c).
+    pub listen: SocketAddr,
+    /// Optional TLS listener (HTTP/1.1 and HTTP/2 via ALPN).
+    #[serde(default)]
+    pub tls: Option<TlsSection>,
+    /// Loopback-only admin listener: metrics, status, deny list.
+    #[serde(default)]
+    pub admin_listen: Option<SocketAddr>,
+    /// Worker threads; 0 means one per core.
+    #[serde(default)]
+    pub workers: usize,
+    /// Shared-memory file holding the node counters (survives restarts).
+    #[serde(default = "default_counters_path")]
+    pub counters_path: PathBuf,
+    /// Open connections per worker before new ones wait (backpressure).
+    #[serde(default = "default_max_connections")]
+    pub max_connections_per_worker: usize,
+    /// A client must send its full request head within this many milliseconds.
+    #[serde(default = "default_header_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// Largest request head accepted, bytes.
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: usize,
+    /// Most request headers accepted.
+    #[serde(default = "default_max_headers")]
+    pub max_headers: usize,
+    /// Grace period for in-flight requests on SIGTERM, milliseconds.
+    #[serde(default = "default_grace_ms")]
+    pub shutdown_grace_ms: u64,
+    /// Cookie keys; the first seals, all open (rotation). Absent: a key derived
+    /// at first start and kept beside the counters file.
+    #[serde(default)]
+    pub cookie_keys: Vec<CookieKey>,
+}
+
+/// TLS listener settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    pub listen: SocketAddr,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// One cookie key: an id carried in every cookie, and 32 bytes as hex.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CookieKey {
+    pub id: u8,
+    pub secret_hex: String,
+}
+
+impl std::fmt::Debug for CookieKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CookieKey")
+            .field("id", &self.id)
+            .field("secret_hex", &"<redacted>")
+            .finish()
+    }
+}
+
+fn default_colo() -> String {
+    "local".into()
+}
+fn default_counters_path() -> PathBuf {
+    "/dev/shm/waitroom-edge.counters".into()
+}
+fn default_max_connections() -> usize {
+    10_000
+}
+fn default_header_timeout_ms() -> u64 {
+    5_000
+}
+fn default_max_header_bytes() -> usize {
+    16 * 1024
+}
+fn default_max_headers() -> usize {
+    64
+}
+fn default_grace_ms() -> u64 {
+    10_000
+}
+
+/// Reads and validates `path`.
+pub fn load(path: &Path) -> Result<crate::EdgeConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    crate::EdgeConfig::parse(path, &text)
+}

@@ -1,0 +1,222 @@
+//! Node metrics: atomics on the request path, Prometheus text on the admin port.
+//!
+//! Hand-written on purpose: every update is a relaxed atomic add into fixed
+//! buckets, so the request path never takes a lock or allocates. The exposition
+//! side runs on the admin listener, off the request path.
+use std::{
+    fmt::Write as _,
+    sync::atomic::{AtomicU64, Ordering::Relaxed},
+    time::Duration,
+};
+
+/// A fixed-bucket latency histogram (seconds), lock-free.
+#[derive(Debug)]
+pub struct Histogram {
+    /// Upper bounds in microseconds.
+    bounds_us: &'static [u64],
+    /// One count per bound plus the +Inf bucket.
+    counts: Box<[AtomicU64]>,
+    sum_ns: AtomicU64,
+}
+
+/// Bounds for request-path latencies: 1 µs to 10 s.
+pub const LATENCY_BOUNDS_US: &[u64] = &[
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000,
+    250_000, 500_000, 1_000_000, 2_500_000, 10_000_000,
+];
+
+impl Histogram {
+    pub fn new(bounds_us: &'static [u64]) -> Self {
+        Self {
+            bounds_us,
+            counts: (0..=bounds_us.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let us = d.as_micros() as u64;
+        let i = self.bounds_us.partition_point(|&b| b < us);
+        self.counts[i].fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        for (i, bound) in self.bounds_us.iter().enumerate() {
+            cumulative += self.counts[i].load(Relaxed);
+            let le = *bound as f64 / 1e6;
+            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{le}\"}} {cumulative}");
+        }
+        cumulative += self.counts[self.bounds_us.len()].load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(
+            out,
+            "{name}_sum{{{}}} {}",
+            labels.trim_end_matches(','),
+            self.sum_ns.load(Relaxed) as f64 / 1e9
+        );
+        let _ = writeln!(
+            out,
+            "{name}_count{{{}}} {cumulative}",
+            labels.trim_end_matches(',')
+        );
+    }
+}
+
+/// Why a cookie could not be used (each makes a new visitor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CookieFailure {
+    Malformed,
+    Tampered,
+    UnknownKey,
+    OtherRoom,
+    Expired,
+    TooLarge,
+}
+
+impl CookieFailure {
+    pub const ALL: [Self; 6] = [
+        Self::Malformed,
+        Self::Tampered,
+        Self::UnknownKey,
+        Self::OtherRoom,
+        Self::Expired,
+        Self::TooLarge,
+    ];
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::Tampered => "tampered",
+            Self::UnknownKey => "unknown_key",
+            Self::OtherRoom => "other_room",
+            Self::Expired => "expired",
+            Self::TooLarge => "too_large",
+        }
+    }
+}
+
+/// Per-room counters.
+#[derive(Debug)]
+pub struct RoomMetrics {
+    pub admitted_new: AtomicU64,
+    pub admitted_returning: AtomicU64,
+    pub queued: AtomicU64,
+    pub rejected: AtomicU64,
+    pub proxy_errors: AtomicU64,
+    pub cookie_failures: [AtomicU64; 6],
+    pub decision_latency: Histogram,
+    pub proxy_latency: Histogram,
+}
+
+impl Default for RoomMetrics {
+    fn default() -> Self {
+        Self {
+            admitted_new: AtomicU64::new(0),
+            admitted_returning: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            proxy_errors: AtomicU64::new(0),
+            cookie_failures: Default::default(),
+            decision_latency: Histogram::new(LATENCY_BOUNDS_US),
+            proxy_latency: Histogram::new(LATENCY_BOUNDS_US),
+        }
+    }
+}
+
+impl RoomMetrics {
+    pub fn cookie_failure(&self, why: CookieFailure) {
+        let i = CookieFailure::ALL
+            .iter()
+            .position(|c| *c == why)
+            .unwrap_or(0);
+        self.cookie_failures[i].fetch_add(1, Relaxed);
+    }
+}
+
+/// Node-wide counters.
+#[derive(Debug, Default)]
+pub struct NodeMetrics {
+    pub connections_open: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub requests_unmatched: AtomicU64,
+}
+
+impl NodeMetrics {
+    pub fn connection_opened(&self) {
+        self.connections_open.fetch_add(1, Relaxed);
+        self.connections_total.fetch_add(1, Relaxed);
+    }
+    pub fn connection_closed(&self) {
+        self.connections_open.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Appends one metric family header.
+pub fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Renders a room's counters and histograms.
+pub fn render_room(out: &mut String, room: &str, m: &RoomMetrics) {
+    let l = format!("room=\"{room}\"");
+    let _ = writeln!(
+        out,
+        "waitroom_admitted_total{{{l},kind=\"new\"}} {}",
+        m.admitted_new.load(Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "waitroom_admitted_total{{{l},kind=\"returning\"}} {}",
+        m.admitted_returning.load(Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "waitroom_queued_total{{{l}}} {}",
+        m.queued.load(Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "waitroom_rejected_total{{{l}}} {}",
+        m.rejected.load(Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "waitroom_proxy_errors_total{{{l}}} {}",
+        m.proxy_errors.load(Relaxed)
+    );
+    for (i, why) in CookieFailure::ALL.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "waitroom_cookie_failures_total{{{l},reason=\"{}\"}} {}",
+            why.label(),
+            m.cookie_failures[i].load(Relaxed)
+        );
+    }
+    m.decision_latency
+        .render(out, "waitroom_decision_seconds", &format!("{l},"));
+    m.proxy_latency
+        .render(out, "waitroom_proxy_seconds", &format!("{l},"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_count_everything() {
+        let h = Histogram::new(LATENCY_BOUNDS_US);
+        h.observe(Duration::from_nanos(500));
+        h.observe(Duration::from_micros(150));
+        h.observe(Duration::from_secs(60));
+        let mut out = String::new();
+        h.render(&mut out, "x", "");
+        assert!(out.contains("x_bucket{le=\"0.000001\"} 1"), "{out}");
+        assert!(out.contains("x_bucket{le=\"0.0002\"} 2"), "{out}");
+        assert!(out.contains("x_bucket{le=\"10\"} 2"), "{out}");
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 3"), "{out}");
+        assert!(out.contains("x_count{} 3"), "{out}");
+    }
+}
