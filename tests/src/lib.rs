@@ -1,1 +1,3 @@
+pub mod edge;
 
+pub mod procs;

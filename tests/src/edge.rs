@@ -1,0 +1,75 @@
+//! Starting an edge node for a test.
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use anyhow::Result;
+
+use crate::procs::{Proc, binary, ready_field};
+
+/// A running `waitroom-edge`.
+#[derive(Debug)]
+pub struct Edge {
+    pub proc: Proc,
+    /// Where visitors connect.
+    pub http: SocketAddr,
+    /// The admin listener (metrics, status).
+    pub admin: SocketAddr,
+    pub config: PathBuf,
+}
+
+impl Edge {
+    /// Writes `config` to `dir/NAME.toml` and starts a node with it.
+    pub fn start(dir: &Path, name: &str, config: &str) -> Result<Self> {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, config)?;
+        Self::start_with(dir, name, &path)
+    }
+
+    /// Starts a node with an existing config file.
+    pub fn start_with(dir: &Path, name: &str, path: &Path) -> Result<Self> {
+        let mut cmd = Command::new(binary("waitroom-edge"));
+        cmd.arg("--config").arg(path).env("RUST_LOG", "info,waitroom_edge=debug");
+        let mut proc = Proc::spawn(name, cmd, dir)?;
+        let line = proc.wait_line("waitroom-edge ready:", Duration::from_secs(20))?;
+        Ok(Self {
+            http: ready_field(&line, "http")?.parse()?,
+            admin: ready_field(&line, "admin")?.parse()?,
+            proc,
+            config: path.to_owned(),
+        })
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+}
+
+/// A cookie-keeping HTTP client that never treats a status as an error.
+pub fn client() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(15)))
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .build()
+        .into()
+}
+
+/// A client without cookies kept between requests: every request a new visitor.
+pub fn fresh_visitor() -> ureq::Agent {
+    client()
+}
+
+/// Reads one Prometheus sample (`name{labels}` exactly as written) from a metrics page.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+}

@@ -1,0 +1,226 @@
+//! The visitor's cookie: the engine's ticket, sealed with an AEAD.
+//!
+//! Format (then base64url without padding):
+//! `version (1) | key id (1) | nonce (12) | ChaCha20-Poly1305(ticket bytes)`.
+//! The room id and the format version are the associated data, so a cookie from
+//! another room or format does not open. The key id lets keys rotate: the first
+//! configured key seals, every configured key opens. Whatever fails to open makes
+//! a new visitor (the caller counts why); it is never an error page.
+use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
+use chacha20poly1305::{
+    ChaCha20Poly1305, KeyInit as _, Nonce,
+    aead::{Aead as _, Payload},
+};
+
+use crate::metrics::CookieFailure;
+
+/// Cookie format version; bump when the layout changes.
+const FORMAT: u8 = 1;
+/// Largest cookie value we try to open; longer ones are refused unread.
+pub const MAX_COOKIE_LEN: usize = 512;
+const HEADER: usize = 2 + 12;
+
+/// Keys that seal and open cookies.
+#[derive(Clone)]
+pub struct CookieKeys {
+    /// `(id, cipher)`; the first seals.
+    keys: Vec<(u8, ChaCha20Poly1305)>,
+}
+
+impl std::fmt::Debug for CookieKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CookieKeys")
+            .field("ids", &self.keys.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// A configured key that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("cookie key {id}: secret_hex must be 64 hex digits (32 bytes)")]
+    BadSecret { id: u8 },
+    #[error("cookie key id {id} appears twice")]
+    DuplicateId { id: u8 },
+    #[error("no cookie keys")]
+    Empty,
+}
+
+impl CookieKeys {
+    /// Builds from `(id, 32-byte secret)`; the first one seals.
+    pub fn new(keys: &[(u8, [u8; 32])]) -> Result<Self, KeyError> {
+        if keys.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        let mut out: Vec<(u8, ChaCha20Poly1305)> = Vec::with_capacity(keys.len());
+        for (id, secret) in keys {
+            if out.iter().any(|(i, _)| i == id) {
+                return Err(KeyError::DuplicateId { id: *id });
+            }
+            out.push((*id, ChaCha20Poly1305::new(secret.into())));
+        }
+        Ok(Self { keys: out })
+    }
+
+    /// Parses `(id, hex)` pairs as found in the config.
+    pub fn from_hex(keys: &[(u8, &str)]) -> Result<Self, KeyError> {
+        let mut parsed = Vec::with_capacity(keys.len());
+        for (id, text) in keys {
+            let bytes = hex::decode(text.trim()).map_err(|_| KeyError::BadSecret { id: *id })?;
+            let secret: [u8; 32] = bytes
+                .try_into()
+                .map_err(|_| KeyError::BadSecret { id: *id })?;
+            parsed.push((*id, secret));
+        }
+        Self::new(&parsed)
+    }
+
+    /// Seals `plain` for `room`; returns the cookie value.
+    pub fn seal(&self, room: &str, plain: &[u8]) -> String {
+        let (id, cipher) = &self.keys[0];
+        let nonce_bytes: [u8; 12] = rand::random();
+        let aad = aad(room);
+        let sealed = cipher
+            .encrypt(
+                Nonce::from_slice(&nonce_bytes),
+                Payload {
+                    msg: plain,
+                    aad: &aad,
+                },
+            )
+            .unwrap_or_default();
+        let mut raw = Vec::with_capacity(HEADER + sealed.len());
+        raw.push(FORMAT);
+        raw.push(*id);
+        raw.extend_from_slice(&nonce_bytes);
+        raw.extend_from_slice(&sealed);
+        URL_SAFE_NO_PAD.encode(raw)
+    }
+
+    /// Opens a cookie value sealed for `room`.
+    pub fn open(&self, room: &str, value: &str) -> Result<Vec<u8>, CookieFailure> {
+        if value.len() > MAX_COOKIE_LEN {
+            return Err(CookieFailure::TooLarge);
+        }
+        let raw = URL_SAFE_NO_PAD
+            .decode(value.trim())
+            .map_err(|_| CookieFailure::Malformed)?;
+        if raw.len() < HEADER + 16 || raw[0] != FORMAT {
+            return Err(CookieFailure::Malformed);
+        }
+        let id = raw[1];
+        let Some((_, cipher)) = self.keys.iter().find(|(i, _)| *i == id) else {
+            return Err(CookieFailure::UnknownKey);
+        };
+        let aad = aad(room);
+        cipher
+            .decrypt(
+                Nonce::from_slice(&raw[2..HEADER]),
+                Payload {
+                    msg: &raw[HEADER..],
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| {
+                // A cookie that opens under another room's AAD is a stray, not an attack;
+                // we cannot tell which room without trying them all, so call it tampered.
+                CookieFailure::Tampered
+            })
+    }
+}
+
+fn aad(room: &str) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(room.len() + 10);
+    aad.extend_from_slice(b"waitroom");
+    aad.push(FORMAT);
+    aad.extend_from_slice(room.as_bytes());
+    aad
+}
+
+/// Name of the cookie for a room: one per room, so rooms never see each other's.
+pub fn cookie_name(room: &str) -> String {
+    let mut name = String::with_capacity(room.len() + 4);
+    name.push_str("__wr_");
+    for c in room.chars() {
+        name.push(if c.is_ascii_alphanumeric() { c } else { '_' });
+    }
+    name
+}
+
+/// Finds `name` among the request's `Cookie` headers.
+pub fn find<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(ids: &[u8]) -> CookieKeys {
+        let pairs: Vec<(u8, [u8; 32])> = ids.iter().map(|i| (*i, [*i; 32])).collect();
+        CookieKeys::new(&pairs).unwrap()
+    }
+
+    #[test]
+    fn sealed_cookie_opens_for_its_room_only() {
+        let k = keys(&[1]);
+        let c = k.seal("shop", b"ticket");
+        assert_eq!(k.open("shop", &c).unwrap(), b"ticket");
+        assert_eq!(k.open("other", &c), Err(CookieFailure::Tampered));
+    }
+
+    #[test]
+    fn rotation_previous_key_still_opens() {
+        let old = keys(&[1]);
+        let c = old.seal("shop", b"t");
+        let rotated = keys(&[2, 1]);
+        assert_eq!(rotated.open("shop", &c).unwrap(), b"t");
+        // New cookies are sealed with the new key; the old-only jar cannot open them.
+        let fresh = rotated.seal("shop", b"t");
+        assert_eq!(old.open("shop", &fresh), Err(CookieFailure::UnknownKey));
+    }
+
+    #[test]
+    fn every_flipped_bit_is_detected() {
+        let k = keys(&[7]);
+        let c = k.seal("shop", b"some ticket bytes");
+        let raw = URL_SAFE_NO_PAD.decode(&c).unwrap();
+        for i in 2..raw.len() {
+            let mut bad = raw.clone();
+            bad[i] ^= 0x01;
+            let v = URL_SAFE_NO_PAD.encode(&bad);
+            assert!(k.open("shop", &v).is_err(), "byte {i} flip accepted");
+        }
+    }
+
+    #[test]
+    fn garbage_truncated_and_huge_are_refused() {
+        let k = keys(&[1]);
+        let c = k.seal("shop", b"ticket");
+        assert_eq!(k.open("shop", "%%%"), Err(CookieFailure::Malformed));
+        assert_eq!(k.open("shop", &c[..10]), Err(CookieFailure::Malformed));
+        assert!(k.open("shop", &c[..c.len() - 3]).is_err());
+        assert_eq!(
+            k.open("shop", &"A".repeat(MAX_COOKIE_LEN + 1)),
+            Err(CookieFailure::TooLarge)
+        );
+    }
+
+    #[test]
+    fn finds_the_named_cookie_among_many() {
+        let mut h = http::HeaderMap::new();
+        h.append(http::header::COOKIE, "a=1; __wr_shop=xyz".parse().unwrap());
+        h.append(http::header::COOKIE, "b=2".parse().unwrap());
+        assert_eq!(find(&h, "__wr_shop"), Some("xyz"));
+        assert_eq!(find(&h, "b"), Some("2"));
+        assert_eq!(find(&h, "c"), None);
+        assert_eq!(cookie_name("my room/1"), "__wr_my_room_1");
+    }
+}

@@ -1,0 +1,215 @@
+//! What a queued visitor sees: a Mustache page, or JSON for apps.
+//!
+//! The variables are those of the hosted product the operators know (seed 001):
+//! `waitTime`, `waitTime25Percentile`…, `waitTimeFormatted`, `queueIsFull`,
+//! `queueAll`, `lastUpdated`, `refreshIntervalSeconds`, `queueingMethod`,
+//! `isFIFOQueue`, `isRandomQueue`, plus `visitorsAhead`. The built-in page works
+//! without JavaScript: it refreshes itself with `<meta http-equiv="refresh">`
+//! and the response's `Refresh` header after the ticket's own interval.
+use ramhorns::{Content, Template};
+use serde::Serialize;
+
+/// Everything a queue page or an app is told.
+#[derive(Debug, Clone, Content, Serialize)]
+#[ramhorns(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
+pub struct QueueView {
+    pub in_waiting_room: bool,
+    pub wait_time_known: bool,
+    /// Minutes (FIFO: the estimate; random: the median).
+    pub wait_time: u64,
+    #[ramhorns(rename = "waitTime25Percentile")]
+    #[serde(rename = "waitTime25Percentile")]
+    pub wait_time_25_percentile: u64,
+    #[ramhorns(rename = "waitTime50Percentile")]
+    #[serde(rename = "waitTime50Percentile")]
+    pub wait_time_50_percentile: u64,
+    #[ramhorns(rename = "waitTime75Percentile")]
+    #[serde(rename = "waitTime75Percentile")]
+    pub wait_time_75_percentile: u64,
+    pub wait_time_formatted: String,
+    pub queue_is_full: bool,
+    pub queue_all: bool,
+    /// RFC 3339, UTC.
+    pub last_updated: String,
+    pub refresh_interval_seconds: u64,
+    pub queueing_method: String,
+    #[ramhorns(rename = "isFIFOQueue")]
+    #[serde(rename = "isFIFOQueue")]
+    pub is_fifo_queue: bool,
+    pub is_random_queue: bool,
+    pub visitors_ahead: u64,
+    /// The room's name (for templates).
+    #[serde(skip)]
+    pub room: String,
+}
+
+/// "about 10 minutes", "5 minutes to 15 minutes", "less than a minute".
+pub fn format_wait(known: bool, fifo: bool, p25: u64, p50: u64, p75: u64, full: bool) -> String {
+    if full {
+        return "more than a day".into();
+    }
+    if !known {
+        return "being calculated".into();
+    }
+    let m = |n: u64| match n {
+        0 => "less than a minute".to_owned(),
+        1 => "1 minute".to_owned(),
+        n => format!("{n} minutes"),
+    };
+    if fifo || p25 == p75 {
+        m(p50)
+    } else {
+        format!("{} to {}", m(p25), m(p75))
+    }
+}
+
+/// The built-in page: plain HTML and CSS, no JavaScript needed.
+pub const DEFAULT_TEMPLATE: &str = r#"<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width,initial-scale=1">
+<meta http-equiv="refresh" content="{{refreshIntervalSeconds}}">
+<title>You are in line</title>
+<style>
+ body{margin:0;font-family:system-ui,-apple-system,"Segoe UI",sans-serif;background:#f4f5f7;color:#1d2330}
+ main{max-width:34rem;margin:10vh auto;background:#fff;border-radius:12px;padding:2rem 2.2rem;box-shadow:0 2px 12px rgba(0,0,0,.08)}
+ h1{font-size:1.5rem;margin:0 0 .8rem}
+ .wait{font-size:2rem;font-weight:600;margin:.6rem 0 1rem;color:#234}
+ .muted{color:#667085;font-size:.9rem}
+ .bar{height:6px;background:#e6e8ee;border-radius:3px;overflow:hidden;margin:1.2rem 0}
+ .bar span{display:block;height:100%;width:40%;background:#3b6fe0;animation:slide 2s ease-in-out infinite}
+ @keyframes slide{0%{margin-left:-40%}100%{margin-left:100%}}
+</style>
+</head>
+<body>
+<main id="waitroom-queue">
+<h1>You are in line</h1>
+<p>This site is busy right now. We are letting people in as room frees up{{#isRandomQueue}}, at random among everyone waiting{{/isRandomQueue}}{{#isFIFOQueue}}, in the order they arrived{{/isFIFOQueue}}.</p>
+{{#queueIsFull}}<p class="wait">The line is very long.</p><p>Your estimated wait is more than a day. Please keep this page open or try again later.</p>{{/queueIsFull}}
+{{^queueIsFull}}
+<p class="muted">Estimated wait</p>
+<p class="wait" id="wait-time">{{waitTimeFormatted}}</p>
+{{#isFIFOQueue}}{{#waitTimeKnown}}<p>People ahead of you: <strong id="visitors-ahead">{{visitorsAhead}}</strong></p>{{/waitTimeKnown}}{{/isFIFOQueue}}
+{{/queueIsFull}}
+<div class="bar"><span></span></div>
+<p class="muted">Keep this page open: it checks again every {{refreshIntervalSeconds}} seconds and takes you to the site when it is your turn. Reloading does not move you forward.</p>
+<p class="muted">Last updated {{lastUpdated}}</p>
+</main>
+</body>
+</html>
+"#;
+
+/// A parsed queue page template.
+#[derive(Debug)]
+pub struct QueuePage {
+    template: Template<'static>,
+}
+
+/// A template that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("queue page template {path}: {source}")]
+pub struct TemplateError {
+    pub path: String,
+    pub source: ramhorns::Error,
+}
+
+impl QueuePage {
+    /// The built-in page.
+    pub fn builtin() -> Self {
+        Self {
+            template: Template::new(DEFAULT_TEMPLATE).expect("the built-in template parses"),
+        }
+    }
+
+    /// A page from an operator's template file.
+    pub fn from_source(path: &str, source: String) -> Result<Self, TemplateError> {
+        Template::new(source)
+            .map(|template| Self { template })
+            .map_err(|source| TemplateError {
+                path: path.to_owned(),
+                source,
+            })
+    }
+
+    pub fn render(&self, view: &QueueView) -> String {
+        self.template.render(view)
+    }
+}
+
+/// The JSON answer for `Accept: application/json`.
+pub fn json(view: &QueueView) -> String {
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Envelope<'a> {
+        waiting_room: &'a QueueView,
+    }
+    serde_json::to_string(&Envelope { waiting_room: view }).unwrap_or_else(|_| "{}".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(fifo: bool) -> QueueView {
+        QueueView {
+            in_waiting_room: true,
+            wait_time_known: true,
+            wait_time: 10,
+            wait_time_25_percentile: 5,
+            wait_time_50_percentile: 10,
+            wait_time_75_percentile: 15,
+            wait_time_formatted: format_wait(true, fifo, 5, 10, 15, false),
+            queue_is_full: false,
+            queue_all: false,
+            last_updated: "2026-11-22T10:00:00Z".into(),
+            refresh_interval_seconds: 20,
+            queueing_method: if fifo { "fifo" } else { "random" }.into(),
+            is_fifo_queue: fifo,
+            is_random_queue: !fifo,
+            visitors_ahead: 42,
+            room: "shop".into(),
+        }
+    }
+
+    #[test]
+    fn builtin_page_shows_the_wait_and_refreshes_itself() {
+        let html = QueuePage::builtin().render(&view(true));
+        assert!(html.contains(r#"<meta http-equiv="refresh" content="20">"#));
+        assert!(html.contains(">10 minutes<"), "{html}");
+        assert!(html.contains(">42<"));
+        assert!(html.contains("in the order they arrived"));
+        let random = QueuePage::builtin().render(&view(false));
+        assert!(random.contains("5 minutes to 15 minutes"));
+        assert!(!random.contains("visitors-ahead"));
+    }
+
+    #[test]
+    fn json_uses_the_template_variable_names() {
+        let v: serde_json::Value = serde_json::from_str(&json(&view(false))).unwrap();
+        let w = &v["waitingRoom"];
+        assert_eq!(w["waitTime25Percentile"], 5);
+        assert_eq!(w["isFIFOQueue"], false);
+        assert_eq!(w["isRandomQueue"], true);
+        assert_eq!(w["refreshIntervalSeconds"], 20);
+        assert_eq!(w["visitorsAhead"], 42);
+        assert_eq!(w["waitTimeFormatted"], "5 minutes to 15 minutes");
+        assert!(w.get("room").is_none());
+    }
+
+    #[test]
+    fn custom_templates_use_the_same_variables() {
+        let p = QueuePage::from_source("t.html", "{{waitTime}}/{{queueingMethod}}/{{#queueAll}}all{{/queueAll}}".into()).unwrap();
+        assert_eq!(p.render(&view(true)), "10/fifo/");
+        assert!(QueuePage::from_source("bad.html", "{{#open}}".into()).is_err());
+    }
+
+    #[test]
+    fn wait_formatting() {
+        assert_eq!(format_wait(false, true, 0, 0, 0, false), "being calculated");
+        assert_eq!(format_wait(true, true, 0, 0, 0, false), "less than a minute");
+        assert_eq!(format_wait(true, true, 2, 2, 2, false), "2 minutes");
+        assert_eq!(format_wait(true, true, 2, 2, 2, true), "more than a day");
+    }
+}
