@@ -5,8 +5,41 @@
 //! implements [`aya::Pod`] for them so userspace can read the maps; the `std`
 //! feature adds the room model, the admission engine and the gossip protocol.
 //!
+//! # The admission engine
+//! Pure functions from (room, global state, node counters, ticket, now,
+//! randomness) to a decision: no I/O, no clock, no randomness it was not
+//! given, so the edge, the aggregator and the simulator run the same code.
+//!
 //! # Layout
 //! - [`xdp`]: map names and value layouts of the XDP program.
+//! - `time`: [`UnixMillis`](time::UnixMillis) and [`Minute`](time::Minute), passed in by the caller.
+//! - `room`: [`RoomConfig`](room::RoomConfig) as configured, [`Room`](room::Room) once validated.
+//! - `ticket`: [`Ticket`](ticket::Ticket), what the visitor's encrypted cookie carries.
+//! - `counters`: [`RoomCounters`](counters::RoomCounters), the node's atomics in shared memory.
+//! - `slots`: [`SlotPlan`](slots::SlotPlan), the seeds' slot arithmetic.
+//! - `estimate`: [`WaitEstimate`](estimate::WaitEstimate) for queued visitors.
+//! - `state`: [`GlobalState`](state::GlobalState), what a node decides with.
+//! - `aggregate`: [`NodeReport`](aggregate::NodeReport) and [`aggregate`](aggregate::aggregate).
+//! - `engine`: [`decide`](engine::decide), one request's decision.
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod xdp;
+
+#[cfg(feature = "std")]
+pub mod aggregate;
+#[cfg(feature = "std")]
+pub mod counters;
+#[cfg(feature = "std")]
+pub mod engine;
+#[cfg(feature = "std")]
+pub mod estimate;
+#[cfg(feature = "std")]
+pub mod room;
+#[cfg(feature = "std")]
+pub mod slots;
+#[cfg(feature = "std")]
+pub mod state;
+#[cfg(feature = "std")]
+pub mod ticket;
+#[cfg(feature = "std")]
+pub mod time;

@@ -1,0 +1,119 @@
+//! The cost of one admission decision, for the three paths a request takes:
+//! (a) a returning admitted visitor, (b) a new visitor admitted, (c) a queued
+//! visitor checking in. `cargo bench -p waitroom-common --features std`.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use waitroom_common::counters::{PoolCounts, RoomCounters};
+use waitroom_common::engine::decide;
+use waitroom_common::room::{RoomConfig, RoomId};
+use waitroom_common::slots::{SlotInputs, SlotPlan};
+use waitroom_common::state::GlobalState;
+use waitroom_common::ticket::Ticket;
+use waitroom_common::time::{Minute, UnixMillis};
+
+const NOW: UnixMillis = UnixMillis(1_700_000_000_000);
+
+fn room() -> waitroom_common::room::Room {
+    let config: RoomConfig = serde_json::from_str(
+        r#"{"total_active_users": 1000000000, "new_users_per_minute": 1000000000}"#,
+    )
+    .expect("valid room");
+    config.validate().expect("valid room").with_id(RoomId(1))
+}
+
+/// A state with a realistic queue (an hour of buckets) and `allowance` to hand out.
+fn state(allowance: PoolCounts) -> GlobalState {
+    let minute = NOW.minute();
+    let waiting: Vec<(Minute, u64)> = (1..=60).map(|back| (minute.minus(back), 500)).collect();
+    let plan = SlotPlan::new(SlotInputs {
+        total_active_users: 1_000_000,
+        new_users_per_minute: 10_000,
+        active_users: 900_000,
+        admitted_this_minute: 0,
+        random: false,
+        waiting: &waiting,
+        traffic: &[],
+        anywhere_weight: 0,
+    });
+    GlobalState::from_plan(
+        NOW,
+        900_000,
+        0,
+        &plan,
+        10_000.0,
+        PoolCounts::default(),
+        allowance,
+    )
+}
+
+fn bench(c: &mut Criterion) {
+    let room = room();
+    let counters = RoomCounters::new_boxed(RoomId(1));
+
+    // (a) Returning admitted visitor: session renewed, expiry moved.
+    let global = state(PoolCounts::default());
+    let admitted = Ticket {
+        accepted_at: Some(NOW.minus_secs(60)),
+        last_check_in: NOW.minus_secs(30),
+        counted_expiry: Some(NOW.minus_secs(30).plus_minutes(5).minute()),
+        ..Ticket::new_visitor(RoomId(1), NOW.minus_secs(120), 20)
+    };
+    let mut i = 0_u64;
+    c.bench_function("decide/returning_admitted", |b| {
+        b.iter(|| {
+            i += 1;
+            let now = NOW.plus_millis(i % 1_000);
+            black_box(decide(
+                &room,
+                &global,
+                &counters,
+                black_box(Some(admitted)),
+                now,
+                i,
+            ))
+        })
+    });
+
+    // (b) New visitor admitted: all buckets covered, plenty of colo-share slots.
+    let open = GlobalState {
+        first_uncovered: None,
+        ..state(PoolCounts {
+            colo_share: u64::MAX / 2,
+            ..PoolCounts::default()
+        })
+    };
+    let open = GlobalState {
+        buckets: Vec::new(),
+        ..open
+    };
+    c.bench_function("decide/new_visitor_admitted", |b| {
+        b.iter(|| {
+            i += 1;
+            black_box(decide(&room, &open, &counters, black_box(None), NOW, i))
+        })
+    });
+
+    // (c) Queued visitor checking in behind older buckets: counted, re-jittered, estimated.
+    let queued = Ticket {
+        last_check_in: NOW.minus_secs(30),
+        ..Ticket::new_visitor(RoomId(1), NOW.minus_secs(30), 20)
+    };
+    c.bench_function("decide/queued_visitor", |b| {
+        b.iter(|| {
+            i += 1;
+            black_box(decide(
+                &room,
+                &global,
+                &counters,
+                black_box(Some(queued)),
+                NOW,
+                i,
+            ))
+        })
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,1130 @@
+//! The admission decision: origin or queue, for one request.
+//!
+//! [`decide`] reads top to bottom in the order the seeds reason:
+//! 1. a visitor with a live session goes through (and renews it);
+//! 2. passthrough admits and reject refuses everyone else;
+//! 3. a queued visitor checking in before their refresh interval is up gets
+//!    no chance and consumes nothing;
+//! 4. `queue_all` queues;
+//! 5. otherwise the visitor tries for a slot from the pools they may use —
+//!    in FIFO by their bucket, in random queueing as if new — through the
+//!    node's ticket counter, and is admitted or queued with an estimate.
+//!
+//! It does no I/O, reads no clock and uses only the randomness it is given.
+//! The admitted path allocates nothing.
+
+use serde::{Deserialize, Serialize};
+
+use crate::counters::{MAX_BUCKET_AGE_MINUTES, Pool, RoomCounters, WAITING_BUCKETS};
+use crate::estimate::WaitEstimate;
+use crate::room::{QueueingMethod, Room};
+use crate::slots::SharedFor;
+use crate::state::GlobalState;
+use crate::ticket::{TICKET_VERSION, Ticket};
+use crate::time::{Minute, UnixMillis};
+
+/// Check-ins this much before the ticket's refresh time still count, for
+/// clock differences between nodes (not enough to gain anything by spamming).
+pub const EARLY_CHECK_IN_TOLERANCE_MS: u64 = 1_000;
+
+/// Who made the request, as their ticket showed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Visitor {
+    /// No usable ticket, or an ended session: joins at the back.
+    New,
+    /// Queued and checking in.
+    Waiting,
+    /// Admitted with a session still running.
+    Admitted,
+}
+
+/// Why a visitor was admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmitReason {
+    /// Returning visitor whose session is still valid.
+    SessionValid,
+    /// The room lets everyone through.
+    Passthrough,
+    /// A slot from this pool (bucket eligible, colo share or Anywhere).
+    Slot(Pool),
+}
+
+/// Why a visitor waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueReason {
+    /// Checked in before the ticket's refresh interval was up: no chance taken.
+    TooEarly,
+    /// The room queues everyone without a session.
+    QueueAll,
+    /// FIFO: older buckets take this minute's slots.
+    BehindOlderBuckets,
+    /// Every pool this visitor may use is spent for this minute.
+    NoSlotLeft,
+}
+
+/// The engine's answer, always with the ticket to send back.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    Admit {
+        ticket: Ticket,
+        visitor: Visitor,
+        reason: AdmitReason,
+    },
+    Queue {
+        ticket: Ticket,
+        visitor: Visitor,
+        reason: QueueReason,
+        estimate: WaitEstimate,
+    },
+    /// Queueing method `reject`: refused with no place in a queue.
+    Reject { ticket: Ticket, visitor: Visitor },
+}
+
+impl Decision {
+    /// The ticket to set as the visitor's cookie.
+    #[must_use]
+    pub fn ticket(&self) -> &Ticket {
+        match self {
+            Self::Admit { ticket, .. }
+            | Self::Queue { ticket, .. }
+            | Self::Reject { ticket, .. } => ticket,
+        }
+    }
+
+    #[must_use]
+    pub fn is_admitted(&self) -> bool {
+        matches!(self, Self::Admit { .. })
+    }
+}
+
+/// Decides one request. See the module docs for the order of the rules.
+///
+/// `rng` is a fresh random `u64` from the caller; it jitters the next refresh
+/// interval of a visitor who is queued.
+pub fn decide(
+    room: &Room,
+    global: &GlobalState,
+    counters: &RoomCounters,
+    ticket: Option<Ticket>,
+    now: UnixMillis,
+    rng: u64,
+) -> Decision {
+    let minute = now.minute();
+    let ticket = ticket.filter(|t| t.version == TICKET_VERSION && t.room == room.id());
+
+    // 1. A live session goes straight through, whatever the queue looks like.
+    if let Some(ticket) = ticket
+        && let Some(end) = ticket.session_end(room.session_minutes(), room.session_renewal())
+    {
+        if now < end {
+            return renew_session(room, counters, ticket, now);
+        }
+        // Ended within its last counted minute: uncount it now, not at the minute's end.
+        if let Some(expiry) = ticket.counted_expiry.filter(|&e| e >= minute) {
+            counters.end_session(expiry);
+        }
+    }
+    let (ticket, visitor) = match ticket {
+        Some(ticket) if !ticket.is_admitted() => (
+            keep_bucket_trackable(counters, ticket, minute),
+            Visitor::Waiting,
+        ),
+        _ => (
+            Ticket::new_visitor(room.id(), now, room.refresh_interval_secs()),
+            Visitor::New,
+        ),
+    };
+    if visitor == Visitor::New || ticket.last_check_in.minute() != minute {
+        counters.note_visitor(minute);
+    }
+
+    // 2. Methods that do not queue.
+    match room.queueing_method() {
+        QueueingMethod::Passthrough => {
+            counters.count_admit(Pool::Uncapped, minute);
+            return admit(
+                room,
+                counters,
+                ticket,
+                visitor,
+                now,
+                AdmitReason::Passthrough,
+            );
+        }
+        QueueingMethod::Reject => return Decision::Reject { ticket, visitor },
+        QueueingMethod::Fifo | QueueingMethod::Random => {}
+    }
+
+    // 3. Refresh discipline: too early → no chance, nothing consumed, nothing moved.
+    if visitor == Visitor::Waiting
+        && now.plus_millis(EARLY_CHECK_IN_TOLERANCE_MS) < ticket.next_check_in()
+    {
+        let estimate = estimate(room, global, ticket.bucket);
+        return Decision::Queue {
+            ticket,
+            visitor,
+            reason: QueueReason::TooEarly,
+            estimate,
+        };
+    }
+
+    // 4. The operator queues everyone.
+    if room.queue_all() {
+        return queue(
+            room,
+            global,
+            counters,
+            ticket,
+            visitor,
+            now,
+            rng,
+            QueueReason::QueueAll,
+        );
+    }
+
+    // 5. A slot, or the queue.
+    match take_slot(room, global, counters, ticket.bucket, now) {
+        Ok(pool) => admit(
+            room,
+            counters,
+            ticket,
+            visitor,
+            now,
+            AdmitReason::Slot(pool),
+        ),
+        Err(reason) => queue(room, global, counters, ticket, visitor, now, rng, reason),
+    }
+}
+
+/// A returning admitted visitor: renew the session and move its expiry count.
+fn renew_session(
+    room: &Room,
+    counters: &RoomCounters,
+    mut ticket: Ticket,
+    now: UnixMillis,
+) -> Decision {
+    if ticket.last_check_in.minute() != now.minute() {
+        counters.note_visitor(now.minute());
+    }
+    // Recorded even without renewal (the session then counts from `accepted_at`,
+    // see `Ticket::session_end`): it is what tells a first request this minute.
+    ticket.last_check_in = now;
+    if room.session_renewal() {
+        let expiry = now.plus_minutes(room.session_minutes()).minute();
+        match ticket.counted_expiry {
+            Some(old) => counters.move_session(old, expiry),
+            None => counters.start_session(expiry),
+        }
+        ticket.counted_expiry = Some(expiry);
+    }
+    Decision::Admit {
+        ticket,
+        visitor: Visitor::Admitted,
+        reason: AdmitReason::SessionValid,
+    }
+}
+
+/// Which pools a visitor of `bucket` may take a slot from, tried in order.
+fn pools_for(
+    room: &Room,
+    global: &GlobalState,
+    bucket: Minute,
+) -> Result<&'static [Pool], QueueReason> {
+    const ELIGIBLE: &[Pool] = &[Pool::Eligible, Pool::Anywhere];
+    const SHARED: &[Pool] = &[Pool::ColoShare, Pool::Anywhere];
+    if room.queueing_method() == QueueingMethod::Random {
+        return Ok(SHARED);
+    }
+    if global
+        .eligible_before()
+        .is_some_and(|frontier| bucket < frontier)
+    {
+        return Ok(ELIGIBLE);
+    }
+    match (global.first_uncovered, global.shared_for) {
+        (None, _) => Ok(SHARED),
+        (Some(partial), SharedFor::PartialBucket(shared))
+            if partial == shared && bucket == partial =>
+        {
+            Ok(SHARED)
+        }
+        (Some(_), _) => Err(QueueReason::BehindOlderBuckets),
+    }
+}
+
+/// Takes one ticket from the first pool with room under its cap.
+fn take_slot(
+    room: &Room,
+    global: &GlobalState,
+    counters: &RoomCounters,
+    bucket: Minute,
+    now: UnixMillis,
+) -> Result<Pool, QueueReason> {
+    let pools = pools_for(room, global, bucket)?;
+    let spread = room.queueing_method() == QueueingMethod::Random && global.total_waiting > 0;
+    pools
+        .iter()
+        .copied()
+        .find(|&pool| counters.take_ticket(pool, now.minute(), global.cap(pool, now, spread)))
+        .ok_or(QueueReason::NoSlotLeft)
+}
+
+fn admit(
+    room: &Room,
+    counters: &RoomCounters,
+    mut ticket: Ticket,
+    visitor: Visitor,
+    now: UnixMillis,
+    reason: AdmitReason,
+) -> Decision {
+    let minute = now.minute();
+    counters.move_waiting(ticket.bucket, ticket.counted_waiting, None, minute);
+    let expiry = now.plus_minutes(room.session_minutes()).minute();
+    counters.start_session(expiry);
+    ticket.accepted_at = Some(now);
+    ticket.last_check_in = now;
+    ticket.counted_expiry = Some(expiry);
+    ticket.counted_waiting = None;
+    Decision::Admit {
+        ticket,
+        visitor,
+        reason,
+    }
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the decision's whole context, passed down once"
+)]
+fn queue(
+    room: &Room,
+    global: &GlobalState,
+    counters: &RoomCounters,
+    mut ticket: Ticket,
+    visitor: Visitor,
+    now: UnixMillis,
+    rng: u64,
+    reason: QueueReason,
+) -> Decision {
+    let minute = now.minute();
+    counters.move_waiting(ticket.bucket, ticket.counted_waiting, Some(minute), minute);
+    ticket.counted_waiting = Some(minute);
+    ticket.last_check_in = now;
+    ticket.refresh_interval_secs = jittered_interval(room.refresh_interval_secs(), rng);
+    let estimate = estimate(room, global, ticket.bucket);
+    Decision::Queue {
+        ticket,
+        visitor,
+        reason,
+        estimate,
+    }
+}
+
+fn estimate(room: &Room, global: &GlobalState, bucket: Minute) -> WaitEstimate {
+    if room.queue_all() {
+        return WaitEstimate::unknown(global.visitors_ahead(bucket));
+    }
+    match room.queueing_method() {
+        QueueingMethod::Random => {
+            WaitEstimate::random(global.total_waiting, global.admits_per_minute)
+        }
+        _ => WaitEstimate::fifo(global.visitors_ahead(bucket), global.admits_per_minute),
+    }
+}
+
+/// A ticket whose bucket the counters can no longer tell apart from a newer
+/// one (waiting for more than [`MAX_BUCKET_AGE_MINUTES`]) is moved up to the
+/// oldest trackable bucket: still first in line. A bucket in the future (a
+/// node with a fast clock) is brought back to now.
+fn keep_bucket_trackable(counters: &RoomCounters, mut ticket: Ticket, minute: Minute) -> Ticket {
+    let bucket = ticket
+        .bucket
+        .clamp(minute.minus(MAX_BUCKET_AGE_MINUTES), minute);
+    if bucket != ticket.bucket {
+        // The old row is only safe to touch while it cannot hold a live bucket.
+        if ticket.bucket.plus(WAITING_BUCKETS as u64) > minute && ticket.bucket <= minute {
+            counters.move_waiting(ticket.bucket, ticket.counted_waiting, None, minute);
+        }
+        ticket.bucket = bucket;
+        ticket.counted_waiting = None;
+    }
+    ticket
+}
+
+/// The next refresh interval: uniform on `mean ± mean/5` (at least ±1 s), so
+/// bounded, and with exactly `mean` as its mean, from one random `u64`.
+#[must_use]
+pub fn jittered_interval(mean: u16, rng: u64) -> u16 {
+    let spread = (mean / 5).max(1);
+    let low = mean.saturating_sub(spread);
+    let high = mean.saturating_add(spread);
+    low + (rng % u64::from(high - low + 1)) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::counters::PoolCounts;
+    use crate::room::RoomId;
+    use crate::room::tests::config;
+    use crate::slots::{SlotInputs, SlotPlan};
+    use crate::time::tests::at;
+
+    const ROOM: RoomId = RoomId(42);
+
+    fn room(total: u64, per_minute: u64) -> Room {
+        config(total, per_minute).validate().unwrap().with_id(ROOM)
+    }
+
+    fn with_method(room: &Room, method: QueueingMethod) -> Room {
+        room.clone().with_queueing_method(method)
+    }
+
+    /// A state with `allowance` to hand out and the given queue.
+    fn state(
+        now: UnixMillis,
+        waiting: &[(Minute, u64)],
+        slots: u64,
+        allowance: PoolCounts,
+        random: bool,
+    ) -> GlobalState {
+        let plan = SlotPlan::new(SlotInputs {
+            total_active_users: 1_000_000,
+            new_users_per_minute: slots,
+            active_users: 0,
+            admitted_this_minute: 0,
+            random,
+            waiting,
+            traffic: &[],
+            anywhere_weight: 0,
+        });
+        GlobalState::from_plan(now, 0, 0, &plan, 10.0, PoolCounts::default(), allowance)
+    }
+
+    fn open(now: UnixMillis, slots: u64) -> GlobalState {
+        state(
+            now,
+            &[],
+            slots,
+            PoolCounts {
+                colo_share: slots,
+                ..PoolCounts::default()
+            },
+            false,
+        )
+    }
+
+    fn ticket_of(decision: &Decision) -> Ticket {
+        *decision.ticket()
+    }
+
+    #[test]
+    fn new_visitor_admitted_with_a_slot_and_counted_active() {
+        let room = room(200, 200);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let now = at(11, 45, 54);
+        let decision = decide(&room, &open(now, 10), &counters, None, now, 0);
+        let Decision::Admit {
+            ticket,
+            visitor: Visitor::New,
+            reason: AdmitReason::Slot(Pool::ColoShare),
+        } = decision
+        else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(ticket.bucket, now.minute());
+        assert_eq!(ticket.accepted_at, Some(now));
+        assert_eq!(ticket.counted_expiry, Some(now.plus_minutes(5).minute()));
+        assert_eq!(counters.active_users(now.minute()), 1);
+        assert_eq!(counters.admits(now.minute()).colo_share, 1);
+        assert_eq!(counters.distinct_visitors(now.minute()), 1);
+    }
+
+    /// Seed 000: San Jose may send 15 of its own and Anywhere holds 113, so
+    /// even 128 new users on one San Jose node are not queued; the 129th is.
+    #[test]
+    fn seed_san_jose_15_plus_anywhere_113_admits_128() {
+        let room = room(200, 200);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let now = at(11, 45, 54);
+        let global = state(
+            now,
+            &[],
+            150,
+            PoolCounts {
+                colo_share: 15,
+                anywhere: 113,
+                ..PoolCounts::default()
+            },
+            false,
+        );
+        let admitted: Vec<Decision> = (0..129)
+            .map(|i| decide(&room, &global, &counters, None, now, i))
+            .collect();
+        let from = |pool| {
+            admitted.iter().filter(|d| matches!(d, Decision::Admit { reason: AdmitReason::Slot(p), .. } if *p == pool)).count()
+        };
+        assert_eq!((from(Pool::ColoShare), from(Pool::Anywhere)), (15, 113));
+        assert!(matches!(
+            admitted[128],
+            Decision::Queue {
+                reason: QueueReason::NoSlotLeft,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn returning_admitted_visitor_renews_and_moves_expiry() {
+        let room = room(200, 200);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let t0 = at(20, 1, 13);
+        let first = ticket_of(&decide(&room, &open(t0, 10), &counters, None, t0, 0));
+        let t1 = at(20, 4, 0);
+        let decision = decide(
+            &room,
+            &GlobalState::empty(t1),
+            &counters,
+            Some(first),
+            t1,
+            0,
+        );
+        let Decision::Admit {
+            ticket,
+            visitor: Visitor::Admitted,
+            reason: AdmitReason::SessionValid,
+        } = decision
+        else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(ticket.last_check_in, t1);
+        assert_eq!(ticket.accepted_at, Some(t0));
+        assert_eq!(ticket.counted_expiry, Some(at(20, 9, 0).minute()));
+        assert_eq!(
+            counters.expiries(t1.minute()).collect::<Vec<_>>(),
+            vec![(at(20, 9, 0).minute(), 1)]
+        );
+        assert_eq!(
+            counters.admits(t1.minute()),
+            PoolCounts::default(),
+            "a session consumes no slot"
+        );
+    }
+
+    #[test]
+    fn expired_session_is_a_new_visitor() {
+        let room = room(200, 200);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let t0 = at(20, 1, 13);
+        let first = ticket_of(&decide(&room, &open(t0, 10), &counters, None, t0, 0));
+        // 5 minutes after the last check-in: over (valid while now < last + 5 min).
+        let t1 = at(20, 6, 13);
+        let decision = decide(
+            &room,
+            &GlobalState::empty(t1),
+            &counters,
+            Some(first),
+            t1,
+            0,
+        );
+        let Decision::Queue {
+            ticket,
+            visitor: Visitor::New,
+            ..
+        } = decision
+        else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(ticket.bucket, t1.minute(), "back of the queue");
+        assert_eq!(ticket.accepted_at, None);
+        assert_eq!(
+            counters.active_users(t1.minute()),
+            0,
+            "uncounted at once, not at the end of 20:06"
+        );
+        assert_eq!(counters.waiting(t1.minute(), t1.minute()), 1);
+    }
+
+    #[test]
+    fn without_renewal_the_session_counts_from_acceptance() {
+        let room = crate::room::RoomConfig {
+            disable_session_renewal: true,
+            ..config(200, 200)
+        }
+        .validate()
+        .unwrap()
+        .with_id(ROOM);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let t0 = at(8, 0, 0);
+        let mut ticket = ticket_of(&decide(&room, &open(t0, 10), &counters, None, t0, 0));
+        for minute in 1..5 {
+            let now = at(8, minute, 59);
+            let decision = decide(
+                &room,
+                &GlobalState::empty(now),
+                &counters,
+                Some(ticket),
+                now,
+                0,
+            );
+            assert!(decision.is_admitted(), "minute {minute}");
+            ticket = ticket_of(&decision);
+            assert_eq!(
+                ticket.counted_expiry,
+                Some(at(8, 5, 0).minute()),
+                "the expiry does not move"
+            );
+        }
+        let now = at(8, 5, 0);
+        assert!(
+            !decide(
+                &room,
+                &GlobalState::empty(now),
+                &counters,
+                Some(ticket),
+                now,
+                0
+            )
+            .is_admitted()
+        );
+    }
+
+    #[test]
+    fn check_in_too_early_gets_no_chance_and_consumes_nothing() {
+        let room = room(200, 200);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let t0 = at(9, 0, 0);
+        let queued = ticket_of(&decide(
+            &room,
+            &GlobalState::empty(t0),
+            &counters,
+            None,
+            t0,
+            7,
+        ));
+        let interval = u64::from(queued.refresh_interval_secs);
+        // Plenty of slots now, but the visitor refreshed after 5 s.
+        let early = t0.plus_secs(5);
+        let decision = decide(&room, &open(early, 10), &counters, Some(queued), early, 0);
+        let Decision::Queue {
+            ticket,
+            reason: QueueReason::TooEarly,
+            estimate,
+            ..
+        } = decision
+        else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(ticket, queued, "the ticket is not touched");
+        assert!(estimate.wait_time_known);
+        assert_eq!(counters.admits(early.minute()), PoolCounts::default());
+        // On time, the same visitor gets in.
+        let on_time = t0.plus_secs(interval);
+        let decision = decide(
+            &room,
+            &open(on_time, 10),
+            &counters,
+            Some(queued),
+            on_time,
+            0,
+        );
+        assert!(
+            matches!(
+                decision,
+                Decision::Admit {
+                    visitor: Visitor::Waiting,
+                    ..
+                }
+            ),
+            "{decision:?}"
+        );
+        assert_eq!(
+            counters.waiting(t0.minute(), on_time.minute()),
+            0,
+            "left the queue"
+        );
+    }
+
+    #[test]
+    fn queued_check_in_moves_the_waiting_count_and_rejitters() {
+        let room = room(200, 200);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let t0 = at(9, 0, 50);
+        let mut ticket = ticket_of(&decide(
+            &room,
+            &GlobalState::empty(t0),
+            &counters,
+            None,
+            t0,
+            0,
+        ));
+        let mut intervals = Vec::new();
+        let mut now = t0;
+        for rng in 1..10 {
+            now = now.plus_secs(u64::from(ticket.refresh_interval_secs));
+            let decision = decide(
+                &room,
+                &GlobalState::empty(now),
+                &counters,
+                Some(ticket),
+                now,
+                rng,
+            );
+            assert!(matches!(
+                decision,
+                Decision::Queue {
+                    reason: QueueReason::NoSlotLeft,
+                    ..
+                }
+            ));
+            ticket = ticket_of(&decision);
+            intervals.push(ticket.refresh_interval_secs);
+            assert_eq!(ticket.counted_waiting, Some(now.minute()));
+            assert_eq!(
+                counters.waiting(t0.minute(), now.minute()),
+                1,
+                "counted once, wherever they checked in"
+            );
+        }
+        assert!(
+            intervals.iter().any(|&i| i != intervals[0]),
+            "{intervals:?}"
+        );
+    }
+
+    #[test]
+    fn jitter_is_bounded_and_mean_preserving() {
+        for mean in [5_u16, 20, 30, 90] {
+            let spread = (mean / 5).max(1);
+            let values: Vec<u16> = (0..(2 * u64::from(spread) + 1))
+                .map(|rng| jittered_interval(mean, rng))
+                .collect();
+            assert_eq!(*values.iter().min().unwrap(), mean - spread);
+            assert_eq!(*values.iter().max().unwrap(), mean + spread);
+            // One full cycle of residues is the uniform distribution: its mean is exact.
+            let sum: u64 = values.iter().map(|&v| u64::from(v)).sum();
+            assert_eq!(sum, u64::from(mean) * values.len() as u64);
+            // And over arbitrary random input too, approximately.
+            let n = 10_000_u64;
+            let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+            let total: u64 = (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    u64::from(jittered_interval(mean, x))
+                })
+                .sum();
+            assert!((total as f64 / n as f64 - f64::from(mean)).abs() < 0.1);
+        }
+        assert!(
+            jittered_interval(90, u64::MAX) <= 108,
+            "within the counters' waiting window"
+        );
+    }
+
+    #[test]
+    fn passthrough_admits_everyone_and_still_counts() {
+        let room = with_method(&room(10, 10), QueueingMethod::Passthrough);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let now = at(1, 2, 3);
+        for i in 0..50 {
+            let decision = decide(&room, &GlobalState::empty(now), &counters, None, now, i);
+            assert!(matches!(
+                decision,
+                Decision::Admit {
+                    reason: AdmitReason::Passthrough,
+                    ..
+                }
+            ));
+        }
+        assert_eq!(counters.active_users(now.minute()), 50);
+        assert_eq!(counters.admits(now.minute()).uncapped, 50);
+    }
+
+    #[test]
+    fn reject_admits_nobody_new_but_keeps_sessions() {
+        let fifo = room(10, 10);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let now = at(1, 2, 3);
+        let admitted = ticket_of(&decide(&fifo, &open(now, 10), &counters, None, now, 0));
+        let reject = with_method(&fifo, QueueingMethod::Reject);
+        assert!(matches!(
+            decide(&reject, &open(now, 10), &counters, None, now, 0),
+            Decision::Reject {
+                visitor: Visitor::New,
+                ..
+            }
+        ));
+        assert!(decide(&reject, &open(now, 10), &counters, Some(admitted), now, 0).is_admitted());
+        assert_eq!(counters.admits(now.minute()).total(), 1);
+    }
+
+    #[test]
+    fn queue_all_queues_new_and_waiting_visitors_without_an_estimate() {
+        let room = crate::room::RoomConfig {
+            queue_all: true,
+            ..config(10, 10)
+        }
+        .validate()
+        .unwrap()
+        .with_id(ROOM);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let now = at(1, 2, 3);
+        let decision = decide(&room, &open(now, 10), &counters, None, now, 0);
+        let Decision::Queue {
+            reason: QueueReason::QueueAll,
+            estimate,
+            ticket,
+            ..
+        } = decision
+        else {
+            panic!("{decision:?}")
+        };
+        assert!(!estimate.wait_time_known);
+        let later = now.plus_secs(30);
+        assert!(matches!(
+            decide(&room, &open(later, 10), &counters, Some(ticket), later, 0),
+            Decision::Queue {
+                reason: QueueReason::QueueAll,
+                visitor: Visitor::Waiting,
+                ..
+            }
+        ));
+        assert_eq!(counters.admits(now.minute()).total(), 0);
+    }
+
+    #[test]
+    fn tickets_of_another_room_or_version_are_new_visitors() {
+        let room = room(10, 10);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let now = at(1, 2, 3);
+        let admitted = ticket_of(&decide(&room, &open(now, 10), &counters, None, now, 0));
+        for stranger in [
+            Ticket {
+                room: RoomId(1),
+                ..admitted
+            },
+            Ticket {
+                version: 0,
+                ..admitted
+            },
+        ] {
+            let decision = decide(
+                &room,
+                &GlobalState::empty(now),
+                &counters,
+                Some(stranger),
+                now,
+                0,
+            );
+            assert!(
+                matches!(
+                    decision,
+                    Decision::Queue {
+                        visitor: Visitor::New,
+                        ..
+                    }
+                ),
+                "{decision:?}"
+            );
+        }
+    }
+
+    /// Seed 002: with 52 slots the 15:54 and 15:55 buckets are eligible; 15:56 waits, 60 ahead → 2 minutes at 30/min.
+    #[test]
+    fn seed_fifo_eligible_buckets_pass_newer_wait_with_estimate() {
+        let room = room(200, 200);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let now = at(16, 0, 0);
+        let waiting = [
+            (at(15, 54, 0).minute(), 2),
+            (at(15, 55, 0).minute(), 50),
+            (at(15, 56, 0).minute(), 60),
+        ];
+        let mut global = state(
+            now,
+            &waiting,
+            52,
+            PoolCounts {
+                eligible: 52,
+                ..PoolCounts::default()
+            },
+            false,
+        );
+        global.admits_per_minute = 30.0;
+        let waiter = |bucket: UnixMillis| Ticket {
+            last_check_in: now.minus_secs(20),
+            ..Ticket::new_visitor(ROOM, bucket, 20)
+        };
+        let old = decide(
+            &room,
+            &global,
+            &counters,
+            Some(waiter(at(15, 55, 30))),
+            now,
+            0,
+        );
+        assert!(
+            matches!(
+                old,
+                Decision::Admit {
+                    reason: AdmitReason::Slot(Pool::Eligible),
+                    ..
+                }
+            ),
+            "{old:?}"
+        );
+        let newer = decide(
+            &room,
+            &global,
+            &counters,
+            Some(waiter(at(15, 56, 10))),
+            now,
+            0,
+        );
+        let Decision::Queue {
+            reason: QueueReason::BehindOlderBuckets,
+            estimate,
+            ..
+        } = newer
+        else {
+            panic!("{newer:?}")
+        };
+        assert_eq!((estimate.visitors_ahead, estimate.whole_minutes()), (60, 2));
+        let new = decide(&room, &global, &counters, None, now, 0);
+        assert!(matches!(
+            new,
+            Decision::Queue {
+                reason: QueueReason::BehindOlderBuckets,
+                visitor: Visitor::New,
+                ..
+            }
+        ));
+    }
+
+    /// Seed 001: users 1..5 queued FIFO (1 first). Switch to random, user 4
+    /// gets in; switch back to FIFO and the order is 1, 2, 3, 5.
+    #[test]
+    fn seed_fifo_random_fifo_keeps_order_users_1_to_5_user_4_admitted() {
+        let fifo = room(1_000, 1_000);
+        let random = with_method(&fifo, QueueingMethod::Random);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let t0 = at(10, 0, 0);
+        // Users 1..5 arrive a minute apart while nothing is free.
+        let mut users: Vec<Ticket> = (0..5)
+            .map(|i| {
+                let now = t0.plus_minutes(i);
+                ticket_of(&decide(
+                    &fifo,
+                    &GlobalState::empty(now),
+                    &counters,
+                    None,
+                    now,
+                    0,
+                ))
+            })
+            .collect();
+        // Random: one slot; user 4 happens to check in first and takes it.
+        let now = t0.plus_minutes(5);
+        let queue_now = |now: UnixMillis| -> Vec<(Minute, u64)> {
+            counters
+                .waiting_buckets(now.minute())
+                .map(|(b, n)| (b, n as u64))
+                .collect()
+        };
+        // Keep everyone checking in so the counters still see them.
+        for (i, ticket) in users.iter_mut().enumerate() {
+            let at_ = now.plus_secs(i as u64);
+            *ticket = ticket_of(&decide(
+                &fifo,
+                &GlobalState::empty(at_),
+                &counters,
+                Some(*ticket),
+                at_,
+                0,
+            ));
+        }
+        let later = now.plus_secs(30);
+        let one_slot = state(
+            later,
+            &queue_now(later),
+            1,
+            PoolCounts {
+                colo_share: 1,
+                ..PoolCounts::default()
+            },
+            true,
+        );
+        let four = decide(
+            &random,
+            &one_slot,
+            &counters,
+            Some(users[3]),
+            later.plus_secs(30),
+            0,
+        );
+        assert!(
+            matches!(
+                four,
+                Decision::Admit {
+                    visitor: Visitor::Waiting,
+                    ..
+                }
+            ),
+            "{four:?}"
+        );
+        let one = decide(
+            &random,
+            &one_slot,
+            &counters,
+            Some(users[0]),
+            later.plus_secs(30),
+            0,
+        );
+        assert!(!one.is_admitted(), "the one slot is gone");
+        // Back to FIFO with one slot per round: 1, 2, 3, 5 in that order.
+        let mut order = Vec::new();
+        let mut now = t0.plus_minutes(7);
+        let mut left: Vec<(usize, Ticket)> = users
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|&(i, _)| i != 3)
+            .collect();
+        while !left.is_empty() {
+            let waiting = queue_now(now);
+            let global = state(
+                now,
+                &waiting,
+                1,
+                PoolCounts {
+                    eligible: 1,
+                    colo_share: 1,
+                    ..PoolCounts::default()
+                },
+                false,
+            );
+            let mut next = Vec::new();
+            for (user, ticket) in left {
+                let decision = decide(&fifo, &global, &counters, Some(ticket), now, 0);
+                if decision.is_admitted() {
+                    order.push(user + 1);
+                } else {
+                    next.push((user, ticket_of(&decision)));
+                }
+            }
+            left = next;
+            now = now.plus_minutes(1);
+        }
+        assert_eq!(order, [1, 2, 3, 5]);
+    }
+
+    #[test]
+    fn random_mode_releases_slots_over_the_minute() {
+        let room = with_method(&room(1_000, 1_000), QueueingMethod::Random);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let start = at(10, 0, 0);
+        let global = state(
+            start,
+            &[(start.minute().minus(3), 100)],
+            60,
+            PoolCounts {
+                colo_share: 60,
+                ..PoolCounts::default()
+            },
+            true,
+        );
+        let admitted_by = |now: UnixMillis| {
+            (0..100)
+                .filter(|&i| decide(&room, &global, &counters, None, now, i).is_admitted())
+                .count()
+        };
+        assert_eq!(
+            admitted_by(start.plus_secs(10)),
+            10,
+            "a sixth of the minute: a sixth of the slots"
+        );
+        assert_eq!(admitted_by(start.plus_secs(59)), 49);
+    }
+
+    #[test]
+    fn very_old_tickets_stay_first_in_line() {
+        let room = room(10, 10);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let now = at(12, 0, 0).plus_minutes(3_000);
+        let ancient = Ticket {
+            last_check_in: now.minus_secs(20),
+            ..Ticket::new_visitor(ROOM, at(12, 0, 0), 20)
+        };
+        let decision = decide(
+            &room,
+            &GlobalState::empty(now),
+            &counters,
+            Some(ancient),
+            now,
+            0,
+        );
+        assert_eq!(
+            decision.ticket().bucket,
+            now.minute().minus(MAX_BUCKET_AGE_MINUTES)
+        );
+        assert_eq!(
+            counters.waiting(now.minute().minus(MAX_BUCKET_AGE_MINUTES), now.minute()),
+            1
+        );
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            /// Switching methods back and forth never reorders FIFO: after
+            /// any switches, visitors are admitted oldest bucket first.
+            #[test]
+            fn method_switches_keep_positions(
+                arrivals in prop::collection::vec(0..6_u64, 2..12),
+                switches in prop::collection::vec(any::<bool>(), 1..6),
+            ) {
+                let fifo = room(1_000, 1_000);
+                let random = with_method(&fifo, QueueingMethod::Random);
+                let counters = RoomCounters::new_boxed(ROOM);
+                let t0 = at(10, 0, 0);
+                let mut tickets: Vec<Ticket> = arrivals.iter().map(|&m| {
+                    let now = t0.plus_minutes(m);
+                    ticket_of(&decide(&fifo, &GlobalState::empty(now), &counters, None, now, 0))
+                }).collect();
+                let mut now = t0.plus_minutes(7);
+                for &to_random in &switches {
+                    let room = if to_random { &random } else { &fifo };
+                    for ticket in &mut tickets {
+                        let decision = decide(room, &GlobalState::empty(now), &counters, Some(*ticket), now, 0);
+                        *ticket = ticket_of(&decision);
+                    }
+                    now = now.plus_minutes(1);
+                }
+                // Every ticket still carries its arrival bucket...
+                for (ticket, &m) in tickets.iter().zip(&arrivals) {
+                    prop_assert_eq!(ticket.bucket, t0.plus_minutes(m).minute());
+                }
+                // ... and back in FIFO with one slot, the oldest bucket goes first.
+                let waiting: Vec<(Minute, u64)> = counters.waiting_buckets(now.minute()).map(|(b, n)| (b, n as u64)).collect();
+                let total: u64 = waiting.iter().map(|w| w.1).sum();
+                prop_assert_eq!(total, arrivals.len() as u64);
+                let global = state(now, &waiting, 1, PoolCounts { eligible: 1, colo_share: 1, ..PoolCounts::default() }, false);
+                let oldest = *arrivals.iter().min().unwrap();
+                for (ticket, &m) in tickets.iter().zip(&arrivals) {
+                    let decision = decide(&fifo, &global, &counters, Some(*ticket), now, 0);
+                    if decision.is_admitted() {
+                        prop_assert_eq!(m, oldest);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! The room model: what an operator configures and what the engine may rely on.
+//!
+//! [`RoomConfig`] is what a config file says; [`Room`] is the same after
+//! [`RoomConfig::validate`] has checked it, so the engine never has to handle
+//! a zero session or a new-user limit above the total. Bounds that look
+//! arbitrary are there because fixed-size rings in
+//! [`RoomCounters`](crate::counters::RoomCounters) depend on them.
+
+use serde::{Deserialize, Serialize};
+
+/// Longest session the counters can track: the session-expiry ring covers
+/// one day ahead of now.
+pub const MAX_SESSION_MINUTES: u32 = 1_440;
+
+/// Shortest refresh interval a room may ask of its queued visitors.
+pub const MIN_REFRESH_SECS: u16 = 5;
+
+/// Longest refresh interval. With the ±20 % jitter a queued visitor checks in
+/// at least every 108 s, inside the 3-minute window in which the counters
+/// still count them as waiting.
+pub const MAX_REFRESH_SECS: u16 = 90;
+
+/// Largest user limit: per-node counts are kept in 32 bits.
+pub const MAX_USERS: u64 = 1 << 30;
+
+/// Identity of a room, carried in every ticket so a cookie from one room is
+/// never honoured by another.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct RoomId(pub u64);
+
+impl RoomId {
+    /// Id derived from the room's name with FNV-1a (64 bit).
+    ///
+    /// The hash is fixed by this function, not by `std`'s hasher, so ids stay
+    /// the same across releases and machines and old cookies stay valid.
+    #[must_use]
+    pub fn from_name(name: &str) -> Self {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in name.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        Self(hash)
+    }
+}
+
+/// How visitors leave the queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueingMethod {
+    /// First in, first out by arrival minute (seed 002).
+    #[default]
+    Fifo,
+    /// Every queued visitor has the same chance at each check-in (seed 001).
+    Random,
+    /// Everyone is admitted; accounting goes on so a switch back is seamless.
+    Passthrough,
+    /// Nobody new is admitted; visitors without a session get a refusal page.
+    Reject,
+}
+
+/// The `SameSite` attribute of the ticket cookie.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CookieSameSite {
+    /// `None` over HTTPS (so the room works in an iframe), `Lax` otherwise.
+    #[default]
+    Auto,
+    Lax,
+    None,
+    Strict,
+}
+
+/// The `Secure` attribute of the ticket cookie.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CookieSecure {
+    /// Set on HTTPS requests only.
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+/// A room as written in a configuration file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoomConfig {
+    /// Most visitors allowed on the site at once.
+    pub total_active_users: u64,
+    /// Most visitors admitted in any one minute.
+    pub new_users_per_minute: u64,
+    /// Minutes a visitor stays active after their last request.
+    #[serde(default = "default_session_duration")]
+    pub session_duration: u32,
+    /// Count the session from admission instead of from the last request.
+    #[serde(default)]
+    pub disable_session_renewal: bool,
+    #[serde(default)]
+    pub queueing_method: QueueingMethod,
+    /// Queue every visitor without a session, whatever the limits say.
+    #[serde(default)]
+    pub queue_all: bool,
+    /// Mean seconds between a queued visitor's check-ins.
+    #[serde(default = "default_refresh_interval")]
+    pub refresh_interval: u16,
+    #[serde(default)]
+    pub cookie_same_site: CookieSameSite,
+    #[serde(default)]
+    pub cookie_secure: CookieSecure,
+}
+
+fn default_session_duration() -> u32 {
+    5
+}
+
+fn default_refresh_interval() -> u16 {
+    20
+}
+
+/// Why a [`RoomConfig`] was refused. Each message names the field to fix.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RoomError {
+    #[error("{field} must be at least 1")]
+    ZeroLimit { field: &'static str },
+    #[error("{field} ({value}) is above the maximum of {max}")]
+    LimitTooLarge {
+        field: &'static str,
+        value: u64,
+        max: u64,
+    },
+    #[error(
+        "new_users_per_minute ({new_users_per_minute}) is above total_active_users ({total_active_users})"
+    )]
+    NewUsersAboveTotal {
+        new_users_per_minute: u64,
+        total_active_users: u64,
+    },
+    #[error("session_duration must be at least 1 minute")]
+    ZeroSession,
+    #[error("session_duration ({minutes} minutes) is above the maximum of {max} minutes")]
+    SessionTooLong { minutes: u32, max: u32 },
+    #[error("refresh_interval ({seconds} s) must be between {min} and {max} seconds")]
+    RefreshIntervalOutOfRange { seconds: u16, min: u16, max: u16 },
+    #[error(
+        "cookie_same_site = \"none\" needs a Secure cookie, but cookie_secure is \"never\" (browsers would drop the cookie)"
+    )]
+    SameSiteNoneWithoutSecure,
+}
+
+impl RoomConfig {
+    /// Checks the configuration and returns the room the engine works with.
+    ///
+    /// The room's id is [`RoomId::default`] until [`Room::named`] sets it.
+    pub fn validate(self) -> Result<Room, RoomError> {
+        for (field, value) in [
+            ("total_active_users", self.total_active_users),
+            ("new_users_per_minute", self.new_users_per_minute),
+        ] {
+            if value == 0 {
+                return Err(RoomError::ZeroLimit { field });
+            }
+            if value > MAX_USERS {
+                return Err(RoomError::LimitTooLarge {
+                    field,
+                    value,
+                    max: MAX_USERS,
+                });
+            }
+        }
+        if self.new_users_per_minute > self.total_active_users {
+            return Err(RoomError::NewUsersAboveTotal {
+                new_users_per_minute: self.new_users_per_minute,
+                total_active_users: self.total_active_users,
+            });
+        }
+        if self.session_duration == 0 {
+            return Err(RoomError::ZeroSession);
+        }
+        if self.session_duration > MAX_SESSION_MINUTES {
+            return Err(RoomError::SessionTooLong {
+                minutes: self.session_duration,
+                max: MAX_SESSION_MINUTES,
+            });
+        }
+        if !(MIN_REFRESH_SECS..=MAX_REFRESH_SECS).contains(&self.refresh_interval) {
+            return Err(RoomError::RefreshIntervalOutOfRange {
+                seconds: self.refresh_interval,
+                min: MIN_REFRESH_SECS,
+                max: MAX_REFRESH_SECS,
+            });
+        }
+        if self.cookie_same_site == CookieSameSite::None
+            && self.cookie_secure == CookieSecure::Never
+        {
+            return Err(RoomError::SameSiteNoneWithoutSecure);
+        }
+        Ok(Room {
+            id: RoomId::default(),
+            config: self,
+        })
+    }
+}
+
+/// A validated room. Only [`RoomConfig::validate`] makes one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Room {
+    id: RoomId,
+    config: RoomConfig,
+}
+
+impl Room {
+    /// The same room with its id derived from `name` (see [`RoomId::from_name`]).
+    #[must_use]
+    pub fn named(self, name: &str) -> Self {
+        self.with_id(RoomId::from_name(name))
+    }
+
+    /// The same room with an explicit id.
+    #[must_use]
+    pub fn with_id(mut self, id: RoomId) -> Self {
+        self.id = id;
+        self
+    }
+
+    #[must_use]
+    pub fn id(&self) -> RoomId {
+        self.id
+    }
+
+    /// The configuration this room was validated from.
+    #[must_use]
+    pub fn config(&self) -> &RoomConfig {
+        &self.config
+    }
+
+    #[must_use]
+    pub fn total_active_users(&self) -> u64 {
+        self.config.total_active_users
+    }
+
+    #[must_use]
+    pub fn new_users_per_minute(&self) -> u64 {
+        self.config.new_users_per_minute
+    }
+
+    /// Session length in minutes, 1 ..= [`MAX_SESSION_MINUTES`].
+    #[must_use]
+    pub fn session_minutes(&self) -> u64 {
+        u64::from(self.config.session_duration)
+    }
+
+    #[must_use]
+    pub fn session_renewal(&self) -> bool {
+        !self.config.disable_session_renewal
+    }
+
+    #[must_use]
+    pub fn queueing_method(&self) -> QueueingMethod {
+        self.config.queueing_method
+    }
+
+    #[must_use]
+    pub fn queue_all(&self) -> bool {
+        self.config.queue_all
+    }
+
+    /// Mean refresh interval in seconds, [`MIN_REFRESH_SECS`] ..= [`MAX_REFRESH_SECS`].
+    #[must_use]
+    pub fn refresh_interval_secs(&self) -> u16 {
+        self.config.refresh_interval
+    }
+
+    /// Changes the queueing method of a running room (an operator's switch);
+    /// the counters and tickets stay as they are, which is what keeps
+    /// everyone's place across FIFO → random → FIFO.
+    #[must_use]
+    pub fn with_queueing_method(mut self, method: QueueingMethod) -> Self {
+        self.config.queueing_method = method;
+        self
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn config(total: u64, per_minute: u64) -> RoomConfig {
+        RoomConfig {
+            total_active_users: total,
+            new_users_per_minute: per_minute,
+            session_duration: 5,
+            disable_session_renewal: false,
+            queueing_method: QueueingMethod::Fifo,
+            queue_all: false,
+            refresh_interval: 20,
+            cookie_same_site: CookieSameSite::Auto,
+            cookie_secure: CookieSecure::Auto,
+        }
+    }
+
+    #[test]
+    fn defaults_from_a_minimal_config() {
+        let cfg: RoomConfig =
+            serde_json::from_str(r#"{"total_active_users": 200, "new_users_per_minute": 200}"#)
+                .unwrap();
+        assert_eq!(cfg, config(200, 200));
+        let room = cfg.validate().unwrap().named("shop");
+        assert_eq!(room.refresh_interval_secs(), 20);
+        assert_eq!(room.id(), RoomId::from_name("shop"));
+        assert_ne!(room.id(), RoomId::from_name("shop2"));
+    }
+
+    #[test]
+    fn snake_case_names_and_unknown_fields_refused() {
+        let cfg: RoomConfig = serde_json::from_str(
+            r#"{"total_active_users": 10, "new_users_per_minute": 5, "session_duration": 10,
+                "disable_session_renewal": true, "queueing_method": "random", "queue_all": true,
+                "refresh_interval": 30, "cookie_same_site": "strict", "cookie_secure": "always"}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.queueing_method, QueueingMethod::Random);
+        assert_eq!(cfg.cookie_same_site, CookieSameSite::Strict);
+        assert_eq!(cfg.cookie_secure, CookieSecure::Always);
+        let err = serde_json::from_str::<RoomConfig>(
+            r#"{"total_active_users": 10, "new_users_per_minute": 5, "new_users_per_hour": 1}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("new_users_per_hour"), "{err}");
+    }
+
+    #[test]
+    fn new_users_above_total_names_both_fields() {
+        let err = config(200, 300).validate().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "new_users_per_minute (300) is above total_active_users (200)"
+        );
+    }
+
+    #[test]
+    fn zero_session_is_refused() {
+        let err = RoomConfig {
+            session_duration: 0,
+            ..config(200, 200)
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "session_duration must be at least 1 minute"
+        );
+    }
+
+    #[test]
+    fn session_longer_than_the_ring_is_refused() {
+        let err = RoomConfig {
+            session_duration: 1_441,
+            ..config(200, 200)
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(
+            err,
+            RoomError::SessionTooLong {
+                minutes: 1_441,
+                max: 1_440
+            }
+        );
+        assert!(
+            err.to_string()
+                .starts_with("session_duration (1441 minutes)")
+        );
+        assert!(
+            RoomConfig {
+                session_duration: 1_440,
+                ..config(200, 200)
+            }
+            .validate()
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn zero_and_huge_limits_name_the_field() {
+        let err = config(0, 0).validate().unwrap_err();
+        assert_eq!(err.to_string(), "total_active_users must be at least 1");
+        let err = config(10, 0).validate().unwrap_err();
+        assert_eq!(err.to_string(), "new_users_per_minute must be at least 1");
+        let err = config(MAX_USERS + 1, 1).validate().unwrap_err();
+        assert!(err.to_string().starts_with("total_active_users ("), "{err}");
+    }
+
+    #[test]
+    fn refresh_interval_bounds_name_the_field() {
+        for seconds in [0, 4, 91] {
+            let err = RoomConfig {
+                refresh_interval: seconds,
+                ..config(10, 10)
+            }
+            .validate()
+            .unwrap_err();
+            assert!(err.to_string().starts_with("refresh_interval ("), "{err}");
+        }
+        for seconds in [5, 20, 90] {
+            assert!(
+                RoomConfig {
+                    refresh_interval: seconds,
+                    ..config(10, 10)
+                }
+                .validate()
+                .is_ok()
+            );
+        }
+    }
+
+    #[test]
+    fn same_site_none_needs_secure() {
+        let refused = RoomConfig {
+            cookie_same_site: CookieSameSite::None,
+            cookie_secure: CookieSecure::Never,
+            ..config(10, 10)
+        };
+        let err = refused.clone().validate().unwrap_err();
+        assert_eq!(err, RoomError::SameSiteNoneWithoutSecure);
+        assert!(
+            err.to_string().contains("cookie_same_site")
+                && err.to_string().contains("cookie_secure")
+        );
+        for secure in [CookieSecure::Auto, CookieSecure::Always] {
+            assert!(
+                RoomConfig {
+                    cookie_secure: secure,
+                    ..refused.clone()
+                }
+                .validate()
+                .is_ok()
+            );
+        }
+    }
+}

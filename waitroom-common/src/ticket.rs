@@ -1,0 +1,144 @@
+//! The ticket: what a visitor's encrypted cookie carries between requests.
+//!
+//! Besides the seeds' `bucketId`, `acceptedAt`, `lastCheckInTime` and
+//! `refreshIntervalSeconds`, a ticket remembers where the visitor is counted
+//! in the node counters (the session-expiry minute, or the waiting check-in
+//! minute), so that the next check-in moves the count from the old slot to
+//! the new one in O(1), on whichever node it lands.
+//!
+//! Field names are one letter on the wire because the ticket becomes a cookie.
+//! No field is skipped when serialising, so non-self-describing formats
+//! (postcard, bincode) work as well as JSON.
+
+use serde::{Deserialize, Serialize};
+
+use crate::room::RoomId;
+use crate::time::{Minute, UnixMillis};
+
+/// Version of the ticket format; a ticket of another version is treated as
+/// no ticket at all (a new visitor), never as an error.
+pub const TICKET_VERSION: u8 = 1;
+
+/// A visitor's ticket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ticket {
+    /// [`TICKET_VERSION`] when it was issued.
+    #[serde(rename = "v")]
+    pub version: u8,
+    /// The room that issued it; another room ignores it.
+    #[serde(rename = "r")]
+    pub room: RoomId,
+    /// Arrival minute: the visitor's place in a FIFO queue, kept in every
+    /// queueing method so switching back to FIFO keeps everyone's order.
+    #[serde(rename = "b")]
+    pub bucket: Minute,
+    /// When the visitor was admitted, if they were.
+    #[serde(rename = "a")]
+    pub accepted_at: Option<UnixMillis>,
+    /// Last request that counted: a check-in while queued (not one refused as
+    /// too early), or a request while admitted.
+    #[serde(rename = "c")]
+    pub last_check_in: UnixMillis,
+    /// Seconds this visitor must wait before the next check-in counts; each
+    /// is jittered around the room's mean so check-ins drift apart.
+    #[serde(rename = "i")]
+    pub refresh_interval_secs: u16,
+    /// Session-expiry minute at which this admitted visitor is counted.
+    #[serde(rename = "e")]
+    pub counted_expiry: Option<Minute>,
+    /// Check-in minute at which this queued visitor is counted as waiting in
+    /// its bucket.
+    #[serde(rename = "w")]
+    pub counted_waiting: Option<Minute>,
+}
+
+impl Ticket {
+    /// The ticket of a visitor seen for the first time at `now`: bucket is the
+    /// current minute, not admitted, counted nowhere yet.
+    #[must_use]
+    pub fn new_visitor(room: RoomId, now: UnixMillis, refresh_interval_secs: u16) -> Self {
+        Self {
+            version: TICKET_VERSION,
+            room,
+            bucket: now.minute(),
+            accepted_at: None,
+            last_check_in: now,
+            refresh_interval_secs,
+            counted_expiry: None,
+            counted_waiting: None,
+        }
+    }
+
+    /// Whether the visitor has been admitted (the session may have ended since).
+    #[must_use]
+    pub fn is_admitted(&self) -> bool {
+        self.accepted_at.is_some()
+    }
+
+    /// When the session ends: `session_minutes` after the last check-in, or
+    /// after admission when renewal is disabled. `None` if never admitted.
+    #[must_use]
+    pub fn session_end(&self, session_minutes: u64, renewal: bool) -> Option<UnixMillis> {
+        let accepted_at = self.accepted_at?;
+        let from = if renewal {
+            self.last_check_in
+        } else {
+            accepted_at
+        };
+        Some(from.plus_minutes(session_minutes))
+    }
+
+    /// The earliest instant a queued visitor's next check-in gets a chance.
+    #[must_use]
+    pub fn next_check_in(&self) -> UnixMillis {
+        self.last_check_in
+            .plus_secs(u64::from(self.refresh_interval_secs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::tests::at;
+
+    #[test]
+    fn seed_cookie_example_valid_for_session_after_last_check_in() {
+        // Seed 002: bucket 19:51, accepted and last seen 20:01:13; a 5-minute
+        // session lasts until 20:06:13 and is renewed by each request.
+        let ticket = Ticket {
+            accepted_at: Some(at(20, 1, 13)),
+            last_check_in: at(20, 1, 13),
+            ..Ticket::new_visitor(RoomId(7), at(19, 51, 0), 20)
+        };
+        assert_eq!(ticket.bucket, at(19, 51, 0).minute());
+        assert_eq!(ticket.session_end(5, true), Some(at(20, 6, 13)));
+        let later = Ticket {
+            last_check_in: at(20, 4, 0),
+            ..ticket
+        };
+        assert_eq!(later.session_end(5, true), Some(at(20, 9, 0)));
+        assert_eq!(
+            later.session_end(5, false),
+            Some(at(20, 6, 13)),
+            "no renewal: counts from acceptedAt"
+        );
+        assert_eq!(
+            Ticket::new_visitor(RoomId(7), at(1, 0, 0), 20).session_end(5, true),
+            None
+        );
+    }
+
+    #[test]
+    fn compact_json_round_trip() {
+        let ticket = Ticket {
+            counted_waiting: Some(Minute(3)),
+            ..Ticket::new_visitor(RoomId(9), UnixMillis(1), 20)
+        };
+        let json = serde_json::to_string(&ticket).unwrap();
+        assert_eq!(
+            json,
+            r#"{"v":1,"r":9,"b":0,"a":null,"c":1,"i":20,"e":null,"w":3}"#
+        );
+        assert_eq!(serde_json::from_str::<Ticket>(&json).unwrap(), ticket);
+    }
+}
