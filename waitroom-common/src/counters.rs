@@ -672,29 +672,33 @@ mod tests {
         assert_eq!(admitted, 10);
     }
 
-    #[test]
-    fn ticket_counter_never_exceeds_cap_under_contention() {
-        let counters = RoomCounters::new_boxed(RoomId(1));
-        for cap in [0_u64, 1, 37, 1_000] {
-            let minute = M.plus(cap);
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+        /// Threads racing for tickets take exactly min(cap, attempts), never more.
+        #[test]
+        fn concurrent_ticket_taking_never_exceeds_the_cap(
+            cap in 0..3_000_u64,
+            threads in 2..6_usize,
+            attempts in 1..800_usize,
+        ) {
+            let counters = RoomCounters::new_boxed(RoomId(1));
             let taken = std::thread::scope(|scope| {
-                let threads: Vec<_> = (0..8)
+                let workers: Vec<_> = (0..threads)
                     .map(|_| {
                         let counters = &counters;
                         scope.spawn(move || {
-                            (0..500)
-                                .filter(|_| counters.take_ticket(Pool::Eligible, minute, cap))
-                                .count()
+                            (0..attempts)
+                                .filter(|_| counters.take_ticket(Pool::Eligible, M, cap))
+                                .count() as u64
                         })
                     })
                     .collect();
-                threads
-                    .into_iter()
-                    .map(|t| t.join().unwrap() as u64)
-                    .sum::<u64>()
+                workers.into_iter().map(|w| w.join().unwrap()).sum::<u64>()
             });
-            assert_eq!(taken, cap.min(4_000));
-            assert_eq!(counters.admits(minute).eligible, cap.min(4_000));
+            let expected = cap.min((threads * attempts) as u64);
+            proptest::prop_assert_eq!(taken, expected);
+            proptest::prop_assert_eq!(counters.admits(M).eligible, expected);
         }
     }
 

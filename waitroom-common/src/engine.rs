@@ -477,6 +477,44 @@ mod tests {
         ));
     }
 
+    /// Many workers deciding at once on one node never admit past the node's cap.
+    #[test]
+    fn concurrent_decisions_never_over_admit() {
+        let room = room(10_000, 10_000);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let now = at(11, 0, 0);
+        let global = state(
+            now,
+            &[],
+            100,
+            PoolCounts {
+                colo_share: 70,
+                anywhere: 30,
+                ..PoolCounts::default()
+            },
+            false,
+        );
+        let admitted: usize = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..4)
+                .map(|w| {
+                    let (room, global, counters) = (&room, &global, &counters);
+                    scope.spawn(move || {
+                        (0..200)
+                            .filter(|&i| {
+                                decide(room, global, counters, None, now, w * 1_000 + i)
+                                    .is_admitted()
+                            })
+                            .count()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 100);
+        assert_eq!(counters.active_users(now.minute()), 100);
+        assert_eq!(counters.waiting(now.minute(), now.minute()), 700);
+    }
+
     #[test]
     fn returning_admitted_visitor_renews_and_moves_expiry() {
         let room = room(200, 200);

@@ -14,7 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::counters::{Pool, PoolCounts, RoomCounters, WAITING_BUCKETS};
+use crate::counters::{Pool, PoolCounts, RoomCounters};
 use crate::room::Room;
 use crate::slots::{ColoWeight, SharedFor, SlotInputs, SlotPlan};
 use crate::time::{MILLIS_PER_MINUTE, Minute, UnixMillis};
@@ -256,12 +256,6 @@ impl GlobalState {
     pub fn eligible_before(&self) -> Option<Minute> {
         self.first_uncovered
             .or_else(|| self.buckets.last().map(|b| b.bucket.plus(1)))
-    }
-
-    /// Oldest minute whose bucket the node counters can still tell apart.
-    #[must_use]
-    pub fn oldest_trackable_bucket(now: Minute) -> Minute {
-        now.minus(WAITING_BUCKETS as u64 - 1)
     }
 }
 
