@@ -46,6 +46,11 @@ async fn route(node: &Node, req: Request<Incoming>) -> Response<Body> {
             render_metrics(node),
         ),
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/status" => text(
+            StatusCode::OK,
+            "application/json",
+            serde_json::to_string_pretty(&status(node)).unwrap_or_default(),
+        ),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }
@@ -86,7 +91,152 @@ fn render_metrics(node: &Node) -> String {
         "waitroom_requests_unmatched_total {}",
         m.requests_unmatched.load(Relaxed)
     );
+    render_rooms(&mut out, node);
     out
+}
+
+fn render_rooms(out: &mut String, node: &Node) {
+    let now = crate::clock::now();
+    let minute = now.minute();
+    metrics::family(
+        out,
+        "waitroom_active_users",
+        "gauge",
+        "Visitors with a live session: this node's count and the global view.",
+    );
+    metrics::family(
+        out,
+        "waitroom_waiting",
+        "gauge",
+        "Visitors waiting in the queue: this node's count and the global view.",
+    );
+    metrics::family(
+        out,
+        "waitroom_admitted_this_minute",
+        "gauge",
+        "Admissions in the current minute, this node.",
+    );
+    metrics::family(
+        out,
+        "waitroom_admits_per_minute",
+        "gauge",
+        "Admit rate (EWMA over complete minutes) in the global view.",
+    );
+    for (i, room) in node.rooms.iter().enumerate() {
+        let c = node.room_counters(i);
+        let state = room.state.load();
+        let id = &room.spec.id;
+        let local_waiting: i64 = c.waiting_buckets(minute).map(|(_, n)| n.max(0)).sum();
+        let _ = writeln!(
+            out,
+            "waitroom_active_users{{room=\"{id}\",scope=\"node\"}} {}",
+            c.active_users(minute)
+        );
+        let _ = writeln!(
+            out,
+            "waitroom_active_users{{room=\"{id}\",scope=\"global\"}} {}",
+            state.active_users
+        );
+        let _ = writeln!(
+            out,
+            "waitroom_waiting{{room=\"{id}\",scope=\"node\"}} {local_waiting}"
+        );
+        let _ = writeln!(
+            out,
+            "waitroom_waiting{{room=\"{id}\",scope=\"global\"}} {}",
+            state.total_waiting
+        );
+        let _ = writeln!(
+            out,
+            "waitroom_admitted_this_minute{{room=\"{id}\"}} {}",
+            c.admits(minute).total()
+        );
+        let _ = writeln!(
+            out,
+            "waitroom_admits_per_minute{{room=\"{id}\"}} {}",
+            state.admits_per_minute
+        );
+    }
+    metrics::family(
+        out,
+        "waitroom_admitted_total",
+        "counter",
+        "Visitors sent to the origin.",
+    );
+    metrics::family(
+        out,
+        "waitroom_queued_total",
+        "counter",
+        "Queue pages and JSON answers served.",
+    );
+    metrics::family(
+        out,
+        "waitroom_rejected_total",
+        "counter",
+        "Visitors refused (queueing method reject).",
+    );
+    metrics::family(
+        out,
+        "waitroom_proxy_errors_total",
+        "counter",
+        "Origin requests that failed (502).",
+    );
+    metrics::family(
+        out,
+        "waitroom_cookie_failures_total",
+        "counter",
+        "Cookies that could not be used; each made a new visitor.",
+    );
+    metrics::family(
+        out,
+        "waitroom_decision_seconds",
+        "histogram",
+        "Time to open the cookie, decide and seal the new cookie.",
+    );
+    metrics::family(
+        out,
+        "waitroom_proxy_seconds",
+        "histogram",
+        "Time until the origin's response head.",
+    );
+    for room in &node.rooms {
+        metrics::render_room(out, &room.spec.id, &room.metrics);
+    }
+}
+
+/// Per-room status for operators and tests.
+fn status(node: &Node) -> serde_json::Value {
+    let now = crate::clock::now();
+    let minute = now.minute();
+    let rooms: Vec<serde_json::Value> = node
+        .rooms
+        .iter()
+        .enumerate()
+        .map(|(i, room)| {
+            let c = node.room_counters(i);
+            let state = room.state.load();
+            let cfg = room.spec.engine.config();
+            serde_json::json!({
+                "id": room.spec.id,
+                "host": room.spec.host,
+                "path": room.spec.path,
+                "origin": room.spec.origin.to_string(),
+                "queueing_method": cfg.queueing_method,
+                "total_active_users": cfg.total_active_users,
+                "new_users_per_minute": cfg.new_users_per_minute,
+                "node_active_users": c.active_users(minute),
+                "node_admitted_this_minute": c.admits(minute).total(),
+                "node_waiting": c.waiting_buckets(minute).map(|(_, n)| n.max(0)).sum::<i64>(),
+                "global_active_users": state.active_users,
+                "global_waiting": state.total_waiting,
+                "global_admitted_this_minute": state.admitted_this_minute,
+                "admits_per_minute": state.admits_per_minute,
+                "state_age_ms": now.0.saturating_sub(state.as_of.0),
+                "buckets": state.buckets,
+            })
+        })
+        .collect();
+    serde_json::json!({ "node": node.id, "colo": node.colo, "rooms": rooms })
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {

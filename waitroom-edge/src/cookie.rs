@@ -30,7 +30,10 @@ pub struct CookieKeys {
 impl std::fmt::Debug for CookieKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CookieKeys")
-            .field("ids", &self.keys.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+            .field(
+                "ids",
+                &self.keys.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }

@@ -29,10 +29,7 @@ pub enum SharedCountersError {
         source: std::io::Error,
     },
     #[error("{path}: {source}")]
-    Layout {
-        path: String,
-        source: CountersError,
-    },
+    Layout { path: String, source: CountersError },
     #[error("{path}: no free room slot (all {SLOTS} in use); delete the file to start afresh")]
     Full { path: String },
     #[error("{path}: not a waitroom counters file, or an incompatible version")]
@@ -209,7 +206,11 @@ mod tests {
         let b = RoomId::from_name("b");
         {
             let c = SharedCounters::open(&path, &[a, b]).unwrap();
-            assert!(c.room(a).unwrap().take_ticket(Pool::ColoShare, Minute(100), 5));
+            assert!(
+                c.room(a)
+                    .unwrap()
+                    .take_ticket(Pool::ColoShare, Minute(100), 5)
+            );
             c.room(b).unwrap().start_session(Minute(110));
         }
         let c = SharedCounters::open(&path, &[b, a]).unwrap();

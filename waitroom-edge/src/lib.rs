@@ -14,13 +14,22 @@ use std::{path::Path, sync::Arc, time::Duration};
 use anyhow::Context as _;
 
 pub mod admin;
+pub mod aggregator;
+pub mod clock;
 pub mod config;
+pub mod cookie;
+pub mod counters;
 pub mod demo_origin;
+pub mod devcerts;
+pub mod gossip;
 pub mod http;
 pub mod metrics;
 pub mod proxy;
+pub mod queue_page;
 pub mod rooms;
 pub mod shutdown;
+pub mod tls;
+pub mod wire;
 pub mod xdp;
 
 pub use config::ConfigError;
@@ -102,22 +111,130 @@ impl Settings {
     }
 }
 
-/// Everything the workers share: settings, rooms, counters, metrics.
+/// One room at run time: its spec, the engine's room, its page and metrics.
+#[derive(Debug)]
+pub struct RoomRuntime {
+    pub spec: rooms::RoomSpec,
+    /// Name of this room's cookie.
+    pub cookie_name: String,
+    pub page: queue_page::QueuePage,
+    pub metrics: metrics::RoomMetrics,
+    /// The latest global state; the request path only loads it.
+    pub state: arc_swap::ArcSwap<waitroom_common::state::GlobalState>,
+}
+
+/// Everything the workers share: settings, rooms, counters, keys, metrics.
 #[derive(Debug)]
 pub struct Node {
     pub settings: Settings,
-    pub rooms: rooms::RoomTable,
+    pub routes: rooms::RoomTable,
+    pub rooms: Vec<RoomRuntime>,
+    pub counters: counters::SharedCounters,
+    pub keys: cookie::CookieKeys,
     pub metrics: metrics::NodeMetrics,
+    pub id: String,
+    pub colo: String,
 }
 
 impl Node {
     pub fn new(config: &EdgeConfig) -> anyhow::Result<Self> {
+        let ids: Vec<_> = config.rooms.iter().map(|r| r.engine.id()).collect();
+        let counters = counters::SharedCounters::open(&config.node.counters_path, &ids)?;
+        let keys = load_keys(&config.node)?;
+        let now = clock::now();
+        let mut rooms = Vec::with_capacity(config.rooms.len());
+        for spec in &config.rooms {
+            let page = match &spec.queue_page {
+                Some(path) => {
+                    let source = std::fs::read_to_string(path).with_context(|| {
+                        format!("room {}: reading queue_page {}", spec.id, path.display())
+                    })?;
+                    queue_page::QueuePage::from_source(&path.display().to_string(), source)?
+                }
+                None => queue_page::QueuePage::builtin(),
+            };
+            rooms.push(RoomRuntime {
+                cookie_name: cookie::cookie_name(&spec.id),
+                spec: spec.clone(),
+                page,
+                metrics: metrics::RoomMetrics::default(),
+                state: arc_swap::ArcSwap::from_pointee(waitroom_common::state::GlobalState::empty(
+                    now,
+                )),
+            });
+        }
         Ok(Self {
             settings: Settings::from_node(&config.node),
-            rooms: rooms::RoomTable::new(&config.rooms),
+            routes: rooms::RoomTable::new(&config.rooms),
+            rooms,
+            counters,
+            keys,
             metrics: metrics::NodeMetrics::default(),
+            id: config.node.id.clone(),
+            colo: config.node.colo.clone(),
         })
     }
+
+    /// The counters of room `index` (claimed at start, so always there).
+    pub fn room_counters(&self, index: usize) -> &waitroom_common::counters::RoomCounters {
+        self.counters
+            .room(self.rooms[index].spec.engine.id())
+            .expect("every configured room has a counters slot")
+    }
+
+    /// Recomputes every room's state from this node's own counters: the node as
+    /// the whole world (no aggregator).
+    pub fn refresh_standalone(&self, rates: &mut [waitroom_common::state::AdmitRate]) {
+        let now = clock::now();
+        for (i, room) in self.rooms.iter().enumerate() {
+            let state = waitroom_common::state::GlobalState::standalone(
+                &room.spec.engine,
+                self.room_counters(i),
+                &mut rates[i],
+                now,
+            );
+            room.state.store(Arc::new(state));
+        }
+    }
+}
+
+/// Cookie keys from the config, or else a key kept beside the counters file
+/// (created on first start, so cookies survive restarts of a single node).
+fn load_keys(node: &config::NodeSection) -> anyhow::Result<cookie::CookieKeys> {
+    if !node.cookie_keys.is_empty() {
+        let pairs: Vec<(u8, &str)> = node
+            .cookie_keys
+            .iter()
+            .map(|k| (k.id, k.secret_hex.as_str()))
+            .collect();
+        return Ok(cookie::CookieKeys::from_hex(&pairs)?);
+    }
+    let path = node.counters_path.with_extension("cookie-key");
+    let secret: [u8; 32] = match std::fs::read(&path) {
+        Ok(bytes) if bytes.len() == 32 => bytes.try_into().unwrap_or([0; 32]),
+        _ => {
+            let secret: [u8; 32] = rand::random();
+            write_private(&path, &secret)
+                .with_context(|| format!("writing the cookie key {}", path.display()))?;
+            tracing::info!(file = %path.display(), "created a cookie key (set node.cookie_keys to share keys between nodes)");
+            secret
+        }
+    };
+    Ok(cookie::CookieKeys::new(&[(0, secret)])?)
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(tmp, path)
 }
 
 /// Runs a node until SIGTERM or SIGINT; returns after draining.
@@ -144,6 +261,22 @@ pub fn run(config: EdgeConfig) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the control runtime")?;
+    // Standalone: the node's own counters are the global state, refreshed often.
+    {
+        let node = Arc::clone(&node);
+        let mut shutdown = shutdown.clone();
+        node.refresh_standalone(&mut vec![Default::default(); node.rooms.len()]);
+        control.spawn(async move {
+            let mut rates = vec![waitroom_common::state::AdmitRate::default(); node.rooms.len()];
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => node.refresh_standalone(&mut rates),
+                    () = shutdown.requested() => return,
+                }
+            }
+        });
+    }
     let admin_addr = match config.node.admin_listen {
         Some(addr) => {
             let listener = control

@@ -173,13 +173,12 @@ fn via_value(version: Version) -> HeaderValue {
 /// The page a visitor sees when the origin cannot be reached.
 pub fn bad_gateway(err: &ProxyError) -> Response<Body> {
     tracing::warn!(%err, "origin request failed");
-    let body = format!(
+    let body: &str = 
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Site unavailable</title></head>\
          <body style=\"font-family:system-ui,sans-serif;max-width:36rem;margin:4rem auto\">\
          <h1>The site is not answering</h1><p>The waiting room let you in, but the website behind it \
-         did not respond. Please try again in a minute.</p><p><small>502 Bad Gateway</small></p></body></html>"
-    );
-    let mut resp = Response::new(full(Bytes::from(body)));
+         did not respond. Please try again in a minute.</p><p><small>502 Bad Gateway</small></p></body></html>";
+    let mut resp = Response::new(full(Bytes::from_static(body.as_bytes())));
     *resp.status_mut() = StatusCode::BAD_GATEWAY;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

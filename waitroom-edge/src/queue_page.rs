@@ -200,7 +200,11 @@ mod tests {
 
     #[test]
     fn custom_templates_use_the_same_variables() {
-        let p = QueuePage::from_source("t.html", "{{waitTime}}/{{queueingMethod}}/{{#queueAll}}all{{/queueAll}}".into()).unwrap();
+        let p = QueuePage::from_source(
+            "t.html",
+            "{{waitTime}}/{{queueingMethod}}/{{#queueAll}}all{{/queueAll}}".into(),
+        )
+        .unwrap();
         assert_eq!(p.render(&view(true)), "10/fifo/");
         assert!(QueuePage::from_source("bad.html", "{{#open}}".into()).is_err());
     }
@@ -208,7 +212,10 @@ mod tests {
     #[test]
     fn wait_formatting() {
         assert_eq!(format_wait(false, true, 0, 0, 0, false), "being calculated");
-        assert_eq!(format_wait(true, true, 0, 0, 0, false), "less than a minute");
+        assert_eq!(
+            format_wait(true, true, 0, 0, 0, false),
+            "less than a minute"
+        );
         assert_eq!(format_wait(true, true, 2, 2, 2, false), "2 minutes");
         assert_eq!(format_wait(true, true, 2, 2, 2, true), "more than a day");
     }

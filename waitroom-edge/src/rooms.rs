@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use http::uri::Authority;
+use waitroom_common::room::{Room, RoomConfig};
 
 /// What is wrong with one `[[rooms]]` table.
 #[derive(Debug)]
@@ -29,8 +30,8 @@ pub struct RoomSpec {
     pub queue_status: u16,
     /// Optional Mustache template file for the queue page.
     pub queue_page: Option<std::path::PathBuf>,
-    /// The engine's part of the table (limits, method, cookie attributes).
-    pub limits: toml::Table,
+    /// The engine's room: limits, method, cookie attributes, validated.
+    pub engine: Room,
 }
 
 const EDGE_KEYS: [&str; 7] = [
@@ -101,6 +102,13 @@ impl RoomSpec {
         for key in EDGE_KEYS {
             table.remove(key);
         }
+        let limits: RoomConfig = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| err(&id, "limits", e.message()))?;
+        let engine = limits
+            .validate()
+            .map_err(|e| err(&id, "limits", &e.to_string()))?
+            .named(&id);
         Ok(Self {
             id,
             host,
@@ -109,7 +117,7 @@ impl RoomSpec {
             origin_timeout: Duration::from_millis(origin_timeout_ms),
             queue_status,
             queue_page,
-            limits: table,
+            engine,
         })
     }
 }
@@ -179,9 +187,11 @@ fn path_has_prefix(path: &str, prefix: &str) -> bool {
 mod tests {
     use super::*;
 
+    const LIMITS: &str = "total_active_users = 100\nnew_users_per_minute = 10";
+
     fn spec(id: &str, host: &str, path: &str) -> RoomSpec {
         let table: toml::Table = toml::from_str(&format!(
-            "id = \"{id}\"\nhost = \"{host}\"\npath = \"{path}\"\norigin = \"127.0.0.1:1\""
+            "id = \"{id}\"\nhost = \"{host}\"\npath = \"{path}\"\norigin = \"127.0.0.1:1\"\n{LIMITS}"
         ))
         .unwrap();
         RoomSpec::from_table(table).unwrap()
@@ -210,7 +220,8 @@ mod tests {
 
     #[test]
     fn bad_fields_are_named() {
-        let table: toml::Table = toml::from_str("id = \"r\"\norigin = \"no-port\"").unwrap();
+        let table: toml::Table =
+            toml::from_str(&format!("id = \"r\"\norigin = \"no-port\"\n{LIMITS}")).unwrap();
         let e = RoomSpec::from_table(table).unwrap_err();
         assert_eq!(e.field, "origin");
         let table: toml::Table =

@@ -1,14 +1,27 @@
 //! The request path, top to bottom: find the room, open the visitor's cookie,
 //! ask the admission engine, then proxy to the origin or answer with the queue.
-use std::{net::SocketAddr, time::Instant};
+//!
+//! Nothing here waits on anything but the origin: the global state is an
+//! `ArcSwap` load, the counters are atomics in shared memory, and the cookie
+//! is sealed and opened in place.
+use std::{net::SocketAddr, sync::atomic::Ordering::Relaxed, time::Instant};
 
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
+use waitroom_common::{
+    engine::{self, Decision, Visitor},
+    estimate::WaitEstimate,
+    room::{CookieSameSite, CookieSecure, QueueingMethod},
+    ticket::Ticket,
+    time::UnixMillis,
+};
 
 use crate::{
-    Node,
+    Node, RoomRuntime, clock, cookie,
     http::{Body, full},
+    metrics::CookieFailure,
     proxy,
+    queue_page::{self, QueueView},
 };
 
 /// Per-worker state: the origin pool and per-room proxy targets.
@@ -23,11 +36,10 @@ impl Worker {
     pub fn new(index: usize, node: &Node) -> Self {
         let targets = node
             .rooms
-            .rooms
             .iter()
             .map(|r| proxy::Target {
-                authority: r.origin.clone(),
-                response_timeout: r.origin_timeout,
+                authority: r.spec.origin.clone(),
+                response_timeout: r.spec.origin_timeout,
             })
             .collect();
         Self {
@@ -46,25 +58,275 @@ pub async fn handle(
     peer: SocketAddr,
     scheme: &'static str,
 ) -> Response<Body> {
+    // 1. The room.
     let host = req
         .headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| req.uri().host())
         .unwrap_or("");
-    let Some(room) = node.rooms.find(host, req.uri().path()) else {
-        node.metrics
-            .requests_unmatched
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let Some(index) = node.routes.find(host, req.uri().path()) else {
+        node.metrics.requests_unmatched.fetch_add(1, Relaxed);
         return not_covered();
     };
+    let room = &node.rooms[index];
+    let engine_room = &room.spec.engine;
+
+    // 2. The ticket: whatever does not open is a new visitor, counted by why.
     let started = Instant::now();
-    let result = proxy::forward(&worker.client, &worker.targets[room], req, peer, scheme).await;
-    let _elapsed = started.elapsed();
-    match result {
-        Ok(resp) => resp,
-        Err(err) => proxy::bad_gateway(&err),
+    let now = clock::now();
+    let ticket = open_ticket(node, room, req.headers());
+
+    // 3. The decision.
+    let state = room.state.load();
+    let decision = engine::decide(
+        engine_room,
+        &state,
+        node.room_counters(index),
+        ticket,
+        now,
+        rand::random(),
+    );
+    let set_cookie = set_cookie_header(node, room, decision.ticket(), scheme);
+    room.metrics.decision_latency.observe(started.elapsed());
+
+    // 4. The answer.
+    match decision {
+        Decision::Admit { visitor, .. } => {
+            let counter = if visitor == Visitor::Admitted {
+                &room.metrics.admitted_returning
+            } else {
+                &room.metrics.admitted_new
+            };
+            counter.fetch_add(1, Relaxed);
+            let proxy_started = Instant::now();
+            let result =
+                proxy::forward(&worker.client, &worker.targets[index], req, peer, scheme).await;
+            room.metrics.proxy_latency.observe(proxy_started.elapsed());
+            let mut resp = match result {
+                Ok(resp) => resp,
+                Err(err) => {
+                    room.metrics.proxy_errors.fetch_add(1, Relaxed);
+                    proxy::bad_gateway(&err)
+                }
+            };
+            if let Some(c) = set_cookie {
+                resp.headers_mut().append(header::SET_COOKIE, c);
+            }
+            resp
+        }
+        Decision::Queue {
+            ticket, estimate, ..
+        } => {
+            room.metrics.queued.fetch_add(1, Relaxed);
+            let wants_json = wants_json(req.headers());
+            queue_response(room, &ticket, &estimate, now, wants_json, set_cookie)
+        }
+        Decision::Reject { .. } => {
+            room.metrics.rejected.fetch_add(1, Relaxed);
+            rejected(set_cookie)
+        }
     }
+}
+
+/// Opens the room's cookie into a ticket, counting every failure.
+fn open_ticket(node: &Node, room: &RoomRuntime, headers: &HeaderMap) -> Option<Ticket> {
+    let value = cookie::find(headers, &room.cookie_name)?;
+    let bytes = match node.keys.open(&room.spec.id, value) {
+        Ok(b) => b,
+        Err(why) => {
+            room.metrics.cookie_failure(why);
+            return None;
+        }
+    };
+    let ticket: Ticket = match postcard::from_bytes(&bytes) {
+        Ok(t) => t,
+        Err(_) => {
+            room.metrics.cookie_failure(CookieFailure::Malformed);
+            return None;
+        }
+    };
+    if ticket.room != room.spec.engine.id() {
+        room.metrics.cookie_failure(CookieFailure::OtherRoom);
+        return None;
+    }
+    // A session that ended makes a new visitor in the engine; count it here.
+    let engine_room = &room.spec.engine;
+    if let Some(end) =
+        ticket.session_end(engine_room.session_minutes(), engine_room.session_renewal())
+        && clock::now() >= end
+    {
+        room.metrics.cookie_failure(CookieFailure::Expired);
+    }
+    Some(ticket)
+}
+
+/// `Set-Cookie` for the visitor's updated ticket.
+fn set_cookie_header(
+    node: &Node,
+    room: &RoomRuntime,
+    ticket: &Ticket,
+    scheme: &str,
+) -> Option<HeaderValue> {
+    let bytes = postcard::to_allocvec(ticket).ok()?;
+    let value = node.keys.seal(&room.spec.id, &bytes);
+    let config = room.spec.engine.config();
+    let https = scheme == "https";
+    let secure = match config.cookie_secure {
+        CookieSecure::Always => true,
+        CookieSecure::Never => false,
+        CookieSecure::Auto => https,
+    };
+    let same_site = match config.cookie_same_site {
+        CookieSameSite::Lax => "Lax",
+        CookieSameSite::Strict => "Strict",
+        CookieSameSite::None => "None",
+        // SameSite=None needs Secure; over plain HTTP browsers would drop it.
+        CookieSameSite::Auto => {
+            if secure {
+                "None"
+            } else {
+                "Lax"
+            }
+        }
+    };
+    let mut text = format!(
+        "{}={value}; Path={}; Max-Age=86400; HttpOnly; SameSite={same_site}",
+        room.cookie_name, room.spec.path
+    );
+    if secure {
+        text.push_str("; Secure");
+    }
+    HeaderValue::from_str(&text).ok()
+}
+
+fn wants_json(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/json"))
+}
+
+/// The queue page (or JSON) for a queued visitor.
+fn queue_response(
+    room: &RoomRuntime,
+    ticket: &Ticket,
+    estimate: &WaitEstimate,
+    now: UnixMillis,
+    json: bool,
+    set_cookie: Option<HeaderValue>,
+) -> Response<Body> {
+    let view = queue_view(room, ticket, estimate, now);
+    let (body, content_type) = if json {
+        (queue_page::json(&view), "application/json")
+    } else {
+        (room.page.render(&view), "text/html; charset=utf-8")
+    };
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = StatusCode::from_u16(room.spec.queue_status).unwrap_or(StatusCode::OK);
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::REFRESH,
+        HeaderValue::from(u64::from(ticket.refresh_interval_secs)),
+    );
+    if let Some(c) = set_cookie {
+        h.append(header::SET_COOKIE, c);
+    }
+    resp
+}
+
+/// What the template and the JSON say, from the engine's estimate.
+pub fn queue_view(
+    room: &RoomRuntime,
+    ticket: &Ticket,
+    estimate: &WaitEstimate,
+    now: UnixMillis,
+) -> QueueView {
+    let method = room.spec.engine.queueing_method();
+    let fifo = method != QueueingMethod::Random;
+    let [p25, p50, p75] = estimate.whole_percentiles().map(u64::from);
+    let minutes = u64::from(estimate.whole_minutes());
+    let (p25, p50, p75) = if fifo {
+        (minutes, minutes, minutes)
+    } else {
+        (p25, p50, p75)
+    };
+    QueueView {
+        in_waiting_room: true,
+        wait_time_known: estimate.wait_time_known,
+        wait_time: if fifo { minutes } else { p50 },
+        wait_time_25_percentile: if fifo { 0 } else { p25 },
+        wait_time_50_percentile: if fifo { 0 } else { p50 },
+        wait_time_75_percentile: if fifo { 0 } else { p75 },
+        wait_time_formatted: queue_page::format_wait(
+            estimate.wait_time_known,
+            fifo,
+            p25,
+            p50,
+            p75,
+            estimate.queue_is_full,
+        ),
+        queue_is_full: estimate.queue_is_full,
+        queue_all: room.spec.engine.queue_all(),
+        last_updated: rfc3339(now),
+        refresh_interval_seconds: u64::from(ticket.refresh_interval_secs),
+        queueing_method: match method {
+            QueueingMethod::Fifo => "fifo",
+            QueueingMethod::Random => "random",
+            QueueingMethod::Passthrough => "passthrough",
+            QueueingMethod::Reject => "reject",
+        }
+        .into(),
+        is_fifo_queue: fifo,
+        is_random_queue: !fifo,
+        visitors_ahead: estimate.visitors_ahead,
+        room: room.spec.id.clone(),
+    }
+}
+
+/// `2026-11-22T10:00:00Z` from unix milliseconds (UTC, civil calendar).
+pub fn rfc3339(t: UnixMillis) -> String {
+    let secs = t.0 / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's days-to-civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+fn rejected(set_cookie: Option<HeaderValue>) -> Response<Body> {
+    let mut resp = Response::new(full(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Closed</title></head>\
+         <body style=\"font-family:system-ui,sans-serif;max-width:36rem;margin:4rem auto\">\
+         <h1>Not open right now</h1><p>This page is not admitting visitors at the moment.</p></body></html>",
+    ));
+    *resp.status_mut() = StatusCode::FORBIDDEN;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if let Some(c) = set_cookie {
+        resp.headers_mut().append(header::SET_COOKIE, c);
+    }
+    resp
 }
 
 fn not_covered() -> Response<Body> {
@@ -73,4 +335,22 @@ fn not_covered() -> Response<Body> {
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_matches_known_instants() {
+        assert_eq!(rfc3339(UnixMillis(0)), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            rfc3339(UnixMillis(1_596_498_360_000)),
+            "2020-08-03T23:46:00Z"
+        );
+        assert_eq!(
+            rfc3339(UnixMillis(1_709_210_096_000)),
+            "2024-02-29T12:34:56Z"
+        );
+    }
 }
