@@ -1,10 +1,322 @@
-//! The node's gossip client: reports to the aggregator over QUIC, keeps the
-//! last known global state. (Being built: see issue 5.)
+//! The node's gossip client: reports to the aggregator over QUIC every
+//! interval and keeps the last known global state for the request path.
+//!
+//! # How it fits
+//! [`spawn`] starts one task on the node's control runtime. Every
+//! `interval_ms` it asks the [`Reporter`] for this node's counts (read from
+//! the shared-memory counters, off the request path), sends them on a fresh
+//! stream of one long-lived connection (see [`crate::wire`]), and swaps the
+//! answer into the [`WorldView`]. The request path only ever `load()`s that
+//! view: it never waits on the network, and a lost aggregator only makes the
+//! view older.
+//!
+//! When answers stop, the view goes stale after `stale_after_ms`
+//! ([`WorldView::freshness`]); the node then decides with
+//! [`world::local_only_state`], its last known share of the room's limits,
+//! and goes back to the global state with the first new answer.
+//!
+//! # Anywhere leases
+//! The Anywhere slots a node may hand out arrive with each answer as the
+//! state's `allowance.anywhere`, on top of what it had used when it reported;
+//! the node's ticket counter (`RoomCounters::take_ticket` with
+//! `Pool::Anywhere`) enforces the cap exactly. Leases are per minute: the
+//! per-minute ticket counters start again at zero, and the next answer
+//! replaces the lease (see [`crate::aggregator::cluster`] for the ledger that
+//! keeps the leases out within the pool).
+//!
+//! # Layout
+//! - [`world`]: [`WorldView`], what the request path reads, and the local-only fallback.
+//! - [`status`]: [`GossipStatus`], the `waitroom_gossip_*` metrics.
+//! - [`client`]: the connect / report / backoff loop.
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+
+use waitroom_common::{
+    aggregate::RoomReport,
+    counters::RoomCounters,
+    room::RoomId,
+    time::{Minute, UnixMillis},
+};
+
+use crate::{shutdown::Shutdown, tls};
+
+pub mod client;
+pub mod status;
+pub mod world;
+
+pub use status::GossipStatus;
+pub use world::{Freshness, RoomView, World, WorldView};
 
 /// The `[aggregator]` table of the node's config.
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GossipConfig {
     /// `host:port` of the aggregator (UDP, QUIC).
-    pub address: std::net::SocketAddr,
+    pub address: SocketAddr,
+    /// Name the aggregator's certificate must carry.
+    #[serde(default = "default_server_name")]
+    pub server_name: String,
+    /// The cluster CA: the aggregator's certificate must chain to it.
+    pub ca: PathBuf,
+    /// This node's client certificate, issued by the cluster CA.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Milliseconds between reports.
+    #[serde(default = "default_interval_ms")]
+    pub interval_ms: u64,
+    /// Without an answer for this long the node decides on its own, with its
+    /// last known share of the limits. Keep it below the aggregator's
+    /// `node_timeout_ms`, after which others are given this node's share.
+    #[serde(default = "default_stale_after_ms")]
+    pub stale_after_ms: u64,
+}
+
+/// The name in the development aggregator certificate (`cargo xtask certs`).
+fn default_server_name() -> String {
+    crate::devcerts::AGGREGATOR_NAME.to_owned()
+}
+fn default_interval_ms() -> u64 {
+    1_000
+}
+fn default_stale_after_ms() -> u64 {
+    10_000
+}
+
+/// What is wrong with an `[aggregator]` table: the field and the problem.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("aggregator.{field}: {problem}")]
+pub struct GossipConfigError {
+    pub field: &'static str,
+    pub problem: String,
+}
+
+impl GossipConfig {
+    /// Checks the numbers (the files are checked by [`tls::check`]).
+    pub fn validate(&self) -> Result<(), GossipConfigError> {
+        if !(100..=60_000).contains(&self.interval_ms) {
+            return Err(GossipConfigError {
+                field: "interval_ms",
+                problem: format!("{} is outside 100 ..= 60000", self.interval_ms),
+            });
+        }
+        if self.stale_after_ms < 2 * self.interval_ms {
+            return Err(GossipConfigError {
+                field: "stale_after_ms",
+                problem: format!(
+                    "{} is less than two intervals ({} ms): one late answer would make the view stale",
+                    self.stale_after_ms,
+                    2 * self.interval_ms
+                ),
+            });
+        }
+        if self.server_name.is_empty() {
+            return Err(GossipConfigError {
+                field: "server_name",
+                problem: "must not be empty".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The PEM files, in the shape [`tls`] takes them.
+    #[must_use]
+    pub fn tls_files(&self) -> tls::TlsFiles {
+        tls::TlsFiles {
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+        }
+    }
+}
+
+/// Who this node is to the aggregator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeIdentity {
+    /// Unique per node (`node.id`): the aggregator keys reports by it.
+    pub node: String,
+    /// The node's colo (`node.colo`): traffic shares are kept per colo.
+    pub colo: String,
+}
+
+/// Builds this node's counts for every room it serves. Called on the control
+/// runtime once per interval; it reads atomics and must not block.
+pub trait Reporter: Send + Sync + 'static {
+    fn report(&self, now: UnixMillis) -> Vec<RoomReport>;
+}
+
+impl<F> Reporter for F
+where
+    F: Fn(UnixMillis) -> Vec<RoomReport> + Send + Sync + 'static,
+{
+    fn report(&self, now: UnixMillis) -> Vec<RoomReport> {
+        self(now)
+    }
+}
+
+/// The hook for a better traffic signal than the userspace counter: distinct
+/// visitors of a room in a minute, e.g. the XDP program's distinct-source
+/// sketch. `None` for a minute it has no estimate of.
+pub trait TrafficSignal: Send + Sync {
+    fn distinct_visitors(&self, room: RoomId, minute: Minute) -> Option<u64>;
+}
+
+/// One room's report from its counters, with the distinct-visitor counts
+/// taken from `traffic` where it has them (the userspace counts otherwise).
+#[must_use]
+pub fn room_report(
+    counters: &RoomCounters,
+    now: UnixMillis,
+    traffic: Option<&dyn TrafficSignal>,
+) -> RoomReport {
+    let mut report = counters.report(now);
+    if let Some(traffic) = traffic {
+        for (minute, count) in &mut report.distinct_visitors {
+            if let Some(better) = traffic.distinct_visitors(report.room, *minute) {
+                *count = better;
+            }
+        }
+        // Minutes the sketch saw that the userspace counter did not.
+        let recent =
+            (0..waitroom_common::counters::RECENT_MINUTES as u64).map(|b| now.minute().minus(b));
+        for minute in recent {
+            if !report.distinct_visitors.iter().any(|&(m, _)| m == minute)
+                && let Some(n) = traffic
+                    .distinct_visitors(report.room, minute)
+                    .filter(|&n| n > 0)
+            {
+                report.distinct_visitors.push((minute, n));
+            }
+        }
+        report
+            .distinct_visitors
+            .sort_by_key(|&(m, _)| core::cmp::Reverse(m));
+    }
+    report
+}
+
+/// Why gossip could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GossipError {
+    #[error(transparent)]
+    Config(#[from] GossipConfigError),
+    #[error("aggregator TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("opening the QUIC client socket: {source}")]
+    Socket { source: std::io::Error },
+}
+
+/// The running gossip client.
+#[derive(Debug)]
+pub struct GossipHandle {
+    /// What the request path reads.
+    pub world: Arc<WorldView>,
+    /// What `/metrics` renders.
+    pub status: Arc<GossipStatus>,
+    /// The task; it ends after shutdown is requested.
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// Starts the gossip client on `runtime` (the node's control runtime).
+///
+/// Returns at once: connecting happens in the background, and until the
+/// first answer [`WorldView::freshness`] is [`Freshness::Never`].
+pub fn spawn(
+    runtime: &tokio::runtime::Handle,
+    config: GossipConfig,
+    identity: NodeIdentity,
+    reporter: Arc<dyn Reporter>,
+    shutdown: Shutdown,
+) -> Result<GossipHandle, GossipError> {
+    config.validate()?;
+    let client_config = tls::client_config(&config.tls_files())?;
+    let bind: SocketAddr = if config.address.is_ipv6() {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    };
+    let mut endpoint = {
+        let _guard = runtime.enter();
+        quinn::Endpoint::client(bind).map_err(|source| GossipError::Socket { source })?
+    };
+    endpoint.set_default_client_config(client_config);
+    let world = Arc::new(WorldView::new(config.stale_after_ms));
+    let status = Arc::new(GossipStatus::default());
+    let client = client::Client {
+        config,
+        identity,
+        reporter,
+        world: Arc::clone(&world),
+        status: Arc::clone(&status),
+        endpoint,
+    };
+    let task = runtime.spawn(client.run(shutdown));
+    Ok(GossipHandle {
+        world,
+        status,
+        task,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> GossipConfig {
+        toml::from_str(
+            r#"
+address = "127.0.0.1:4433"
+ca = "ca.pem"
+cert = "n.pem"
+key = "n.key"
+"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn defaults_and_validation_name_the_field() {
+        let c = config();
+        assert_eq!((c.interval_ms, c.stale_after_ms), (1_000, 10_000));
+        assert_eq!(c.server_name, "aggregator.waitroom.internal");
+        c.validate().unwrap();
+        let err = GossipConfig {
+            stale_after_ms: 1_500,
+            ..config()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.field, "stale_after_ms");
+        assert!(err.to_string().starts_with("aggregator.stale_after_ms:"));
+        let err = GossipConfig {
+            interval_ms: 10,
+            ..config()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.field, "interval_ms");
+    }
+
+    struct Sketch;
+    impl TrafficSignal for Sketch {
+        fn distinct_visitors(&self, _room: RoomId, minute: Minute) -> Option<u64> {
+            Some(minute.0 % 100)
+        }
+    }
+
+    #[test]
+    fn traffic_signal_overrides_the_userspace_count() {
+        let room = RoomId::from_name("shop");
+        let counters = RoomCounters::new_boxed(room);
+        let now = UnixMillis(1_622_073_600_000 + 30_000);
+        counters.note_visitor(now.minute());
+        let plain = room_report(&counters, now, None);
+        assert_eq!(plain.distinct_visitors, vec![(now.minute(), 1)]);
+        let with = room_report(&counters, now, Some(&Sketch));
+        let m = now.minute();
+        assert_eq!(with.distinct_visitors[0], (m, m.0 % 100));
+        assert_eq!(
+            with.distinct_visitors.len(),
+            4,
+            "all recent minutes the sketch knows"
+        );
+    }
 }

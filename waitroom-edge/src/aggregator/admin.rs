@@ -1,0 +1,199 @@
+//! The aggregator's admin listener: `/status` (JSON per room and per node),
+//! `/metrics` (Prometheus text) and `/healthz`. Bind it to loopback.
+use std::{convert::Infallible, fmt::Write as _, sync::Arc, sync::atomic::Ordering::Relaxed};
+
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use hyper::{body::Incoming, service::service_fn};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+use super::server::Shared;
+use crate::{
+    http::{Body, full},
+    metrics::family,
+    shutdown::Shutdown,
+};
+
+/// Serves the admin endpoints until shutdown.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: Shutdown) {
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(err) => { tracing::warn!(%err, "admin accept failed"); continue; }
+            },
+            () = shutdown.requested() => return,
+        };
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: Request<Incoming>| {
+                let shared = Arc::clone(&shared);
+                async move { Ok::<_, Infallible>(route(&shared, req.uri().path())) }
+            });
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn route(shared: &Shared, path: &str) -> Response<Body> {
+    match path {
+        "/status" => {
+            let status = shared.cluster().status(crate::clock::now());
+            let body = serde_json::to_string_pretty(&status).unwrap_or_else(|_| "{}".into());
+            text(StatusCode::OK, "application/json", body)
+        }
+        "/metrics" => text(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            render_metrics(shared),
+        ),
+        "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
+        _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    }
+}
+
+/// Prometheus text for the server counters and every room.
+pub fn render_metrics(shared: &Shared) -> String {
+    let now = crate::clock::now();
+    let status = shared.cluster().status(now);
+    let m = &shared.metrics;
+    let mut out = String::with_capacity(4096);
+    for (name, kind, help, value) in [
+        (
+            "waitroom_aggregator_connections_open",
+            "gauge",
+            "Node connections open.",
+            m.connections_open.load(Relaxed),
+        ),
+        (
+            "waitroom_aggregator_connections_total",
+            "counter",
+            "Node connections accepted.",
+            m.connections_total.load(Relaxed),
+        ),
+        (
+            "waitroom_aggregator_handshakes_refused_total",
+            "counter",
+            "Connections refused in the handshake (no certificate from the cluster CA).",
+            m.handshakes_refused_total.load(Relaxed),
+        ),
+        (
+            "waitroom_aggregator_reports_total",
+            "counter",
+            "Reports merged.",
+            m.reports_total.load(Relaxed),
+        ),
+        (
+            "waitroom_aggregator_frames_refused_total",
+            "counter",
+            "Frames refused: unknown version, malformed or too large.",
+            m.frames_refused_total.load(Relaxed),
+        ),
+        (
+            "waitroom_aggregator_snapshots_total",
+            "counter",
+            "Snapshots written.",
+            m.snapshots_written_total.load(Relaxed),
+        ),
+        (
+            "waitroom_aggregator_snapshot_errors_total",
+            "counter",
+            "Snapshots that could not be written.",
+            m.snapshot_errors_total.load(Relaxed),
+        ),
+    ] {
+        family(&mut out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    let last = m.last_snapshot_ms.load(Relaxed);
+    family(
+        &mut out,
+        "waitroom_aggregator_snapshot_age_seconds",
+        "gauge",
+        "Seconds since the last snapshot was written (-1: none yet).",
+    );
+    let age = if last == 0 {
+        -1.0
+    } else {
+        now.0.saturating_sub(last) as f64 / 1e3
+    };
+    let _ = writeln!(out, "waitroom_aggregator_snapshot_age_seconds {age}");
+
+    family(
+        &mut out,
+        "waitroom_aggregator_nodes",
+        "gauge",
+        "Nodes known, by state.",
+    );
+    let departed = status.nodes.iter().filter(|n| n.departed).count();
+    let _ = writeln!(
+        out,
+        "waitroom_aggregator_nodes{{state=\"live\"}} {}",
+        status.nodes.len() - departed
+    );
+    let _ = writeln!(
+        out,
+        "waitroom_aggregator_nodes{{state=\"departed\"}} {departed}"
+    );
+
+    type Field = fn(&super::cluster::RoomStatus) -> f64;
+    let per_room: [(&str, &str, Field); 5] = [
+        (
+            "waitroom_aggregator_active_users",
+            "Active users in the room, all nodes.",
+            |r| r.active_users as f64,
+        ),
+        (
+            "waitroom_aggregator_admitted_this_minute",
+            "Admits this minute, all nodes.",
+            |r| r.admitted_this_minute as f64,
+        ),
+        (
+            "waitroom_aggregator_slots_available",
+            "Slots left this minute.",
+            |r| r.slots_available as f64,
+        ),
+        (
+            "waitroom_aggregator_waiting",
+            "Visitors waiting, all buckets.",
+            |r| r.total_waiting as f64,
+        ),
+        (
+            "waitroom_aggregator_anywhere_leased",
+            "Anywhere slots leased to nodes and not used yet.",
+            |r| r.anywhere_leased as f64,
+        ),
+    ];
+    for (name, help, field) in per_room {
+        family(&mut out, name, "gauge", help);
+        for room in &status.rooms {
+            let _ = writeln!(out, "{name}{{room=\"{}\"}} {}", room.id, field(room));
+        }
+    }
+    family(
+        &mut out,
+        "waitroom_aggregator_node_report_age_seconds",
+        "gauge",
+        "Seconds since each node's last report.",
+    );
+    for node in &status.nodes {
+        let _ = writeln!(
+            out,
+            "waitroom_aggregator_node_report_age_seconds{{node=\"{}\",colo=\"{}\"}} {}",
+            node.node,
+            node.colo,
+            node.last_report_age_ms as f64 / 1e3
+        );
+    }
+    out
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}

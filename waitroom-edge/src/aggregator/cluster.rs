@@ -1,0 +1,635 @@
+//! What the aggregator remembers: the latest report of every node, each
+//! room's history, and the Anywhere leases it has granted.
+//!
+//! [`Cluster::apply`] takes one node's report and returns that node's state
+//! per room. The merge itself is the engine's
+//! [`aggregate`](waitroom_common::aggregate::aggregate); this module only
+//! decides *which* reports take part (live nodes, and what is left of departed
+//! ones) and keeps the Anywhere ledger honest across rounds.
+//!
+//! # Departed nodes
+//! A node silent for longer than `node_timeout_ms` is *departed*: its live
+//! counts (queue, traffic) no longer take part, but its session expiries and
+//! this minute's admits do, because the visitors it admitted are still on the
+//! site until their sessions end, and the minute's admits still count against
+//! the new-users limit. A departed node is forgotten once nothing of it counts.
+//!
+//! # The Anywhere ledger
+//! The engine splits each round's Anywhere pool between all nodes. Nodes hear
+//! back at different moments, so one node may still hold the lease of an
+//! earlier round while another is handed a part of the same slots again. The
+//! ledger records every lease granted (per room, per node) and clamps each new
+//! grant to the pool minus what other nodes still hold unused, so the leases
+//! outstanding never add up to more than the pool. A lease is for one minute:
+//! it lapses when its holder's next answer replaces it, and one of a departed
+//! node lapses with the node (whose own view went stale before that, see
+//! `stale_after_ms` on the node).
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use waitroom_common::{
+    aggregate::{AggregateHistory, NodeReport, RoomReport, aggregate, totals},
+    room::{Room, RoomId},
+    state::GlobalState,
+    time::{Minute, UnixMillis},
+};
+
+use crate::wire::RoomAnswer;
+
+/// A room the aggregator serves: its name (as in the nodes' configs) and limits.
+#[derive(Debug, Clone)]
+pub struct RoomDef {
+    pub name: String,
+    pub room: Room,
+}
+
+/// Anywhere slots granted to one node for one minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The minute of the state that carried the lease.
+    pub minute: Minute,
+    /// The node's Anywhere admits in that minute when the lease was granted.
+    pub used_at_grant: u64,
+    /// Further Anywhere admits granted.
+    pub allowance: u64,
+}
+
+impl Lease {
+    /// Slots of this lease the holder has not used by `minute`, given its
+    /// Anywhere admits in that minute. Mirrors `GlobalState::cap`: in the
+    /// lease's minute the cap is `used_at_grant + allowance`; once the minute
+    /// has rolled, the node applies the bare allowance to its fresh counters
+    /// until its next answer arrives.
+    #[must_use]
+    pub fn outstanding(&self, minute: Minute, used: u64) -> u64 {
+        let cap = if self.minute == minute {
+            self.used_at_grant + self.allowance
+        } else {
+            self.allowance
+        };
+        cap.saturating_sub(used)
+    }
+}
+
+/// Bookkeeping about a node besides its report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeMeta {
+    /// The aggregator's clock at the node's last report.
+    pub last_seen: UnixMillis,
+    /// Reports received from the node by this aggregator (and its snapshots).
+    pub reports: u64,
+    /// Silent for longer than the timeout: only its sessions still count.
+    pub departed: bool,
+}
+
+/// What the aggregator keeps per room between rounds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoomMemory {
+    pub history: AggregateHistory,
+    /// Anywhere leases by node.
+    pub leases: BTreeMap<String, Lease>,
+}
+
+/// The aggregator's whole state. Not thread-safe by itself: the server holds
+/// it behind one mutex, taken for the microseconds of one merge.
+#[derive(Debug)]
+pub struct Cluster {
+    rooms: Vec<RoomDef>,
+    memory: BTreeMap<RoomId, RoomMemory>,
+    /// Latest report per node, in the order the engine takes them.
+    reports: Vec<NodeReport>,
+    /// `meta[i]` is about `reports[i]`.
+    meta: Vec<NodeMeta>,
+    node_timeout_ms: u64,
+    /// (node, room) pairs already warned about, so the log is not flooded.
+    unknown_rooms: BTreeSet<(String, RoomId)>,
+}
+
+/// Status of one room, for `/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoomStatus {
+    pub id: String,
+    pub room_id: u64,
+    pub total_active_users: u64,
+    pub new_users_per_minute: u64,
+    pub active_users: u64,
+    pub admitted_this_minute: u64,
+    pub slots_available: u64,
+    pub total_waiting: u64,
+    pub admits_per_minute: f64,
+    /// Anywhere slots leased and not yet used, by all nodes.
+    pub anywhere_leased: u64,
+    pub nodes_reporting: usize,
+}
+
+/// Status of one node, for `/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeStatus {
+    pub node: String,
+    pub colo: String,
+    pub last_report_age_ms: u64,
+    pub reports: u64,
+    pub departed: bool,
+    /// Active users counted on this node (its signed share of the sum).
+    pub active_users: i64,
+}
+
+/// Everything `/status` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub at: UnixMillis,
+    pub rooms: Vec<RoomStatus>,
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// The on-disk form of a [`Cluster`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Layout of this struct; a snapshot of another layout is not restored.
+    pub version: u32,
+    pub taken_at: UnixMillis,
+    pub nodes: Vec<(NodeReport, NodeMeta)>,
+    pub rooms: Vec<(RoomId, RoomMemory)>,
+}
+
+/// Current snapshot layout.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+impl Cluster {
+    #[must_use]
+    pub fn new(rooms: Vec<RoomDef>, node_timeout_ms: u64) -> Self {
+        let memory = rooms
+            .iter()
+            .map(|r| (r.room.id(), RoomMemory::default()))
+            .collect();
+        Self {
+            rooms,
+            memory,
+            reports: Vec::new(),
+            meta: Vec::new(),
+            node_timeout_ms,
+            unknown_rooms: BTreeSet::new(),
+        }
+    }
+
+    fn index_of(&self, node: &str) -> Option<usize> {
+        self.reports.iter().position(|r| r.node == node)
+    }
+
+    /// Takes one node's report at `now` and returns its state per room.
+    ///
+    /// Rooms the aggregator does not serve are dropped from the report (and
+    /// warned about once); the node gets no state for them.
+    pub fn apply(&mut self, mut report: NodeReport, now: UnixMillis) -> Vec<RoomAnswer> {
+        self.expire(now);
+        report.rooms.retain(|r| {
+            let known = self.memory.contains_key(&r.room);
+            if !known && self.unknown_rooms.insert((report.node.clone(), r.room)) {
+                tracing::warn!(node = %report.node, room = r.room.0, "node reports a room this aggregator does not serve; ignoring it");
+            }
+            known
+        });
+        let node = report.node.clone();
+        let index = match self.index_of(&node) {
+            Some(i) => {
+                self.reports[i] = report;
+                let meta = &mut self.meta[i];
+                if meta.departed {
+                    tracing::info!(%node, "departed node is back");
+                }
+                meta.last_seen = now;
+                meta.reports += 1;
+                meta.departed = false;
+                i
+            }
+            None => {
+                tracing::info!(%node, colo = %report.colo, "first report from node");
+                self.reports.push(report);
+                self.meta.push(NodeMeta {
+                    last_seen: now,
+                    reports: 1,
+                    departed: false,
+                });
+                self.reports.len() - 1
+            }
+        };
+
+        let minute = now.minute();
+        let mut answers = Vec::new();
+        for def in &self.rooms {
+            if !self.reports[index]
+                .rooms
+                .iter()
+                .any(|r| r.room == def.room.id())
+            {
+                continue;
+            }
+            let memory = self.memory.entry(def.room.id()).or_default();
+            let states = aggregate(&def.room, &self.reports, &mut memory.history, now);
+            let Some(mut state) = states
+                .iter()
+                .find(|(name, _)| *name == node)
+                .map(|(_, s)| s.clone())
+            else {
+                continue;
+            };
+            let granted = clamp_anywhere(&states, &node, &memory.leases, minute);
+            state.allowance.anywhere = granted;
+            memory.leases.insert(
+                node.clone(),
+                Lease {
+                    minute,
+                    used_at_grant: state.used.anywhere,
+                    allowance: granted,
+                },
+            );
+            answers.push(RoomAnswer {
+                room: def.room.id(),
+                state,
+            });
+        }
+        answers
+    }
+
+    /// Marks nodes silent for longer than the timeout as departed, keeps only
+    /// what still counts of them, and forgets those of whom nothing does.
+    pub fn expire(&mut self, now: UnixMillis) {
+        let minute = now.minute();
+        for (report, meta) in self.reports.iter_mut().zip(&mut self.meta) {
+            if !meta.departed && now.0.saturating_sub(meta.last_seen.0) > self.node_timeout_ms {
+                meta.departed = true;
+                tracing::warn!(node = %report.node, colo = %report.colo, silent_ms = now.0 - meta.last_seen.0,
+                    "node silent past node_timeout_ms: forgetting its live counts, keeping its sessions");
+                for memory in self.memory.values_mut() {
+                    memory.leases.remove(&report.node);
+                }
+            }
+            if meta.departed {
+                for room in &mut report.rooms {
+                    forget_live_counts(room, minute);
+                }
+            }
+        }
+        let mut i = 0;
+        while i < self.reports.len() {
+            let gone = self.meta[i].departed
+                && self.reports[i]
+                    .rooms
+                    .iter()
+                    .all(|r| r.expiries.is_empty() && r.admits.iter().all(|a| a.minute < minute));
+            if gone {
+                tracing::info!(node = %self.reports[i].node, "departed node's sessions have all ended; forgotten");
+                self.reports.swap_remove(i);
+                self.meta.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Rooms served, in config order.
+    #[must_use]
+    pub fn rooms(&self) -> &[RoomDef] {
+        &self.rooms
+    }
+
+    /// What `/status` and `/metrics` show.
+    #[must_use]
+    pub fn status(&self, now: UnixMillis) -> Status {
+        let minute = now.minute();
+        let rooms = self
+            .rooms
+            .iter()
+            .map(|def| {
+                let id = def.room.id();
+                let reporting: Vec<&RoomReport> = self
+                    .reports
+                    .iter()
+                    .filter_map(|n| n.rooms.iter().find(|r| r.room == id))
+                    .collect();
+                let sums = totals(reporting.iter().copied(), now);
+                // A throwaway copy of the history: showing status must not fold minutes.
+                let memory = self.memory.get(&id).cloned().unwrap_or_default();
+                let mut history = memory.history.clone();
+                let states = aggregate(&def.room, &self.reports, &mut history, now);
+                let any: Option<&GlobalState> = states.first().map(|(_, s)| s);
+                let anywhere_leased = states
+                    .iter()
+                    .filter_map(|(node, s)| {
+                        memory
+                            .leases
+                            .get(node)
+                            .map(|l| l.outstanding(minute, s.used.anywhere))
+                    })
+                    .sum();
+                RoomStatus {
+                    id: def.name.clone(),
+                    room_id: id.0,
+                    total_active_users: def.room.total_active_users(),
+                    new_users_per_minute: def.room.new_users_per_minute(),
+                    active_users: sums.active_users,
+                    admitted_this_minute: sums.admitted_this_minute,
+                    slots_available: any.map_or(0, |s| s.slots_available),
+                    total_waiting: sums.waiting.iter().map(|&(_, n)| n).sum(),
+                    admits_per_minute: history.admit_rate.per_minute,
+                    anywhere_leased,
+                    nodes_reporting: reporting.len(),
+                }
+            })
+            .collect();
+        let nodes = self
+            .reports
+            .iter()
+            .zip(&self.meta)
+            .map(|(report, meta)| NodeStatus {
+                node: report.node.clone(),
+                colo: report.colo.clone(),
+                last_report_age_ms: now.0.saturating_sub(meta.last_seen.0),
+                reports: meta.reports,
+                departed: meta.departed,
+                active_users: report
+                    .rooms
+                    .iter()
+                    .flat_map(|r| &r.expiries)
+                    .filter(|&&(m, _)| m >= minute)
+                    .map(|&(_, n)| n)
+                    .sum(),
+            })
+            .collect();
+        Status {
+            at: now,
+            rooms,
+            nodes,
+        }
+    }
+
+    /// The state to write to disk.
+    #[must_use]
+    pub fn snapshot(&self, now: UnixMillis) -> Snapshot {
+        Snapshot {
+            version: SNAPSHOT_VERSION,
+            taken_at: now,
+            nodes: self
+                .reports
+                .iter()
+                .cloned()
+                .zip(self.meta.iter().cloned())
+                .collect(),
+            rooms: self.memory.iter().map(|(id, m)| (*id, m.clone())).collect(),
+        }
+    }
+
+    /// Takes over a snapshot written by an earlier run. Rooms no longer
+    /// served are dropped; nodes silent for too long become departed on the
+    /// next [`Cluster::expire`], exactly as if this process had never stopped.
+    pub fn restore(&mut self, snapshot: Snapshot) -> Result<(), RestoreError> {
+        if snapshot.version != SNAPSHOT_VERSION {
+            return Err(RestoreError::Version {
+                found: snapshot.version,
+                expected: SNAPSHOT_VERSION,
+            });
+        }
+        for (id, memory) in snapshot.rooms {
+            if let Some(slot) = self.memory.get_mut(&id) {
+                *slot = memory;
+            }
+        }
+        self.reports.clear();
+        self.meta.clear();
+        for (mut report, meta) in snapshot.nodes {
+            report.rooms.retain(|r| self.memory.contains_key(&r.room));
+            self.reports.push(report);
+            self.meta.push(meta);
+        }
+        Ok(())
+    }
+}
+
+/// Why a snapshot was not taken over.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("snapshot layout {found}, this build reads {expected}")]
+    Version { found: u32, expected: u32 },
+}
+
+/// Strips a departed node's room report down to what still counts.
+fn forget_live_counts(room: &mut RoomReport, minute: Minute) {
+    room.waiting.clear();
+    room.distinct_visitors.clear();
+    room.expiries.retain(|&(m, _)| m >= minute);
+    room.admits.retain(|a| a.minute >= minute);
+}
+
+/// The Anywhere slots `node` may be granted: what the engine gives it this
+/// round, but never more than the round's pool minus what other nodes still
+/// hold unused from their own leases.
+fn clamp_anywhere(
+    states: &[(String, GlobalState)],
+    node: &str,
+    leases: &BTreeMap<String, Lease>,
+    minute: Minute,
+) -> u64 {
+    let pool: u64 = states.iter().map(|(_, s)| s.allowance.anywhere).sum();
+    let held: u64 = states
+        .iter()
+        .filter(|(name, _)| name != node)
+        .filter_map(|(name, s)| {
+            leases
+                .get(name)
+                .map(|l| l.outstanding(minute, s.used.anywhere))
+        })
+        .sum();
+    let engine = states
+        .iter()
+        .find(|(name, _)| name == node)
+        .map_or(0, |(_, s)| s.allowance.anywhere);
+    engine.min(pool.saturating_sub(held))
+}
+
+#[cfg(test)]
+mod tests {
+    use waitroom_common::{
+        aggregate::MinuteAdmits,
+        counters::PoolCounts,
+        room::{CookieSameSite, CookieSecure, QueueingMethod, RoomConfig},
+    };
+
+    use super::*;
+
+    /// 16:00:10 on 27 May 2021 (seed 002's day).
+    const T0: UnixMillis = UnixMillis(1_622_073_600_000 + 16 * 3_600_000 + 10_000);
+
+    fn room(total: u64, per_minute: u64) -> RoomDef {
+        let config = RoomConfig {
+            total_active_users: total,
+            new_users_per_minute: per_minute,
+            session_duration: 5,
+            disable_session_renewal: false,
+            queueing_method: QueueingMethod::Fifo,
+            queue_all: false,
+            refresh_interval: 20,
+            cookie_same_site: CookieSameSite::Auto,
+            cookie_secure: CookieSecure::Auto,
+        };
+        RoomDef {
+            name: "shop".into(),
+            room: config.validate().unwrap().named("shop"),
+        }
+    }
+
+    fn report(node: &str, colo: &str, at: UnixMillis, room: RoomReport) -> NodeReport {
+        NodeReport {
+            node: node.into(),
+            colo: colo.into(),
+            at,
+            rooms: vec![room],
+        }
+    }
+
+    fn sessions(now: UnixMillis, n: i64, anywhere_used: u64, current: u64) -> RoomReport {
+        let m = now.minute();
+        RoomReport {
+            room: RoomId::from_name("shop"),
+            expiries: vec![(m.plus(3), n)],
+            admits: vec![MinuteAdmits {
+                minute: m,
+                admits: PoolCounts {
+                    anywhere: anywhere_used,
+                    ..PoolCounts::default()
+                },
+            }],
+            waiting: vec![],
+            distinct_visitors: vec![(m, current)],
+        }
+    }
+
+    #[test]
+    fn every_node_sees_the_sum_of_active_users() {
+        let mut cluster = Cluster::new(vec![room(1_000, 100)], 5_000);
+        cluster.apply(report("a", "x", T0, sessions(T0, 10, 0, 1)), T0);
+        cluster.apply(report("b", "x", T0, sessions(T0, 20, 0, 1)), T0);
+        let answer = cluster.apply(report("c", "y", T0, sessions(T0, 5, 0, 1)), T0);
+        assert_eq!(answer.len(), 1);
+        assert_eq!(answer[0].state.active_users, 35);
+        let status = cluster.status(T0);
+        assert_eq!(status.rooms[0].active_users, 35);
+        assert_eq!(status.nodes.len(), 3);
+    }
+
+    #[test]
+    fn a_silent_node_keeps_its_sessions_until_they_end_then_is_forgotten() {
+        let mut cluster = Cluster::new(vec![room(1_000, 100)], 5_000);
+        let mut waiting = sessions(T0, 10, 0, 7);
+        waiting.waiting = vec![(T0.minute(), 4)];
+        cluster.apply(report("a", "x", T0, waiting), T0);
+        cluster.apply(report("b", "x", T0, sessions(T0, 1, 0, 1)), T0);
+
+        // b keeps reporting; a is silent for longer than the timeout.
+        let later = T0.plus_millis(6_000);
+        let answer = cluster.apply(report("b", "x", later, sessions(later, 1, 0, 1)), later);
+        assert_eq!(answer[0].state.active_users, 11, "a's sessions still count");
+        assert_eq!(answer[0].state.total_waiting, 0, "a's queue does not");
+        let status = cluster.status(later);
+        assert!(status.nodes.iter().any(|n| n.node == "a" && n.departed));
+
+        // Expiries were at minute +3: from minute +4 on nothing of a counts.
+        let after = T0.plus_minutes(4);
+        let answer = cluster.apply(report("b", "x", after, sessions(after, 1, 0, 1)), after);
+        assert_eq!(answer[0].state.active_users, 1);
+        assert_eq!(cluster.status(after).nodes.len(), 1, "a forgotten");
+    }
+
+    #[test]
+    fn a_departed_node_that_comes_back_counts_fully_again() {
+        let mut cluster = Cluster::new(vec![room(1_000, 100)], 1_000);
+        cluster.apply(report("a", "x", T0, sessions(T0, 3, 0, 1)), T0);
+        let later = T0.plus_millis(2_000);
+        cluster.expire(later);
+        assert!(cluster.status(later).nodes[0].departed);
+        cluster.apply(report("a", "x", later, sessions(later, 4, 0, 1)), later);
+        let status = cluster.status(later);
+        assert!(!status.nodes[0].departed);
+        assert_eq!(status.rooms[0].active_users, 4);
+    }
+
+    #[test]
+    fn anywhere_leases_never_add_up_to_more_than_the_pool() {
+        // No colo history at all: every shared slot of the minute is Anywhere.
+        let mut cluster = Cluster::new(vec![room(10_000, 100)], 5_000);
+        let nodes = ["a", "b", "c", "d"];
+        let (mut used, mut caps) = ([0_u64; 4], [0_u64; 4]);
+        let mut now = T0;
+        for round in 0..30_u64 {
+            for (i, node) in nodes.iter().enumerate() {
+                let traffic = (i as u64 + 1) * 10;
+                let answer = cluster.apply(
+                    report(node, "x", now, sessions(now, 0, used[i], traffic)),
+                    now,
+                );
+                let state = &answer[0].state;
+                caps[i] = state.used.anywhere + state.allowance.anywhere;
+                let promised: u64 = caps.iter().sum();
+                assert!(
+                    promised <= 100,
+                    "round {round} node {node}: caps {caps:?} promise more than the pool"
+                );
+                // The node uses part of its lease before its next report.
+                used[i] += (caps[i] - used[i]) / (round % 3 + 1);
+                now = now.plus_millis(100);
+            }
+        }
+        assert!(
+            used.iter().sum::<u64>() >= 90,
+            "the pool does get used: {used:?}"
+        );
+    }
+
+    #[test]
+    fn a_lease_from_the_previous_minute_counts_until_replaced() {
+        let lease = Lease {
+            minute: Minute(10),
+            used_at_grant: 5,
+            allowance: 3,
+        };
+        assert_eq!(lease.outstanding(Minute(10), 6), 2);
+        assert_eq!(
+            lease.outstanding(Minute(11), 0),
+            3,
+            "fresh counters, bare allowance"
+        );
+        assert_eq!(lease.outstanding(Minute(11), 9), 0);
+    }
+
+    #[test]
+    fn snapshot_round_trips_and_restores_global_state() {
+        let mut cluster = Cluster::new(vec![room(1_000, 100)], 5_000);
+        cluster.apply(report("a", "x", T0, sessions(T0, 10, 2, 1)), T0);
+        cluster.apply(report("b", "y", T0, sessions(T0, 20, 0, 1)), T0);
+        let snapshot = cluster.snapshot(T0);
+        let json = serde_json::to_string(&snapshot).unwrap();
+        let back: Snapshot = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, snapshot);
+
+        let mut restarted = Cluster::new(vec![room(1_000, 100)], 5_000);
+        restarted.restore(back).unwrap();
+        let status = restarted.status(T0.plus_millis(500));
+        assert_eq!(status.rooms[0].active_users, 30);
+        assert_eq!(status.rooms[0].admitted_this_minute, 2);
+
+        let mut wrong = snapshot.clone();
+        wrong.version = 99;
+        assert!(matches!(
+            Cluster::new(vec![room(1_000, 100)], 5_000).restore(wrong),
+            Err(RestoreError::Version { found: 99, .. })
+        ));
+    }
+
+    #[test]
+    fn rooms_the_aggregator_does_not_serve_get_no_answer() {
+        let mut cluster = Cluster::new(vec![room(1_000, 100)], 5_000);
+        let mut other = sessions(T0, 1, 0, 1);
+        other.room = RoomId::from_name("elsewhere");
+        let answer = cluster.apply(report("a", "x", T0, other), T0);
+        assert!(answer.is_empty());
+    }
+}

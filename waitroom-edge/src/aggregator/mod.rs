@@ -1,0 +1,223 @@
+//! The aggregator: receives every node's report over QUIC, merges them with
+//! the engine's aggregation, and answers each node with its global state.
+//!
+//! # Layout
+//! - [`config`]: the TOML file.
+//! - [`cluster`]: what it remembers (reports, departed nodes, Anywhere leases)
+//!   and the call into the engine.
+//! - [`server`]: the QUIC accept loop, one task per node and per report.
+//! - [`snapshot`]: the state on disk, so a restart loses nothing that matters.
+//! - [`admin`]: `/status` and `/metrics`.
+//!
+//! Its state can always be rebuilt from one round of reports (they carry
+//! counts, not decisions); the snapshot keeps what reports cannot bring back:
+//! departed nodes' sessions, the admit-rate history and the leases out.
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use crate::{clock::now, shutdown, tls};
+use tokio::task::JoinHandle;
+
+pub mod admin;
+pub mod cluster;
+pub mod config;
+pub mod server;
+pub mod snapshot;
+
+pub use config::{AggregatorConfig, AggregatorConfigError};
+
+/// How often silent nodes are looked for, independent of reports arriving.
+const EXPIRE_EVERY: Duration = Duration::from_secs(1);
+
+/// Why the aggregator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AggregatorError {
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error("binding {what} {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A running aggregator.
+#[derive(Debug)]
+pub struct Aggregator {
+    shared: Arc<server::Shared>,
+    endpoint: quinn::Endpoint,
+    quic_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    snapshot_path: std::path::PathBuf,
+    trigger: shutdown::Trigger,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Aggregator {
+    /// Restores the last snapshot, binds the QUIC and admin listeners and
+    /// starts serving. Call inside a tokio runtime.
+    pub async fn start(config: AggregatorConfig) -> Result<Self, AggregatorError> {
+        let server_config = tls::server_config(&config.tls)?;
+        let mut cluster = cluster::Cluster::new(config.rooms.clone(), config.node_timeout_ms);
+        restore(&mut cluster, &config.snapshot_path);
+        let shared = Arc::new(server::Shared {
+            cluster: std::sync::Mutex::new(cluster),
+            metrics: server::ServerMetrics::default(),
+        });
+
+        let endpoint = quinn::Endpoint::server(server_config, config.listen).map_err(|source| {
+            AggregatorError::Bind {
+                what: "listen",
+                addr: config.listen,
+                source,
+            }
+        })?;
+        let quic_addr = endpoint
+            .local_addr()
+            .map_err(|source| AggregatorError::Bind {
+                what: "listen",
+                addr: config.listen,
+                source,
+            })?;
+        let (trigger, shutdown) = shutdown::channel();
+        let mut tasks = vec![tokio::spawn(server::accept_loop(
+            endpoint.clone(),
+            Arc::clone(&shared),
+        ))];
+
+        let admin_addr = match config.admin_listen {
+            Some(addr) => {
+                let bind = |source| AggregatorError::Bind {
+                    what: "admin_listen",
+                    addr,
+                    source,
+                };
+                let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
+                let bound = listener.local_addr().map_err(bind)?;
+                tasks.push(tokio::spawn(admin::serve(
+                    listener,
+                    Arc::clone(&shared),
+                    shutdown.clone(),
+                )));
+                Some(bound)
+            }
+            None => None,
+        };
+        tasks.push(tokio::spawn(housekeeping(
+            Arc::clone(&shared),
+            config.snapshot_path.clone(),
+            Duration::from_millis(config.snapshot_interval_ms),
+            shutdown,
+        )));
+        tracing::info!(quic = %quic_addr, rooms = config.rooms.len(), "aggregator serving");
+        Ok(Self {
+            shared,
+            endpoint,
+            quic_addr,
+            admin_addr,
+            snapshot_path: config.snapshot_path,
+            trigger,
+            tasks,
+        })
+    }
+
+    /// The bound QUIC (UDP) address.
+    #[must_use]
+    pub fn quic_addr(&self) -> SocketAddr {
+        self.quic_addr
+    }
+
+    /// The bound admin address, if configured.
+    #[must_use]
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// Closes every node connection (they reconnect to the next aggregator)
+    /// and writes a last snapshot.
+    pub async fn stop(self) {
+        self.trigger.fire();
+        self.endpoint
+            .close(crate::wire::close::DONE.into(), b"aggregator shutting down");
+        for task in &self.tasks {
+            task.abort();
+        }
+        write_snapshot(&self.shared, &self.snapshot_path).await;
+        // Give the close frames a moment to leave.
+        let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
+        tracing::info!("aggregator stopped");
+    }
+}
+
+/// Takes over the snapshot at `path`, if there is a usable one. One that
+/// cannot be read is set aside (`.corrupt`) rather than trusted or deleted:
+/// the state rebuilds from the nodes' next reports either way.
+fn restore(cluster: &mut cluster::Cluster, path: &std::path::Path) {
+    match snapshot::read(path) {
+        Ok(None) => tracing::info!(path = %path.display(), "no snapshot yet; starting empty"),
+        Ok(Some(snapshot)) => {
+            let age_ms = now().0.saturating_sub(snapshot.taken_at.0);
+            let nodes = snapshot.nodes.len();
+            match cluster.restore(snapshot) {
+                Ok(()) => {
+                    cluster.expire(now());
+                    tracing::info!(path = %path.display(), age_ms, nodes, "restored snapshot");
+                }
+                Err(err) => {
+                    tracing::warn!(path = %path.display(), %err, "snapshot not used; starting empty")
+                }
+            }
+        }
+        Err(err) => {
+            let aside = path.with_extension("corrupt");
+            tracing::warn!(%err, moved_to = %aside.display(), "snapshot unreadable; starting empty");
+            let _ = std::fs::rename(path, aside);
+        }
+    }
+}
+
+/// Every second: forget silent nodes. Every `snapshot_every`: write a snapshot.
+async fn housekeeping(
+    shared: Arc<server::Shared>,
+    path: std::path::PathBuf,
+    snapshot_every: Duration,
+    mut shutdown: shutdown::Shutdown,
+) {
+    let mut expire = tokio::time::interval(EXPIRE_EVERY);
+    let mut snap = tokio::time::interval(snapshot_every);
+    expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    snap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    snap.tick().await;
+    loop {
+        tokio::select! {
+            _ = expire.tick() => shared.cluster().expire(now()),
+            _ = snap.tick() => write_snapshot(&shared, &path).await,
+            () = shutdown.requested() => return,
+        }
+    }
+}
+
+/// Writes a snapshot off the runtime's threads; failures are counted and
+/// logged, never fatal (the previous snapshot stays in place).
+async fn write_snapshot(shared: &Arc<server::Shared>, path: &std::path::Path) {
+    let taken_at = now();
+    let snap = shared.cluster().snapshot(taken_at);
+    let path_owned = path.to_owned();
+    let written = tokio::task::spawn_blocking(move || snapshot::write(&path_owned, &snap)).await;
+    use std::sync::atomic::Ordering::Relaxed;
+    match written {
+        Ok(Ok(())) => {
+            shared.metrics.snapshots_written_total.fetch_add(1, Relaxed);
+            shared.metrics.last_snapshot_ms.store(taken_at.0, Relaxed);
+            tracing::debug!(path = %path.display(), "snapshot written");
+        }
+        Ok(Err(err)) => {
+            shared.metrics.snapshot_errors_total.fetch_add(1, Relaxed);
+            tracing::warn!(%err, "snapshot not written");
+        }
+        Err(err) => {
+            shared.metrics.snapshot_errors_total.fetch_add(1, Relaxed);
+            tracing::warn!(%err, "snapshot task failed");
+        }
+    }
+}

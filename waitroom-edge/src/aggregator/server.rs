@@ -1,0 +1,198 @@
+//! The QUIC side of the aggregator: accept nodes, answer their reports.
+//!
+//! One task per connection (one per node), one task per stream (one per
+//! report). The merge runs under a single mutex for the few microseconds of
+//! [`Cluster::apply`]; everything slow (TLS, reading, encoding) happens outside it.
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    time::Duration,
+};
+
+use tokio::sync::Semaphore;
+use tracing::Instrument as _;
+
+use super::cluster::Cluster;
+use crate::wire::{self, Message, Refusal, RefusalReason, WireError};
+
+/// Most node connections served at once; more are refused (a cluster has
+/// tens to hundreds of nodes, so this only stops a flood).
+pub const MAX_CONNECTIONS: usize = 4_096;
+
+/// A report must arrive in full within this long after its stream opens.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ServerMetrics {
+    pub connections_open: AtomicU64,
+    pub connections_total: AtomicU64,
+    /// Handshakes that failed: no client certificate, one from another CA, or
+    /// no common protocol.
+    pub handshakes_refused_total: AtomicU64,
+    pub reports_total: AtomicU64,
+    /// Frames answered with a refusal (bad version, malformed, too large).
+    pub frames_refused_total: AtomicU64,
+    pub snapshots_written_total: AtomicU64,
+    pub snapshot_errors_total: AtomicU64,
+    /// Wall-clock milliseconds of the last snapshot written, 0 if none.
+    pub last_snapshot_ms: AtomicU64,
+}
+
+/// What every connection task shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub cluster: Mutex<Cluster>,
+    pub metrics: ServerMetrics,
+}
+
+impl Shared {
+    /// The cluster, even if a task panicked while holding the lock: the
+    /// state is plain data and every update leaves it consistent.
+    pub fn cluster(&self) -> std::sync::MutexGuard<'_, Cluster> {
+        self.cluster.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Accepts connections until the endpoint is closed.
+pub async fn accept_loop(endpoint: quinn::Endpoint, shared: Arc<Shared>) {
+    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    while let Some(incoming) = endpoint.accept().await {
+        let remote = incoming.remote_address();
+        let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
+            tracing::warn!(%remote, "connection limit reached; refusing");
+            incoming.refuse();
+            continue;
+        };
+        let shared = Arc::clone(&shared);
+        let span = tracing::info_span!("peer", %remote, node = tracing::field::Empty);
+        tokio::spawn(
+            async move {
+                let _permit = permit;
+                match incoming.await {
+                    Ok(connection) => {
+                        shared.metrics.connections_total.fetch_add(1, Relaxed);
+                        shared.metrics.connections_open.fetch_add(1, Relaxed);
+                        serve_connection(connection, &shared).await;
+                        shared.metrics.connections_open.fetch_sub(1, Relaxed);
+                    }
+                    Err(err) => {
+                        shared.metrics.handshakes_refused_total.fetch_add(1, Relaxed);
+                        tracing::warn!(%err, "refused connection: handshake failed (nodes need a client certificate issued by the cluster CA)");
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+}
+
+async fn serve_connection(connection: quinn::Connection, shared: &Arc<Shared>) {
+    tracing::debug!("node connected");
+    loop {
+        let (send, recv) = match connection.accept_bi().await {
+            Ok(streams) => streams,
+            Err(
+                quinn::ConnectionError::ApplicationClosed(_)
+                | quinn::ConnectionError::LocallyClosed,
+            ) => {
+                tracing::debug!("connection closed");
+                return;
+            }
+            Err(err) => {
+                tracing::info!(%err, "connection lost");
+                return;
+            }
+        };
+        let shared = Arc::clone(shared);
+        let connection = connection.clone();
+        tokio::spawn(
+            async move { serve_stream(&connection, send, recv, &shared).await }
+                .instrument(tracing::Span::current()),
+        );
+    }
+}
+
+/// One exchange: read a report, answer it.
+async fn serve_stream(
+    connection: &quinn::Connection,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    shared: &Shared,
+) {
+    let message = match tokio::time::timeout(READ_TIMEOUT, wire::read(&mut recv)).await {
+        Ok(Ok(message)) => message,
+        Ok(Err(err)) => {
+            refuse(connection, &mut send, &mut recv, &err, shared).await;
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(
+                "report not received in full within {READ_TIMEOUT:?}; dropping the stream"
+            );
+            let _ = recv.stop(wire::close::MALFORMED.into());
+            let _ = send.reset(wire::close::MALFORMED.into());
+            return;
+        }
+    };
+    let answer = match message {
+        Message::Report(frame) => {
+            let span = tracing::Span::current();
+            span.record("node", frame.report.node.as_str());
+            let seq = frame.seq;
+            let now = crate::clock::now();
+            let rooms = shared.cluster().apply(frame.report, now);
+            shared.metrics.reports_total.fetch_add(1, Relaxed);
+            Message::Answer(wire::AnswerFrame {
+                seq,
+                at: now,
+                rooms,
+            })
+        }
+        Message::Answer(_) | Message::Refused(_) => {
+            shared.metrics.frames_refused_total.fetch_add(1, Relaxed);
+            tracing::warn!("peer sent an answer or refusal where a report belongs");
+            Message::Refused(Refusal {
+                reason: RefusalReason::Unexpected,
+                detail: "the aggregator only accepts reports".into(),
+            })
+        }
+    };
+    if let Err(err) = wire::write(&mut send, &answer).await {
+        tracing::debug!(%err, "could not send the answer");
+    }
+}
+
+/// Answers a bad frame with a refusal; a peer of another protocol version is
+/// also disconnected, since nothing it sends can be read.
+async fn refuse(
+    connection: &quinn::Connection,
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+    err: &WireError,
+    shared: &Shared,
+) {
+    let Some(refusal) = err.refusal() else {
+        tracing::debug!(%err, "stream ended before a whole frame");
+        return;
+    };
+    shared.metrics.frames_refused_total.fetch_add(1, Relaxed);
+    tracing::warn!(%err, "refusing frame");
+    // Whatever else the peer was sending on this stream is not wanted.
+    let _ = recv.stop(err.close_code().into());
+    let _ = wire::write(send, &Message::Refused(refusal)).await;
+    if matches!(err, WireError::UnsupportedVersion { .. }) {
+        // Let the refusal reach the peer before the connection goes.
+        let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+        connection.close(
+            err.close_code().into(),
+            format!(
+                "unsupported protocol version; this aggregator speaks {}",
+                wire::VERSION
+            )
+            .as_bytes(),
+        );
+    }
+}

@@ -1,0 +1,343 @@
+//! The gossip task: connect, report every interval, store the answers,
+//! reconnect with jittered exponential backoff when anything breaks.
+use std::{sync::Arc, sync::atomic::Ordering::Relaxed, time::Duration};
+
+use tracing::Instrument as _;
+use waitroom_common::{
+    aggregate::{NodeReport, RoomReport},
+    time::UnixMillis,
+};
+
+use super::{
+    GossipConfig, NodeIdentity, Reporter,
+    status::GossipStatus,
+    world::{RoomView, World, WorldView, observed_share, smooth_share},
+};
+use crate::{
+    clock,
+    shutdown::Shutdown,
+    wire::{self, AnswerFrame, Message, RefusalReason, ReportFrame},
+};
+
+/// First reconnect delay; doubles per failed attempt up to [`BACKOFF_CAP`].
+const BACKOFF_BASE: Duration = Duration::from_millis(100);
+/// Longest wait between attempts, so a restarted aggregator hears from every
+/// node within a few seconds.
+const BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// A handshake that takes longer than this is abandoned and retried.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Unanswered exchanges in a row after which the connection is presumed dead
+/// (an aggregator killed without a goodbye sends no close, and QUIC's idle
+/// timeout is longer than we want to wait).
+const MAX_MISSED_ANSWERS: u32 = 2;
+
+/// Jittered exponential backoff ("equal jitter": half fixed, half random), so
+/// nodes that lost the aggregator together do not all come back in the same
+/// millisecond.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    attempt: u32,
+    base: Duration,
+    cap: Duration,
+}
+
+impl Backoff {
+    #[must_use]
+    pub fn new(base: Duration, cap: Duration) -> Self {
+        Self {
+            attempt: 0,
+            base,
+            cap,
+        }
+    }
+
+    /// The next delay, with `jitter` in `[0, 1)`.
+    pub fn next_delay(&mut self, jitter: f64) -> Duration {
+        let exp = self
+            .base
+            .saturating_mul(1_u32 << self.attempt.min(16))
+            .min(self.cap);
+        self.attempt = self.attempt.saturating_add(1);
+        exp / 2 + exp.mul_f64(jitter.clamp(0.0, 1.0) / 2.0)
+    }
+
+    /// After a success: the next failure starts from the base delay again.
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// Why one report/answer exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    #[error("cannot start a connection: {source}")]
+    Connect { source: quinn::ConnectError },
+    #[error("connection: {source}")]
+    Connection { source: quinn::ConnectionError },
+    #[error("{source}")]
+    Wire { source: wire::WireError },
+    #[error("aggregator refused the report ({reason:?}): {detail}")]
+    Refused {
+        reason: RefusalReason,
+        detail: String,
+    },
+    #[error("answer for report {got}, expected {expected}")]
+    WrongAnswer { got: u64, expected: u64 },
+    #[error("aggregator sent a report instead of an answer")]
+    Unexpected,
+    #[error("no answer within {timeout:?}")]
+    Timeout { timeout: Duration },
+}
+
+/// Everything the gossip task needs.
+pub(super) struct Client {
+    pub config: GossipConfig,
+    pub identity: NodeIdentity,
+    pub reporter: Arc<dyn Reporter>,
+    pub world: Arc<WorldView>,
+    pub status: Arc<GossipStatus>,
+    pub endpoint: quinn::Endpoint,
+}
+
+impl Client {
+    fn interval(&self) -> Duration {
+        Duration::from_millis(self.config.interval_ms)
+    }
+
+    /// An answer must come back within two intervals (at least 1 s).
+    fn answer_timeout(&self) -> Duration {
+        (self.interval() * 2).max(Duration::from_secs(1))
+    }
+
+    /// Runs until shutdown.
+    pub async fn run(self, mut shutdown: Shutdown) {
+        let span = tracing::info_span!("gossip", aggregator = %self.config.address, node = %self.identity.node);
+        async move {
+            let mut backoff = Backoff::new(BACKOFF_BASE, BACKOFF_CAP);
+            let mut seq = 0_u64;
+            let mut failed_attempts = 0_u32;
+            loop {
+                let connected = tokio::select! {
+                    c = self.connect() => c,
+                    () = shutdown.requested() => return,
+                };
+                match connected {
+                    Ok(connection) => {
+                        failed_attempts = 0;
+                        self.status.connects_total.fetch_add(1, Relaxed);
+                        tracing::info!("connected to the aggregator");
+                        let ended = tokio::select! {
+                            ended = self.session(&connection, &mut seq, &mut backoff) => ended,
+                            () = shutdown.requested() => {
+                                connection.close(wire::close::DONE.into(), b"node shutting down");
+                                self.status.connected.store(false, Relaxed);
+                                return;
+                            }
+                        };
+                        self.status.connected.store(false, Relaxed);
+                        tracing::warn!(reason = %ended, "gossip connection ended; reconnecting");
+                        connection.close(wire::close::DONE.into(), b"reconnecting");
+                    }
+                    Err(err) => {
+                        self.status.errors_total.fetch_add(1, Relaxed);
+                        failed_attempts += 1;
+                        // Loud on the first failure, quieter while it goes on (at most one line per 5 s anyway).
+                        if failed_attempts == 1 {
+                            tracing::warn!(%err, "cannot reach the aggregator; retrying with backoff");
+                        } else {
+                            tracing::debug!(%err, attempt = failed_attempts, "still cannot reach the aggregator");
+                        }
+                    }
+                }
+                let delay = backoff.next_delay(rand::random::<f64>());
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = shutdown.requested() => return,
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+    }
+
+    async fn connect(&self) -> Result<quinn::Connection, ExchangeError> {
+        let connecting = self
+            .endpoint
+            .connect(self.config.address, &self.config.server_name)
+            .map_err(|source| ExchangeError::Connect { source })?;
+        match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+            Ok(Ok(connection)) => Ok(connection),
+            Ok(Err(source)) => Err(ExchangeError::Connection { source }),
+            Err(_) => Err(ExchangeError::Timeout {
+                timeout: CONNECT_TIMEOUT,
+            }),
+        }
+    }
+
+    /// Reports every interval on `connection` until it breaks; returns why.
+    async fn session(
+        &self,
+        connection: &quinn::Connection,
+        seq: &mut u64,
+        backoff: &mut Backoff,
+    ) -> ExchangeError {
+        let mut tick = tokio::time::interval(self.interval());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut missed = 0;
+        loop {
+            tick.tick().await;
+            *seq += 1;
+            let now = clock::now();
+            let rooms = self.reporter.report(now);
+            let report = NodeReport {
+                node: self.identity.node.clone(),
+                colo: self.identity.colo.clone(),
+                at: now,
+                rooms,
+            };
+            let timeout = self.answer_timeout();
+            let result =
+                match tokio::time::timeout(timeout, exchange(connection, *seq, &report)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(ExchangeError::Timeout { timeout }),
+                };
+            match result {
+                Ok(answer) => {
+                    missed = 0;
+                    backoff.reset();
+                    self.store(&report, answer);
+                    self.status.reports_total.fetch_add(1, Relaxed);
+                    if !self.status.connected.swap(true, Relaxed) {
+                        tracing::info!("aggregator answering");
+                    }
+                }
+                Err(err) => {
+                    self.status.errors_total.fetch_add(1, Relaxed);
+                    match err {
+                        ExchangeError::Timeout { .. } => {
+                            missed += 1;
+                            tracing::debug!(missed, "no answer in time");
+                            if missed >= MAX_MISSED_ANSWERS {
+                                return err;
+                            }
+                        }
+                        ExchangeError::Refused {
+                            reason: RefusalReason::TooLarge { .. } | RefusalReason::Malformed,
+                            ..
+                        } => {
+                            // The next report may be fine; the connection is.
+                            tracing::warn!(%err, "report refused");
+                        }
+                        other => return other,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Swaps in a world built from `answer`, carrying each room's share over.
+    fn store(&self, report: &NodeReport, answer: AnswerFrame) {
+        let previous = self.world.load_full();
+        let received_at = clock::now();
+        let rooms = answer
+            .rooms
+            .into_iter()
+            .map(|room_answer| {
+                let own = report.rooms.iter().find(|r| r.room == room_answer.room);
+                let observed = own.and_then(|own| {
+                    let (active, admitted) = own_counts(own, room_answer.state.as_of);
+                    observed_share(&room_answer.state, active, admitted)
+                });
+                let before = previous.room(room_answer.room).and_then(|r| r.share);
+                RoomView {
+                    room: room_answer.room,
+                    state: Arc::new(room_answer.state),
+                    share: smooth_share(before, observed),
+                }
+            })
+            .collect();
+        self.world.store(World {
+            received_at: Some(received_at),
+            aggregator_at: Some(answer.at),
+            rooms,
+        });
+    }
+}
+
+/// This node's active users and admits this minute, from its own report.
+fn own_counts(report: &RoomReport, at: UnixMillis) -> (i64, u64) {
+    let minute = at.minute();
+    let active = report
+        .expiries
+        .iter()
+        .filter(|&&(m, _)| m >= minute)
+        .map(|&(_, n)| n)
+        .sum();
+    let admitted = report
+        .admits
+        .iter()
+        .filter(|a| a.minute == minute)
+        .map(|a| a.admits.total())
+        .sum();
+    (active, admitted)
+}
+
+/// One report on a fresh bidirectional stream, one answer back.
+async fn exchange(
+    connection: &quinn::Connection,
+    seq: u64,
+    report: &NodeReport,
+) -> Result<AnswerFrame, ExchangeError> {
+    let (mut send, mut recv) = connection
+        .open_bi()
+        .await
+        .map_err(|source| ExchangeError::Connection { source })?;
+    let message = Message::Report(ReportFrame {
+        seq,
+        report: report.clone(),
+    });
+    wire::write(&mut send, &message)
+        .await
+        .map_err(|source| ExchangeError::Wire { source })?;
+    match wire::read(&mut recv).await {
+        Ok(Message::Answer(answer)) if answer.seq == seq => Ok(answer),
+        Ok(Message::Answer(answer)) => Err(ExchangeError::WrongAnswer {
+            got: answer.seq,
+            expected: seq,
+        }),
+        Ok(Message::Refused(refusal)) => Err(ExchangeError::Refused {
+            reason: refusal.reason,
+            detail: refusal.detail,
+        }),
+        Ok(Message::Report(_)) => Err(ExchangeError::Unexpected),
+        // A stream reset or connection loss shows up as a read error; surface
+        // the connection's own reason when there is one.
+        Err(source) => Err(match connection.close_reason() {
+            Some(source) => ExchangeError::Connection { source },
+            None => ExchangeError::Wire { source },
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_jitter_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        assert_eq!(b.next_delay(0.0), Duration::from_millis(50));
+        assert_eq!(b.next_delay(1.0), Duration::from_millis(200));
+        assert_eq!(b.next_delay(0.5), Duration::from_millis(300));
+        for _ in 0..40 {
+            let d = b.next_delay(0.999);
+            assert!(d <= Duration::from_secs(5), "{d:?}");
+        }
+        assert!(
+            b.next_delay(0.0) >= Duration::from_millis(2_500),
+            "at the cap, at least half of it"
+        );
+        b.reset();
+        assert_eq!(b.next_delay(0.0), Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,214 @@
+//! Mutual TLS for gossip: PEM files in, quinn configs out.
+//!
+//! Every node and the aggregator hold the cluster CA, their own certificate
+//! and key. The aggregator accepts only clients whose certificate chains to
+//! that CA (`WebPkiClientVerifier`), so a machine that merely reaches the UDP
+//! port cannot inject reports that would open the gates; nodes check the
+//! aggregator's certificate against the same CA, so they never take slots
+//! from an impostor. TLS 1.3 only: QUIC requires it.
+//!
+//! The `ring` provider is named explicitly rather than installed process-wide,
+//! so this module works whatever other crates in the binary pick.
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use rustls::{
+    RootCertStore,
+    crypto::CryptoProvider,
+    server::{VerifierBuilderError, WebPkiClientVerifier},
+};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+
+/// ALPN of the gossip protocol: a node and an aggregator that do not agree on
+/// it fail the handshake instead of exchanging frames they cannot read.
+pub const ALPN: &[u8] = b"waitroom-gossip/1";
+
+/// Where a peer's PEM files are.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    /// The cluster CA certificate(s): the only issuers a peer is trusted from.
+    pub ca: PathBuf,
+    /// This peer's certificate chain (leaf first).
+    pub cert: PathBuf,
+    /// This peer's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// Why TLS could not be set up. Each names the file to look at.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{path}: cannot read PEM: {source}")]
+    Pem {
+        path: PathBuf,
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("{path}: no certificate in the file")]
+    NoCertificate { path: PathBuf },
+    #[error("{path}: CA certificate refused: {source}")]
+    BadCa {
+        path: PathBuf,
+        source: rustls::Error,
+    },
+    #[error("{path}: no usable CA certificate")]
+    NoCa { path: PathBuf },
+    #[error("client certificate verifier: {source}")]
+    Verifier { source: VerifierBuilderError },
+    #[error("{cert} / {key}: certificate and key refused: {source}")]
+    CertKey {
+        cert: PathBuf,
+        key: PathBuf,
+        source: rustls::Error,
+    },
+    #[error("TLS configuration has no QUIC-capable cipher suite")]
+    NoQuicSuite,
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = |source| TlsError::Pem {
+        path: path.to_owned(),
+        source,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(pem)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(pem)?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_owned(),
+        });
+    }
+    Ok(certs)
+}
+
+fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|source| TlsError::Pem {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn roots(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
+    let mut store = RootCertStore::empty();
+    for cert in certs(path)? {
+        store.add(cert).map_err(|source| TlsError::BadCa {
+            path: path.to_owned(),
+            source,
+        })?;
+    }
+    if store.is_empty() {
+        return Err(TlsError::NoCa {
+            path: path.to_owned(),
+        });
+    }
+    Ok(Arc::new(store))
+}
+
+/// Checks that the three files load (what `--check` runs).
+pub fn check(files: &TlsFiles) -> Result<(), TlsError> {
+    roots(&files.ca)?;
+    certs(&files.cert)?;
+    key(&files.key)?;
+    Ok(())
+}
+
+/// Transport settings shared by both ends: keep-alives well inside the idle
+/// timeout so a quiet but healthy connection is never dropped, and an idle
+/// timeout short enough that a dead peer is noticed within a few intervals.
+fn transport() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.keep_alive_interval(Some(Duration::from_secs(1)));
+    t.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(Duration::from_secs(6)).expect("6 s fits a VarInt"),
+    ));
+    // One report in flight per node at a time; a few spare streams for overlap.
+    t.max_concurrent_bidi_streams(8u32.into());
+    t.max_concurrent_uni_streams(0u32.into());
+    Arc::new(t)
+}
+
+/// The aggregator's QUIC config: requires a client certificate from the CA.
+pub fn server_config(files: &TlsFiles) -> Result<quinn::ServerConfig, TlsError> {
+    let provider = provider();
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots(&files.ca)?, provider.clone())
+        .build()
+        .map_err(|source| TlsError::Verifier { source })?;
+    let mut crypto = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|source| TlsError::CertKey {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            source,
+        })?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs(&files.cert)?, key(&files.key)?)
+        .map_err(|source| TlsError::CertKey {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            source,
+        })?;
+    crypto.alpn_protocols = vec![ALPN.to_vec()];
+    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(crypto)
+        .map_err(|_| TlsError::NoQuicSuite)?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
+    config.transport_config(transport());
+    Ok(config)
+}
+
+/// A node's QUIC config: trusts only the CA, presents the node certificate.
+pub fn client_config(files: &TlsFiles) -> Result<quinn::ClientConfig, TlsError> {
+    let mut crypto = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|source| TlsError::CertKey {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            source,
+        })?
+        .with_root_certificates(roots(&files.ca)?)
+        .with_client_auth_cert(certs(&files.cert)?, key(&files.key)?)
+        .map_err(|source| TlsError::CertKey {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            source,
+        })?;
+    crypto.alpn_protocols = vec![ALPN.to_vec()];
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
+        .map_err(|_| TlsError::NoQuicSuite)?;
+    let mut config = quinn::ClientConfig::new(Arc::new(quic));
+    config.transport_config(transport());
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devcerts;
+
+    #[test]
+    fn dev_certificates_load_on_both_ends() {
+        let dir = std::env::temp_dir().join(format!("wr-tls-{}", std::process::id()));
+        let written = devcerts::write(&dir, &["node-1".to_owned()]).unwrap();
+        server_config(&written.aggregator).unwrap();
+        client_config(&written.nodes[0].1).unwrap();
+        check(&written.aggregator).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_missing_file_is_named() {
+        let files = TlsFiles {
+            ca: "/nonexistent/ca.pem".into(),
+            cert: "/nonexistent/c.pem".into(),
+            key: "/nonexistent/k.pem".into(),
+        };
+        let err = check(&files).unwrap_err();
+        assert!(err.to_string().starts_with("/nonexistent/ca.pem:"), "{err}");
+    }
+}

@@ -1,0 +1,419 @@
+//! The gossip wire format between a node and the aggregator.
+//!
+//! # Transport
+//! One long-lived QUIC connection per node (mutual TLS, ALPN
+//! [`crate::tls::ALPN`]). Each report is one bidirectional stream: the node
+//! writes one [`Message::Report`] frame and finishes its side; the aggregator
+//! answers with one [`Message::Answer`] (or [`Message::Refused`]) frame and
+//! finishes. A stream per exchange costs nothing in QUIC, keeps a slow or lost
+//! answer from holding up the next report, and makes every exchange
+//! self-delimiting, so no state is carried between frames.
+//!
+//! # Frame
+//! ```text
+//! "WRGP" | version: u16 BE | length: u32 BE | payload: `length` bytes of postcard
+//! ```
+//! The header is checked before the payload is read: a frame of another
+//! version or longer than [`MAX_FRAME_BYTES`] is refused without reading it.
+//!
+//! # Why postcard
+//! Reports are mostly lists of small integers (session expiries per minute,
+//! waiting per bucket); postcard's varints make a typical report a few hundred
+//! bytes where JSON would be several times that, it encodes and decodes
+//! without a schema lookup, and it has no float-formatting or map-ordering
+//! ambiguity. What it lacks, self-description, is what [`VERSION`] is for:
+//! any change to a type carried here (including the engine's `NodeReport` and
+//! `GlobalState`) changes the bytes, which the golden test below catches, and
+//! must bump the version.
+use serde::{Deserialize, Serialize};
+use waitroom_common::{aggregate::NodeReport, room::RoomId, state::GlobalState, time::UnixMillis};
+
+/// Marks a gossip frame; anything else on the stream is refused at once.
+pub const MAGIC: [u8; 4] = *b"WRGP";
+
+/// Protocol version this build speaks.
+pub const VERSION: u16 = 1;
+
+/// Magic, version and length.
+pub const HEADER_LEN: usize = 10;
+
+/// Largest payload accepted or sent. A report of 64 rooms with a full day of
+/// session expiries and 2,000 queue buckets each stays under 3 MiB.
+pub const MAX_FRAME_BYTES: usize = 4 << 20;
+
+/// Everything that travels on a gossip stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Message {
+    /// Node → aggregator, every interval.
+    Report(ReportFrame),
+    /// Aggregator → node, in answer to a report.
+    Answer(AnswerFrame),
+    /// Either way: the other side's frame was not accepted.
+    Refused(Refusal),
+}
+
+/// A node's report: its counts for every room it serves.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportFrame {
+    /// Increases by one per report on a node; echoed in the answer so the
+    /// node can tell a late answer from the current one.
+    pub seq: u64,
+    pub report: NodeReport,
+}
+
+/// The aggregator's answer: this node's global state for each room.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AnswerFrame {
+    /// The report's `seq`.
+    pub seq: u64,
+    /// The aggregator's clock when it computed the answer.
+    pub at: UnixMillis,
+    pub rooms: Vec<RoomAnswer>,
+}
+
+/// One room's state for the node that reported.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoomAnswer {
+    pub room: RoomId,
+    pub state: GlobalState,
+}
+
+/// Why a frame was refused, in terms both sides can act on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub reason: RefusalReason,
+    /// Human-readable detail for the log of the refused side.
+    pub detail: String,
+}
+
+/// The machine-readable part of a [`Refusal`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RefusalReason {
+    /// The frame's version is not one this side speaks; `supported` is.
+    UnsupportedVersion { supported: u16 },
+    /// The header or payload could not be decoded.
+    Malformed,
+    /// The frame was longer than `max` bytes.
+    TooLarge { max: u32 },
+    /// A valid message that does not belong here (an answer sent to the aggregator).
+    Unexpected,
+}
+
+/// QUIC application error codes used when closing a connection or stream
+/// because of the protocol (readable whatever the peer's frame version).
+pub mod close {
+    /// Normal shutdown.
+    pub const DONE: u32 = 0;
+    /// The peer speaks another protocol version.
+    pub const UNSUPPORTED_VERSION: u32 = 1;
+    /// The peer sent frames that could not be decoded.
+    pub const MALFORMED: u32 = 2;
+    /// The peer sent a frame over the size limit.
+    pub const TOO_LARGE: u32 = 3;
+}
+
+/// Why bytes are not a frame.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("frame truncated: {len} bytes, the header alone is {HEADER_LEN}")]
+    Truncated { len: usize },
+    #[error("not a gossip frame (magic {found:02x?})")]
+    BadMagic { found: [u8; 4] },
+    #[error("protocol version {found} is not supported (this side speaks {VERSION})")]
+    UnsupportedVersion { found: u16 },
+    #[error("frame of {len} bytes is over the limit of {MAX_FRAME_BYTES}")]
+    TooLarge { len: usize },
+    #[error("header says {declared} payload bytes, {actual} follow")]
+    LengthMismatch { declared: usize, actual: usize },
+    #[error("payload does not decode: {source}")]
+    Payload { source: postcard::Error },
+    #[error("{extra} bytes after the message")]
+    TrailingBytes { extra: usize },
+    #[error("stream ended early: {source}")]
+    Read { source: quinn::ReadExactError },
+    #[error("writing the frame: {source}")]
+    Write { source: quinn::WriteError },
+    #[error("stream closed: {source}")]
+    Closed { source: quinn::ClosedStream },
+}
+
+impl WireError {
+    /// The refusal to send back for this error, if the peer is to be told.
+    #[must_use]
+    pub fn refusal(&self) -> Option<Refusal> {
+        let reason = match self {
+            Self::UnsupportedVersion { .. } => {
+                RefusalReason::UnsupportedVersion { supported: VERSION }
+            }
+            Self::TooLarge { .. } => RefusalReason::TooLarge {
+                max: MAX_FRAME_BYTES as u32,
+            },
+            Self::Truncated { .. }
+            | Self::BadMagic { .. }
+            | Self::LengthMismatch { .. }
+            | Self::Payload { .. }
+            | Self::TrailingBytes { .. } => RefusalReason::Malformed,
+            Self::Read { .. } | Self::Write { .. } | Self::Closed { .. } => return None,
+        };
+        Some(Refusal {
+            reason,
+            detail: self.to_string(),
+        })
+    }
+
+    /// The QUIC close code matching this error.
+    #[must_use]
+    pub fn close_code(&self) -> u32 {
+        match self {
+            Self::UnsupportedVersion { .. } => close::UNSUPPORTED_VERSION,
+            Self::TooLarge { .. } => close::TOO_LARGE,
+            _ => close::MALFORMED,
+        }
+    }
+}
+
+/// Encodes one frame.
+pub fn encode(message: &Message) -> Result<Vec<u8>, WireError> {
+    let mut frame = vec![0; HEADER_LEN];
+    frame = postcard::to_extend(message, frame).map_err(|source| WireError::Payload { source })?;
+    let len = frame.len() - HEADER_LEN;
+    if len > MAX_FRAME_BYTES {
+        return Err(WireError::TooLarge { len });
+    }
+    frame[..4].copy_from_slice(&MAGIC);
+    frame[4..6].copy_from_slice(&VERSION.to_be_bytes());
+    frame[6..10].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(frame)
+}
+
+/// Checks a header and returns the payload length it announces.
+pub fn decode_header(header: &[u8]) -> Result<usize, WireError> {
+    let Some(header) = header.get(..HEADER_LEN) else {
+        return Err(WireError::Truncated { len: header.len() });
+    };
+    let magic: [u8; 4] = header[..4].try_into().expect("4 bytes");
+    if magic != MAGIC {
+        return Err(WireError::BadMagic { found: magic });
+    }
+    let version = u16::from_be_bytes([header[4], header[5]]);
+    if version != VERSION {
+        return Err(WireError::UnsupportedVersion { found: version });
+    }
+    let len = u32::from_be_bytes(header[6..10].try_into().expect("4 bytes")) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(WireError::TooLarge { len });
+    }
+    Ok(len)
+}
+
+/// Decodes a payload (the bytes after the header).
+pub fn decode_payload(payload: &[u8]) -> Result<Message, WireError> {
+    let (message, rest) =
+        postcard::take_from_bytes(payload).map_err(|source| WireError::Payload { source })?;
+    if !rest.is_empty() {
+        return Err(WireError::TrailingBytes { extra: rest.len() });
+    }
+    Ok(message)
+}
+
+/// Decodes one whole frame.
+pub fn decode(frame: &[u8]) -> Result<Message, WireError> {
+    let len = decode_header(frame)?;
+    let payload = &frame[HEADER_LEN..];
+    if payload.len() != len {
+        return Err(WireError::LengthMismatch {
+            declared: len,
+            actual: payload.len(),
+        });
+    }
+    decode_payload(payload)
+}
+
+/// Reads one frame from a stream: the header first, so a bad version or an
+/// oversized length is refused before a byte of payload is buffered.
+pub async fn read(recv: &mut quinn::RecvStream) -> Result<Message, WireError> {
+    let mut header = [0; HEADER_LEN];
+    recv.read_exact(&mut header)
+        .await
+        .map_err(|source| WireError::Read { source })?;
+    let len = decode_header(&header)?;
+    let mut payload = vec![0; len];
+    recv.read_exact(&mut payload)
+        .await
+        .map_err(|source| WireError::Read { source })?;
+    decode_payload(&payload)
+}
+
+/// Writes one frame and finishes the stream (one frame per stream direction).
+pub async fn write(send: &mut quinn::SendStream, message: &Message) -> Result<(), WireError> {
+    let frame = encode(message)?;
+    send.write_all(&frame)
+        .await
+        .map_err(|source| WireError::Write { source })?;
+    send.finish().map_err(|source| WireError::Closed { source })
+}
+
+#[cfg(test)]
+mod tests {
+    use waitroom_common::{
+        aggregate::{MinuteAdmits, RoomReport},
+        counters::PoolCounts,
+        time::Minute,
+    };
+
+    use super::*;
+
+    fn sample_report() -> Message {
+        Message::Report(ReportFrame {
+            seq: 7,
+            report: NodeReport {
+                node: "n1".into(),
+                colo: "c".into(),
+                at: UnixMillis(1_622_073_600_000),
+                rooms: vec![RoomReport {
+                    room: RoomId(3),
+                    expiries: vec![(Minute(10), 2), (Minute(12), -1)],
+                    admits: vec![MinuteAdmits {
+                        minute: Minute(9),
+                        admits: PoolCounts {
+                            eligible: 1,
+                            colo_share: 2,
+                            anywhere: 3,
+                            uncapped: 0,
+                        },
+                    }],
+                    waiting: vec![(Minute(8), 5)],
+                    distinct_visitors: vec![(Minute(9), 4)],
+                }],
+            },
+        })
+    }
+
+    fn sample_answer() -> Message {
+        let mut state = GlobalState::empty(UnixMillis(1_622_073_600_000));
+        state.active_users = 201;
+        state.admits_per_minute = 30.5;
+        state.allowance.anywhere = 4;
+        Message::Answer(AnswerFrame {
+            seq: 7,
+            at: UnixMillis(1_622_073_600_000),
+            rooms: vec![RoomAnswer {
+                room: RoomId(3),
+                state,
+            }],
+        })
+    }
+
+    #[test]
+    fn frames_round_trip() {
+        for message in [
+            sample_report(),
+            sample_answer(),
+            Message::Refused(Refusal {
+                reason: RefusalReason::TooLarge { max: 9 },
+                detail: "x".into(),
+            }),
+        ] {
+            let frame = encode(&message).unwrap();
+            assert_eq!(decode(&frame).unwrap(), message);
+        }
+    }
+
+    /// Pins the bytes of version 1: if this fails, a carried type changed
+    /// shape and [`VERSION`] must be bumped (and this test updated).
+    #[test]
+    fn version_1_bytes_are_pinned() {
+        let report = hex::encode(encode(&sample_report()).unwrap());
+        assert_eq!(
+            report,
+            "575247500001000000200007026e31016380d0fbd89a2f0103020a040c0101\
+             090102030001080a010904"
+        );
+        let answer = encode(&sample_answer()).unwrap();
+        assert_eq!(&answer[..6], b"WRGP\x00\x01");
+        assert_eq!(decode(&answer).unwrap(), sample_answer());
+    }
+
+    #[test]
+    fn bad_frames_are_refused_with_a_reason() {
+        let good = encode(&sample_report()).unwrap();
+
+        let err = decode(&good[..5]).unwrap_err();
+        assert!(matches!(err, WireError::Truncated { len: 5 }), "{err}");
+
+        let mut bad_magic = good.clone();
+        bad_magic[0] = b'X';
+        assert!(matches!(
+            decode(&bad_magic),
+            Err(WireError::BadMagic { .. })
+        ));
+
+        let mut future = good.clone();
+        future[4..6].copy_from_slice(&2u16.to_be_bytes());
+        let err = decode(&future).unwrap_err();
+        assert!(matches!(err, WireError::UnsupportedVersion { found: 2 }));
+        assert_eq!(
+            err.refusal().unwrap().reason,
+            RefusalReason::UnsupportedVersion { supported: 1 }
+        );
+        assert_eq!(err.close_code(), close::UNSUPPORTED_VERSION);
+
+        let mut huge = good.clone();
+        huge[6..10].copy_from_slice(&u32::MAX.to_be_bytes());
+        let err = decode(&huge).unwrap_err();
+        assert!(matches!(err, WireError::TooLarge { .. }));
+        assert_eq!(
+            err.refusal().unwrap().reason,
+            RefusalReason::TooLarge {
+                max: MAX_FRAME_BYTES as u32
+            }
+        );
+
+        let short = &good[..good.len() - 1];
+        assert!(matches!(
+            decode(short),
+            Err(WireError::LengthMismatch { .. })
+        ));
+
+        let mut trailing = good.clone();
+        trailing.push(0);
+        let len = (trailing.len() - HEADER_LEN) as u32;
+        trailing[6..10].copy_from_slice(&len.to_be_bytes());
+        assert!(matches!(
+            decode(&trailing),
+            Err(WireError::TrailingBytes { extra: 1 })
+        ));
+
+        // A variant tag past the last variant.
+        let mut garbage = good[..HEADER_LEN].to_vec();
+        garbage[6..10].copy_from_slice(&3u32.to_be_bytes());
+        garbage.extend([0x7f, 0xff, 0xff]);
+        let err = decode(&garbage).unwrap_err();
+        assert!(matches!(err, WireError::Payload { .. }), "{err}");
+        assert_eq!(err.refusal().unwrap().reason, RefusalReason::Malformed);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        // A cheap deterministic fuzz: every prefix and many bit flips of valid frames.
+        let frames = [
+            encode(&sample_report()).unwrap(),
+            encode(&sample_answer()).unwrap(),
+        ];
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        for frame in &frames {
+            for cut in 0..frame.len() {
+                let _ = decode(&frame[..cut]);
+            }
+            for _ in 0..5_000 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let mut mutated = frame.clone();
+                let at = HEADER_LEN + (seed as usize % (frame.len() - HEADER_LEN));
+                mutated[at] ^= (seed >> 32) as u8 | 1;
+                let _ = decode(&mutated);
+            }
+        }
+    }
+}
