@@ -37,7 +37,11 @@ pub fn binary(name: &str) -> PathBuf {
         assert!(status.success(), "cargo build of the binaries failed");
         *built = true;
     }
-    assert!(path.exists(), "{} missing (run `cargo build --workspace --bins`)", path.display());
+    assert!(
+        path.exists(),
+        "{} missing (run `cargo build --workspace --bins`)",
+        path.display()
+    );
     path
 }
 
@@ -47,11 +51,7 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> Self {
-        let unique = format!(
-            "waitroom-test-{tag}-{}-{}",
-            std::process::id(),
-            Instant::now().elapsed().as_nanos() ^ rand_u64()
-        );
+        let unique = format!("waitroom-test-{tag}-{}-{}", std::process::id(), rand_u64());
         let dir = std::env::temp_dir().join(unique);
         std::fs::create_dir_all(&dir).expect("creating a temp dir");
         Self(dir)
@@ -71,7 +71,7 @@ fn rand_u64() -> u64 {
     use std::hash::{BuildHasher as _, Hasher as _};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0);
-    h.finish() as u128 as u64
+    h.finish()
 }
 
 /// A running process; stopped on drop. Its stderr is kept for failure messages.
@@ -118,18 +118,37 @@ impl Proc {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                bail!("{}: no line starting {prefix:?} within {limit:?}; stderr:\n{}", self.name, self.stderr());
+                bail!(
+                    "{}: no line starting {prefix:?} within {limit:?}; stderr:\n{}",
+                    self.name,
+                    self.stderr()
+                );
             }
-            match self.stdout.recv_timeout(left.min(Duration::from_millis(200))) {
+            match self
+                .stdout
+                .recv_timeout(left.min(Duration::from_millis(200)))
+            {
                 Ok(line) if line.starts_with(prefix) => return Ok(line),
                 Ok(_) => {}
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                        bail!("{} exited ({status}) before printing {prefix:?}; stderr:\n{}", self.name, self.stderr());
+                    if let Some(status) = self
+                        .child
+                        .as_mut()
+                        .and_then(|c| c.try_wait().ok().flatten())
+                    {
+                        bail!(
+                            "{} exited ({status}) before printing {prefix:?}; stderr:\n{}",
+                            self.name,
+                            self.stderr()
+                        );
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    bail!("{} closed stdout before printing {prefix:?}; stderr:\n{}", self.name, self.stderr())
+                    bail!(
+                        "{} closed stdout before printing {prefix:?}; stderr:\n{}",
+                        self.name,
+                        self.stderr()
+                    )
                 }
             }
         }
@@ -201,7 +220,9 @@ pub fn start_origin(dir: &Path, name: &str) -> Result<(Proc, SocketAddr)> {
 
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Waits until `addr` accepts TCP connections.

@@ -159,7 +159,11 @@ fn worker_main(
                 let _ = l.await;
             }
             let grace = node.settings.shutdown_grace;
-            let graceful = Arc::try_unwrap(graceful).unwrap_or_else(|_| GracefulShutdown::new());
+            // The accept loops have returned, so theirs were the only other handles.
+            let Ok(graceful) = Arc::try_unwrap(graceful) else {
+                tracing::error!("shutdown handle still shared; not draining");
+                return;
+            };
             let started = Instant::now();
             tokio::select! {
                 () = graceful.shutdown() => {
@@ -213,7 +217,9 @@ async fn accept_loop(
         let worker = Arc::clone(&worker);
         let builder = builder.clone();
         let tls = spec.tls.clone();
-        let graceful = Arc::clone(&graceful);
+        // A watcher, not the Arc: once the accept loops end, the worker owns the
+        // shutdown handle alone and can drain.
+        let graceful = graceful.watcher();
         tokio::spawn(async move {
             let _permit = permit;
             let service = {

@@ -1,0 +1,417 @@
+//! The edge node as operators run it: the real binary in front of the real demo
+//! origin on loopback, driven by a cookie-keeping HTTP client.
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use waitroom_tests::{
+    edge::{Edge, client, metric},
+    procs::{TempDir, binary, free_port, start_origin},
+};
+
+/// A node config with one room in front of `origin`; `room` adds or overrides keys.
+fn config(dir: &TempDir, origin: SocketAddr, room: &str) -> String {
+    format!(
+        r#"[node]
+id = "test-node"
+colo = "test"
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+workers = 2
+counters_path = "{counters}"
+header_read_timeout_ms = 500
+shutdown_grace_ms = 5000
+
+[[rooms]]
+id = "shop"
+host = "*"
+path = "/"
+origin = "{origin}"
+origin_timeout_ms = 2000
+{room}
+"#,
+        counters = dir.path().join("counters.shm").display()
+    )
+}
+
+const SITE: &str = "Demo Shop";
+const QUEUE: &str = "You are in line";
+
+fn get(agent: &ureq::Agent, url: &str) -> (u16, String) {
+    let mut resp = agent.get(url).call().expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.body_mut().read_to_string().unwrap_or_default())
+}
+
+fn metrics(edge: &Edge) -> String {
+    get(&client(), &edge.admin_url("/metrics")).1
+}
+
+/// Seconds left in the current minute of the wall clock.
+fn seconds_left_in_minute() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    60 - now % 60
+}
+
+/// Tests that count admissions within one minute start early in a minute, so a
+/// minute boundary (which resets new-users-per-minute) cannot fall inside them.
+fn start_of_a_minute(needed_secs: u64) {
+    if seconds_left_in_minute() < needed_secs {
+        std::thread::sleep(Duration::from_secs(seconds_left_in_minute() + 1));
+    }
+}
+
+#[test]
+fn admits_up_to_the_limit_then_queues_and_keeps_sessions() {
+    let dir = TempDir::new("limits");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let edge = Edge::start(
+        dir.path(),
+        "edge",
+        &config(
+            &dir,
+            origin,
+            "total_active_users = 3\nnew_users_per_minute = 3\nsession_duration = 5",
+        ),
+    )
+    .unwrap();
+    start_of_a_minute(20);
+    let visitors: Vec<ureq::Agent> = (0..5).map(|_| client()).collect();
+    let mut admitted = 0;
+    let mut queued = 0;
+    for v in &visitors {
+        let (status, body) = get(v, &edge.url("/"));
+        assert_eq!(status, 200);
+        if body.contains(SITE) {
+            admitted += 1;
+        } else {
+            assert!(body.contains(QUEUE), "neither site nor queue page: {body}");
+            queued += 1;
+        }
+    }
+    assert_eq!((admitted, queued), (3, 2), "3 slots → 3 admitted, 2 queued");
+    // The first three keep their sessions: they go straight to the site.
+    for v in &visitors[..3] {
+        let (_, body) = get(v, &edge.url("/product/1"));
+        assert!(
+            body.contains(SITE),
+            "an admitted visitor was queued: {body}"
+        );
+    }
+    // A queued visitor reloading early stays queued and takes nothing.
+    let (_, body) = get(&visitors[3], &edge.url("/"));
+    assert!(body.contains(QUEUE));
+    let m = metrics(&edge);
+    assert_eq!(
+        metric(&m, "waitroom_admitted_total{room=\"shop\",kind=\"new\"}"),
+        Some(3.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "waitroom_admitted_total{room=\"shop\",kind=\"returning\"}"
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        metric(&m, "waitroom_active_users{room=\"shop\",scope=\"node\"}"),
+        Some(3.0)
+    );
+    assert_eq!(
+        metric(&m, "waitroom_waiting{room=\"shop\",scope=\"node\"}"),
+        Some(2.0)
+    );
+}
+
+#[test]
+fn queued_apps_get_json_with_the_template_fields_and_a_refresh() {
+    let dir = TempDir::new("json");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let edge = Edge::start(
+        dir.path(),
+        "edge",
+        &config(&dir, origin, "total_active_users = 1\nnew_users_per_minute = 1\nqueue_status = 429\nrefresh_interval = 30"),
+    )
+    .unwrap();
+    start_of_a_minute(10);
+    let first = client();
+    assert!(get(&first, &edge.url("/")).1.contains(SITE));
+    let app = client();
+    let mut resp = app
+        .get(&edge.url("/api/cart"))
+        .header("Accept", "application/json")
+        .call()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 429, "configured queue status");
+    let refresh: u64 = resp.headers()["refresh"].to_str().unwrap().parse().unwrap();
+    assert!(
+        (24..=36).contains(&refresh),
+        "jittered around 30 s: {refresh}"
+    );
+    assert_eq!(resp.headers()["content-type"], "application/json");
+    let v: serde_json::Value =
+        serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+    let w = &v["waitingRoom"];
+    assert_eq!(w["inWaitingRoom"], true);
+    assert_eq!(w["queueingMethod"], "fifo");
+    assert_eq!(w["isFIFOQueue"], true);
+    assert_eq!(w["refreshIntervalSeconds"], refresh);
+    for field in [
+        "waitTime",
+        "waitTime25Percentile",
+        "waitTime50Percentile",
+        "waitTime75Percentile",
+        "waitTimeFormatted",
+        "queueIsFull",
+        "queueAll",
+        "lastUpdated",
+        "visitorsAhead",
+        "waitTimeKnown",
+        "isRandomQueue",
+    ] {
+        assert!(w.get(field).is_some(), "missing {field}: {w}");
+    }
+}
+
+#[test]
+fn tampered_and_foreign_cookies_make_new_visitors_never_errors() {
+    let dir = TempDir::new("tamper");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let edge = Edge::start(
+        dir.path(),
+        "edge",
+        &config(
+            &dir,
+            origin,
+            "total_active_users = 100\nnew_users_per_minute = 100",
+        ),
+    )
+    .unwrap();
+    let agent = client();
+    let resp = agent.get(&edge.url("/")).call().unwrap();
+    let set_cookie = resp.headers()["set-cookie"].to_str().unwrap().to_owned();
+    let value = set_cookie
+        .split(';')
+        .next()
+        .unwrap()
+        .split_once('=')
+        .unwrap()
+        .1
+        .to_owned();
+    let mut flipped = value.clone().into_bytes();
+    let mid = flipped.len() / 2;
+    flipped[mid] = if flipped[mid] == b'A' { b'B' } else { b'A' };
+    let cases = [
+        String::from_utf8(flipped).unwrap(),
+        value[..value.len() / 2].to_owned(),
+        "%%%not-base64%%%".to_owned(),
+        "A".repeat(5000),
+    ];
+    for bad in &cases {
+        // A fresh agent each time: its cookie jar must not replace the header we send.
+        let mut resp = client()
+            .get(&edge.url("/"))
+            .header("Cookie", &format!("__wr_shop={bad}"))
+            .call()
+            .unwrap();
+        assert_eq!(
+            resp.status().as_u16(),
+            200,
+            "bad cookie {bad:.20}… must not fail"
+        );
+        assert!(
+            resp.headers().contains_key("set-cookie"),
+            "a new ticket is issued"
+        );
+        assert!(resp.body_mut().read_to_string().unwrap().contains(SITE));
+    }
+    let m = metrics(&edge);
+    let failures = |reason: &str| {
+        metric(
+            &m,
+            &format!("waitroom_cookie_failures_total{{room=\"shop\",reason=\"{reason}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(failures("tampered") + failures("malformed"), 3.0, "{m}");
+    assert_eq!(failures("too_large"), 1.0);
+}
+
+#[test]
+fn an_unreachable_origin_answers_a_clear_502_quickly() {
+    let dir = TempDir::new("origin-down");
+    let dead: SocketAddr = format!("127.0.0.1:{}", free_port().unwrap())
+        .parse()
+        .unwrap();
+    let edge = Edge::start(
+        dir.path(),
+        "edge",
+        &config(
+            &dir,
+            dead,
+            "total_active_users = 10\nnew_users_per_minute = 10",
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let (status, body) = get(&client(), &edge.url("/"));
+    assert_eq!(status, 502);
+    assert!(body.contains("not answering"), "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    let m = metrics(&edge);
+    assert_eq!(
+        metric(&m, "waitroom_proxy_errors_total{room=\"shop\"}"),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn a_slow_headers_client_is_cut_off_and_others_are_served() {
+    let dir = TempDir::new("slowloris");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let edge = Edge::start(
+        dir.path(),
+        "edge",
+        &config(
+            &dir,
+            origin,
+            "total_active_users = 100\nnew_users_per_minute = 100",
+        ),
+    )
+    .unwrap();
+    let mut slow: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = TcpStream::connect(edge.http).unwrap();
+            s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                .unwrap();
+            s
+        })
+        .collect();
+    // Others are served while the slow ones hang.
+    let (status, body) = get(&client(), &edge.url("/"));
+    assert_eq!(status, 200);
+    assert!(body.contains(SITE));
+    std::thread::sleep(Duration::from_millis(1500));
+    for s in &mut slow {
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut buf = Vec::new();
+        // The node closes the connection (possibly after a 408): read reaches EOF.
+        let n = s.read_to_end(&mut buf);
+        assert!(n.is_ok(), "connection was not closed by the node: {n:?}");
+        let text = String::from_utf8_lossy(&buf);
+        assert!(
+            text.is_empty() || text.starts_with("HTTP/1.1 408"),
+            "{text}"
+        );
+    }
+    let (status, _) = get(&client(), &edge.url("/"));
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn counters_and_cookies_survive_a_restart() {
+    let dir = TempDir::new("restart");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let cfg = config(
+        &dir,
+        origin,
+        "total_active_users = 2\nnew_users_per_minute = 2\nsession_duration = 10",
+    );
+    start_of_a_minute(25);
+    let mut edge = Edge::start(dir.path(), "edge", &cfg).unwrap();
+    let a = client();
+    let b = client();
+    assert!(get(&a, &edge.url("/")).1.contains(SITE));
+    assert!(get(&b, &edge.url("/")).1.contains(SITE));
+    // A crash, not a clean stop: nothing gets a chance to save anything.
+    edge.proc.kill();
+    let edge = Edge::start(dir.path(), "edge-restarted", &cfg).unwrap();
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&client(), &edge.admin_url("/status")).1).unwrap();
+    let room = &status["rooms"][0];
+    assert_eq!(room["node_active_users"], 2, "{room}");
+    assert_eq!(room["node_admitted_this_minute"], 2, "{room}");
+    // The room is still full: a third visitor waits...
+    assert!(get(&client(), &edge.url("/")).1.contains(QUEUE));
+    // ...while the admitted visitors' cookies still open after the restart.
+    assert!(get(&a, &edge.url("/")).1.contains(SITE));
+    assert!(get(&b, &edge.url("/")).1.contains(SITE));
+}
+
+#[test]
+fn check_names_the_file_and_the_field() {
+    let dir = TempDir::new("check");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[node]\nid = \"n\"\nlisten = \"127.0.0.1:0\"\n\n[[rooms]]\nid = \"shop\"\norigin = \"127.0.0.1:9\"\ntotal_active_users = 100\nnew_users_per_minute = 500\n",
+    )
+    .unwrap();
+    let out = Command::new(binary("waitroom-edge"))
+        .arg("--check")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.toml"), "{err}");
+    assert!(err.contains("new_users_per_minute"), "{err}");
+    std::fs::write(
+        &path,
+        config(
+            &dir,
+            "127.0.0.1:9".parse().unwrap(),
+            "total_active_users = 100\nnew_users_per_minute = 50",
+        ),
+    )
+    .unwrap();
+    let out = Command::new(binary("waitroom-edge"))
+        .args(["--check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn sigterm_drains_in_flight_requests() {
+    let dir = TempDir::new("drain");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let mut edge = Edge::start(
+        dir.path(),
+        "edge",
+        &config(
+            &dir,
+            origin,
+            "total_active_users = 100\nnew_users_per_minute = 100",
+        ),
+    )
+    .unwrap();
+    let url = edge.url("/slow?ms=1500");
+    let inflight = std::thread::spawn(move || get(&client(), &url));
+    std::thread::sleep(Duration::from_millis(300));
+    let status = edge
+        .proc
+        .terminate(Duration::from_secs(10))
+        .expect("exit status");
+    let (code, body) = inflight.join().unwrap();
+    assert_eq!(code, 200, "in-flight request was cut: {body}");
+    assert!(body.contains("slept 1500 ms"));
+    assert!(status.success(), "{status:?}");
+}
