@@ -3,9 +3,11 @@
 //! - `setup`: installs what a fresh machine lacks (idempotent).
 //! - `test`: setup, fmt, clippy, every test (privileged ones too when root).
 //! - `demo`: a waitroom node in front of a demo origin, on loopback.
+//! - `certs`: a development CA and gossip certificates for the aggregator and nodes.
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+mod certs;
 mod cmd;
 mod demo;
 mod setup;
@@ -26,6 +28,8 @@ enum Verb {
     Test(test::Args),
     /// Start a demo: a waitroom node in front of a small built-in origin.
     Demo(demo::Args),
+    /// Make a development CA and certificates for the aggregator and the nodes.
+    Certs(certs::Args),
 }
 
 fn main() -> Result<()> {
@@ -33,5 +37,6 @@ fn main() -> Result<()> {
         Verb::Setup => setup::run(),
         Verb::Test(args) => test::run(&args),
         Verb::Demo(args) => demo::run(&args),
+        Verb::Certs(args) => certs::run(&args),
     }
 }
