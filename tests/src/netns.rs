@@ -61,7 +61,9 @@ impl NetNs {
             peer_if: format!("wrp{tag}"),
             host_addr: Ipv4Addr::from(pair + 1),
             peer_addr: Ipv4Addr::from(pair + 2),
-            spoof_base: Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + (slot % 16) * 4096),
+            spoof_base: Ipv4Addr::from(
+                u32::from(Ipv4Addr::new(198, 19, 0, 0)) + (slot % 16) * 4096,
+            ),
         };
         // From here on `Drop` cleans up, whatever step fails.
         ns.setup()?;
@@ -75,15 +77,37 @@ impl NetNs {
         ip(&["link", "set", peer, "netns", ns])?;
         // No IPv6 on the pair: router solicitations and MLD reports would be
         // noise in the counters the tests read.
-        sysctl(&format!("net.ipv6.conf.{host}.disable_ipv6=1"))?;
-        ip(&["addr", "add", &format!("{}/30", self.host_addr), "dev", host])?;
+        disable_ipv6(host)?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/30", self.host_addr),
+            "dev",
+            host,
+        ])?;
         ip(&["link", "set", host, "up"])?;
         ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        ip_in(ns, &["sysctl", "-qw", &format!("net.ipv6.conf.{peer}.disable_ipv6=1")])?;
-        ip(&["-n", ns, "addr", "add", &format!("{}/30", self.peer_addr), "dev", peer])?;
+        self.run_inside(|| disable_ipv6(peer))??;
+        ip(&[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{}/30", self.peer_addr),
+            "dev",
+            peer,
+        ])?;
         ip(&["-n", ns, "link", "set", peer, "up"])?;
         let spoof = format!("{}/20", self.spoof_base);
-        ip(&["route", "add", &spoof, "via", &self.peer_addr.to_string(), "dev", host])?;
+        ip(&[
+            "route",
+            "add",
+            &spoof,
+            "via",
+            &self.peer_addr.to_string(),
+            "dev",
+            host,
+        ])?;
         Ok(())
     }
 
@@ -183,24 +207,11 @@ fn ip(args: &[&str]) -> io::Result<()> {
     }
 }
 
-/// Runs a command inside namespace `ns`.
-fn ip_in(ns: &str, command: &[&str]) -> io::Result<()> {
-    let mut args = vec!["netns", "exec", ns];
-    args.extend_from_slice(command);
-    ip(&args)
-}
-
-/// `sysctl -qw KEY=VALUE` in the root namespace.
-fn sysctl(assignment: &str) -> io::Result<()> {
-    let output = Command::new("sysctl").args(["-qw", assignment]).output()?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!(
-            "`sysctl -w {assignment}` failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        )))
-    }
+/// Turns IPv6 off on `interface` of the calling thread's namespace (the
+/// `/proc/sys/net` a thread sees follows its namespace).
+fn disable_ipv6(interface: &str) -> io::Result<()> {
+    let path = format!("/proc/sys/net/ipv6/conf/{interface}/disable_ipv6");
+    std::fs::write(&path, "1").map_err(|e| io::Error::new(e.kind(), format!("writing {path}: {e}")))
 }
 
 fn quiet(args: &[&str]) -> io::Result<Output> {

@@ -1,35 +1,458 @@
-//! Map names and value layouts shared by the XDP program and its loader.
+//! Map names, value layouts and the source-address sketch shared by the XDP
+//! program (`waitroom-ebpf`) and its loader (`waitroom-edge::xdp`).
+//!
+//! # Maps
+//! | name | kind | key | value | written by |
+//! |---|---|---|---|---|
+//! | [`MAP_STATS`] | per-CPU array, 1 slot | `u32` 0 | [`XdpStats`] | kernel |
+//! | [`MAP_PORTS`] | per-CPU hash | destination port (host order) | [`PortCounters`] | userspace inserts the service ports, kernel counts |
+//! | [`MAP_SOURCES`] | per-CPU array, 2 slots | `minute % 2` | [`SourceSketch`] | kernel |
+//! | [`MAP_DENY_V4`] / [`MAP_DENY_V6`] | LPM trie | prefix | `u64` packets dropped | userspace inserts, kernel counts |
+//! | [`MAP_SYN_BUDGET`] | LRU hash | source as IPv6 (v4-mapped) | [`SynBucket`] | kernel |
+//! | [`MAP_SETTINGS`] | array, 1 slot | `u32` 0 | [`XdpSettings`] | userspace |
+//!
+//! Minutes are `bpf_ktime_get_boot_ns() / 60 s`, i.e. `CLOCK_BOOTTIME`, which
+//! userspace can read too; the kernel resets a sketch slot the first time it
+//! touches it in a new minute, so no userspace housekeeping is needed and a
+//! slot whose [`SourceSketch::minute`] is stale simply holds no sources for
+//! the minute asked about.
 
 /// Name of the XDP program inside the object file.
 pub const PROGRAM_NAME: &str = "waitroom";
 
-/// Per-CPU array of [`PacketCounters`], one slot.
-pub const MAP_COUNTERS: &str = "COUNTERS";
+/// Per-CPU array of [`XdpStats`], one slot.
+pub const MAP_STATS: &str = "STATS";
+/// Per-CPU hash from service port to [`PortCounters`].
+pub const MAP_PORTS: &str = "PORTS";
+/// Per-CPU array of two [`SourceSketch`]es, indexed by minute parity.
+pub const MAP_SOURCES: &str = "SOURCES";
+/// LPM trie of denied IPv4 prefixes (`[u8; 4]` keys), value = packets dropped.
+pub const MAP_DENY_V4: &str = "DENY_V4";
+/// LPM trie of denied IPv6 prefixes (`[u8; 16]` keys), value = packets dropped.
+pub const MAP_DENY_V6: &str = "DENY_V6";
+/// LRU hash of per-source SYN budgets ([`SynBucket`]).
+pub const MAP_SYN_BUDGET: &str = "SYN_BUDGET";
+/// Array of one [`XdpSettings`], written by userspace.
+pub const MAP_SETTINGS: &str = "SETTINGS";
 
-/// Packet counters kept per CPU by the XDP program.
+/// How many service ports the [`MAP_PORTS`] map can hold.
+pub const MAX_SERVICE_PORTS: u32 = 64;
+/// How many prefixes each deny trie can hold.
+pub const MAX_DENY_PREFIXES: u32 = 65_536;
+/// How many sources the SYN budget tracks before the least recently used is evicted.
+pub const SYN_BUDGET_SOURCES: u32 = 131_072;
+
+/// Nanoseconds in the minute the sketches are kept by.
+pub const MINUTE_NS: u64 = 60_000_000_000;
+
+/// Number of index bits of the HyperLogLog sketch.
+pub const HLL_PRECISION: u32 = 12;
+/// Number of HyperLogLog registers (2^[`HLL_PRECISION`]).
+pub const HLL_REGISTERS: usize = 1 << HLL_PRECISION;
+
+/// Whole-program counters, kept per CPU.
 ///
 /// Userspace sums the per-CPU values; the kernel side only ever adds.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PacketCounters {
+pub struct XdpStats {
     /// Every packet the program saw, whatever it did with it.
     pub packets: u64,
     /// Bytes of those packets (frame length as seen by XDP).
     pub bytes: u64,
+    /// Frames that are not IPv4 or IPv6 (ARP, LLDP, ...): passed.
+    pub non_ip: u64,
+    /// Frames too short for their headers or with impossible header fields: passed.
+    pub malformed: u64,
+    /// Packets dropped because their source matched the deny list.
+    pub denied_packets: u64,
+    /// Bytes of the denied packets.
+    pub denied_bytes: u64,
+    /// TCP SYNs dropped because their source exceeded its SYN budget.
+    pub syn_budget_dropped: u64,
 }
 
-impl PacketCounters {
+impl XdpStats {
     /// Adds another CPU's counters to these.
     #[must_use]
     pub fn merged(self, other: Self) -> Self {
         Self {
             packets: self.packets.wrapping_add(other.packets),
             bytes: self.bytes.wrapping_add(other.bytes),
+            non_ip: self.non_ip.wrapping_add(other.non_ip),
+            malformed: self.malformed.wrapping_add(other.malformed),
+            denied_packets: self.denied_packets.wrapping_add(other.denied_packets),
+            denied_bytes: self.denied_bytes.wrapping_add(other.denied_bytes),
+            syn_budget_dropped: self
+                .syn_budget_dropped
+                .wrapping_add(other.syn_budget_dropped),
+        }
+    }
+}
+
+/// Counters of one service port, kept per CPU.
+///
+/// Only traffic that got past the deny list is counted here.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortCounters {
+    /// Packets (TCP or UDP) to this port that were passed to the stack.
+    pub packets: u64,
+    /// Bytes of those packets.
+    pub bytes: u64,
+    /// TCP SYNs without ACK (connection attempts) passed to the stack.
+    pub syns: u64,
+    /// TCP SYNs to this port dropped by the per-source SYN budget.
+    pub syn_budget_dropped: u64,
+}
+
+impl PortCounters {
+    /// Adds another CPU's counters to these.
+    #[must_use]
+    pub fn merged(self, other: Self) -> Self {
+        Self {
+            packets: self.packets.wrapping_add(other.packets),
+            bytes: self.bytes.wrapping_add(other.bytes),
+            syns: self.syns.wrapping_add(other.syns),
+            syn_budget_dropped: self
+                .syn_budget_dropped
+                .wrapping_add(other.syn_budget_dropped),
+        }
+    }
+}
+
+/// One CPU's HyperLogLog registers of the source addresses seen in one minute.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SourceSketch {
+    /// Boot-clock minute (`CLOCK_BOOTTIME / 60 s`) the registers belong to.
+    pub minute: u64,
+    /// Register `i` holds the largest rank seen among hashes whose top
+    /// [`HLL_PRECISION`] bits are `i` (0 = none seen).
+    pub registers: [u8; HLL_REGISTERS],
+}
+
+impl SourceSketch {
+    /// An empty sketch for `minute`.
+    #[must_use]
+    pub const fn empty(minute: u64) -> Self {
+        Self {
+            minute,
+            registers: [0; HLL_REGISTERS],
+        }
+    }
+}
+
+impl Default for SourceSketch {
+    fn default() -> Self {
+        Self::empty(0)
+    }
+}
+
+/// Per-source state of the SYN budget: a token bucket kept in its GCRA form,
+/// so that one timestamp is the whole state and no division runs per packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SynBucket {
+    /// Theoretical arrival time (boot-clock ns) of the next SYN at the
+    /// configured rate; a SYN is allowed while it would not push this more
+    /// than the burst allowance ahead of now.
+    pub tat_ns: u64,
+    /// SYNs from this source dropped so far (approximate: CPUs race on it).
+    pub dropped: u64,
+}
+
+/// Runtime settings of the program, written by userspace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct XdpSettings {
+    /// Nanoseconds between SYNs at the budgeted rate (1 s ÷ rate); 0 turns
+    /// the SYN budget off.
+    pub syn_interval_ns: u64,
+    /// How far ahead of now a source's theoretical arrival time may run:
+    /// `burst × syn_interval_ns`.
+    pub syn_burst_ns: u64,
+}
+
+impl XdpSettings {
+    /// Settings for a SYN budget of `rate_per_sec` with bursts of `burst`
+    /// SYNs; `None` turns the budget off. A rate of zero or above 10^9/s, or
+    /// a burst of zero, is clamped to the nearest meaningful value.
+    #[must_use]
+    pub const fn with_syn_budget(budget: Option<(u32, u32)>) -> Self {
+        match budget {
+            None => Self {
+                syn_interval_ns: 0,
+                syn_burst_ns: 0,
+            },
+            Some((rate_per_sec, burst)) => {
+                let rate = if rate_per_sec == 0 { 1 } else { rate_per_sec } as u64;
+                let interval = 1_000_000_000 / rate;
+                let interval = if interval == 0 { 1 } else { interval };
+                let burst = if burst == 0 { 1 } else { burst } as u64;
+                Self {
+                    syn_interval_ns: interval,
+                    syn_burst_ns: interval * burst,
+                }
+            }
+        }
+    }
+}
+
+/// The murmur3 64-bit finalizer: a bijection with full avalanche, cheap in BPF.
+#[inline(always)]
+const fn fmix64(mut k: u64) -> u64 {
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    k ^= k >> 33;
+    k
+}
+
+/// Hash of an IPv4 source address for the sketch.
+#[inline(always)]
+#[must_use]
+pub const fn source_hash_v4(addr: [u8; 4]) -> u64 {
+    fmix64(u32::from_be_bytes(addr) as u64 ^ 0x9e37_79b9_7f4a_7c15)
+}
+
+/// Hash of an IPv6 source address for the sketch.
+#[inline(always)]
+#[must_use]
+pub const fn source_hash_v6(addr: [u8; 16]) -> u64 {
+    let hi = u64::from_be_bytes([
+        addr[0], addr[1], addr[2], addr[3], addr[4], addr[5], addr[6], addr[7],
+    ]);
+    let lo = u64::from_be_bytes([
+        addr[8], addr[9], addr[10], addr[11], addr[12], addr[13], addr[14], addr[15],
+    ]);
+    fmix64(fmix64(hi ^ 0x6a09_e667_f3bc_c908) ^ lo)
+}
+
+/// Register index and rank of a hash: the top [`HLL_PRECISION`] bits pick the
+/// register, the rank is one more than the number of leading zeros of the rest.
+#[inline(always)]
+#[must_use]
+pub const fn hll_position(hash: u64) -> (usize, u8) {
+    let index = (hash >> (64 - HLL_PRECISION)) as usize;
+    // A sentinel bit below the remaining 52 bits caps the rank at 53.
+    let rest = (hash << HLL_PRECISION) | (1 << (HLL_PRECISION - 1));
+    (index, leading_zeros(rest) as u8 + 1)
+}
+
+/// `u64::leading_zeros` by binary search, because the BPF backend has no
+/// count-leading-zeros instruction and its expansion is longer than this.
+#[inline(always)]
+const fn leading_zeros(mut x: u64) -> u32 {
+    if x == 0 {
+        return 64;
+    }
+    let mut n = 0;
+    if x & 0xffff_ffff_0000_0000 == 0 {
+        n += 32;
+        x <<= 32;
+    }
+    if x & 0xffff_0000_0000_0000 == 0 {
+        n += 16;
+        x <<= 16;
+    }
+    if x & 0xff00_0000_0000_0000 == 0 {
+        n += 8;
+        x <<= 8;
+    }
+    if x & 0xf000_0000_0000_0000 == 0 {
+        n += 4;
+        x <<= 4;
+    }
+    if x & 0xc000_0000_0000_0000 == 0 {
+        n += 2;
+        x <<= 2;
+    }
+    if x & 0x8000_0000_0000_0000 == 0 {
+        n += 1;
+    }
+    n
+}
+
+#[cfg(feature = "std")]
+pub use sketch::DistinctSources;
+
+#[cfg(feature = "std")]
+mod sketch {
+    use super::{HLL_REGISTERS, hll_position};
+
+    /// A HyperLogLog sketch of distinct source addresses, merged from the
+    /// per-CPU [`super::SourceSketch`]es (or from several nodes' sketches).
+    #[derive(Clone, PartialEq, Eq)]
+    pub struct DistinctSources {
+        /// One rank per register; the layout of [`super::SourceSketch::registers`].
+        registers: Box<[u8; HLL_REGISTERS]>,
+    }
+
+    impl std::fmt::Debug for DistinctSources {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("DistinctSources")
+                .field("estimate", &self.estimate())
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl Default for DistinctSources {
+        fn default() -> Self {
+            Self {
+                registers: Box::new([0; HLL_REGISTERS]),
+            }
+        }
+    }
+
+    impl DistinctSources {
+        /// Relative standard error of [`Self::estimate`]: 1.04 / √m.
+        pub const STANDARD_ERROR: f64 = 1.04 / 64.0; // √4096 = 64
+
+        /// An empty sketch.
+        #[must_use]
+        pub fn new() -> Self {
+            Self::default()
+        }
+
+        /// The registers, for shipping to another merger.
+        #[must_use]
+        pub fn registers(&self) -> &[u8; HLL_REGISTERS] {
+            &self.registers
+        }
+
+        /// Records one hashed source (the userspace twin of the kernel update).
+        pub fn insert_hash(&mut self, hash: u64) {
+            let (index, rank) = hll_position(hash);
+            let register = &mut self.registers[index];
+            *register = (*register).max(rank);
+        }
+
+        /// Merges another sketch into this one by register maximum.
+        pub fn merge_registers(&mut self, other: &[u8; HLL_REGISTERS]) {
+            for (mine, theirs) in self.registers.iter_mut().zip(other.iter()) {
+                *mine = (*mine).max(*theirs);
+            }
+        }
+
+        /// Estimated number of distinct sources, with the small-range
+        /// (linear counting) correction of Flajolet et al.
+        #[must_use]
+        pub fn estimate(&self) -> f64 {
+            #[expect(clippy::cast_precision_loss, reason = "4096 is exactly representable")]
+            let m = HLL_REGISTERS as f64;
+            let alpha = 0.7213 / (1.0 + 1.079 / m);
+            let mut sum = 0.0;
+            let mut zeros = 0u32;
+            for &register in self.registers.iter() {
+                sum += 2f64.powi(-i32::from(register));
+                if register == 0 {
+                    zeros += 1;
+                }
+            }
+            let raw = alpha * m * m / sum;
+            if raw <= 2.5 * m && zeros > 0 {
+                m * (m / f64::from(zeros)).ln()
+            } else {
+                raw
+            }
+        }
+
+        /// Whether no source was recorded.
+        #[must_use]
+        pub fn is_empty(&self) -> bool {
+            self.registers.iter().all(|&r| r == 0)
         }
     }
 }
 
 #[cfg(feature = "user")]
-// SAFETY: `PacketCounters` is `#[repr(C)]`, made only of `u64`s (no padding), and
-// every bit pattern is a valid value.
-unsafe impl aya::Pod for PacketCounters {}
+mod pod {
+    // SAFETY (all impls below): the types are `#[repr(C)]`, made only of `u64`s
+    // and `u8` arrays whose sizes leave no padding (`SourceSketch` is 8 + 4096
+    // bytes, a multiple of its 8-byte alignment), and every bit pattern is a
+    // valid value.
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::XdpStats {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::PortCounters {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::SourceSketch {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::SynBucket {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::XdpSettings {}
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leading_zeros_matches_core() {
+        for shift in 0..64 {
+            let x = 1u64 << shift;
+            assert_eq!(leading_zeros(x), x.leading_zeros());
+            assert_eq!(leading_zeros(x | 1), (x | 1).leading_zeros());
+        }
+        assert_eq!(leading_zeros(0), 64);
+        assert_eq!(leading_zeros(u64::MAX), 0);
+    }
+
+    #[test]
+    fn position_uses_top_bits_and_caps_rank() {
+        assert_eq!(hll_position(0), (0, 53));
+        assert_eq!(hll_position(u64::MAX), (HLL_REGISTERS - 1, 1));
+        let (index, rank) = hll_position(0x0010_0000_0000_0000 | (1 << 40));
+        assert_eq!((index, rank), (1, 12));
+    }
+
+    #[test]
+    fn estimate_within_three_standard_errors() {
+        for k in [0u32, 1, 10, 1_000, 10_000, 100_000, 1_000_000] {
+            let mut sketch = DistinctSources::new();
+            for i in 0..k {
+                sketch.insert_hash(source_hash_v4((0x0a00_0000 + i).to_be_bytes()));
+            }
+            let estimate = sketch.estimate();
+            let k = f64::from(k);
+            let tolerance = 3.0 * DistinctSources::STANDARD_ERROR * k;
+            assert!(
+                (estimate - k).abs() <= tolerance.max(0.5),
+                "k = {k}, estimate = {estimate}"
+            );
+        }
+    }
+
+    #[test]
+    fn merging_is_union() {
+        let mut a = DistinctSources::new();
+        let mut b = DistinctSources::new();
+        let mut both = DistinctSources::new();
+        for i in 0..5_000u32 {
+            let h = source_hash_v6(u128::from(i).to_be_bytes());
+            if i % 2 == 0 {
+                a.insert_hash(h)
+            } else {
+                b.insert_hash(h)
+            }
+            both.insert_hash(h);
+        }
+        a.merge_registers(b.registers());
+        assert_eq!(a, both);
+    }
+
+    #[test]
+    fn syn_budget_settings() {
+        assert_eq!(XdpSettings::with_syn_budget(None), XdpSettings::default());
+        let s = XdpSettings::with_syn_budget(Some((10, 5)));
+        assert_eq!(s.syn_interval_ns, 100_000_000);
+        assert_eq!(s.syn_burst_ns, 500_000_000);
+        let s = XdpSettings::with_syn_budget(Some((0, 0)));
+        assert_eq!(
+            (s.syn_interval_ns, s.syn_burst_ns),
+            (1_000_000_000, 1_000_000_000)
+        );
+    }
+}

@@ -1,45 +1,279 @@
 //! The waitroom XDP program.
 //!
 //! It sees every packet on the ingress interface before the kernel's TCP stack
-//! does. For now it counts packets and bytes per CPU; it always passes.
-#![no_std]
-#![no_main]
+//! does, and for each one:
+//! 1. counts it (per CPU);
+//! 2. parses Ethernet (one VLAN tag), IPv4/IPv6 and TCP/UDP — what it cannot
+//!    parse it passes, counted as non-IP or malformed;
+//! 3. drops it if the source matches the deny list (LPM tries), counting the
+//!    drop per CPU and per prefix;
+//! 4. for TCP/UDP to a service port (the keys of `PORTS`): records the source
+//!    in this minute's HyperLogLog sketch, applies the per-source SYN budget
+//!    to SYNs (dropping the excess), and counts packets, bytes and SYNs.
+//!
+//! Map layouts live in `waitroom_common::xdp`.
+// Only the BPF build is a real program; on the host (`cargo check
+// --workspace --all-targets`) this compiles to an empty binary.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+// `AtomicU64::fetch_add` is missing on the BPF target (it has no compare-and-swap),
+// but the backend lowers a relaxed `atomicrmw add` to BPF's atomic add.
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(
+    target_arch = "bpf",
+    expect(internal_features, reason = "atomic_xadd: see the feature above")
+)]
+
+mod parse;
+
+use core::sync::atomic::AtomicU64;
 
 use aya_ebpf::{
-    bindings::xdp_action,
+    bindings::{BPF_NOEXIST, xdp_action},
+    helpers::bpf_ktime_get_boot_ns,
     macros::{map, xdp},
-    maps::PerCpuArray,
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, lpm_trie::Key},
     programs::XdpContext,
 };
-use waitroom_common::xdp::PacketCounters;
+use aya_log_ebpf::warn;
+use waitroom_common::xdp::{
+    HLL_REGISTERS, MAX_DENY_PREFIXES, MAX_SERVICE_PORTS, MINUTE_NS, PortCounters,
+    SYN_BUDGET_SOURCES, SourceSketch, SynBucket, XdpSettings, XdpStats, hll_position,
+    source_hash_v4, source_hash_v6,
+};
 
-/// Per-CPU packet and byte counters; userspace sums the CPUs.
-#[map(name = "COUNTERS")]
-static COUNTERS: PerCpuArray<PacketCounters> = PerCpuArray::with_max_entries(1, 0);
+use crate::parse::{Packet, Source, Transport};
+
+#[map(name = "STATS")]
+static STATS: PerCpuArray<XdpStats> = PerCpuArray::with_max_entries(1, 0);
+
+#[map(name = "PORTS")]
+static PORTS: PerCpuHashMap<u16, PortCounters> =
+    PerCpuHashMap::with_max_entries(MAX_SERVICE_PORTS, 0);
+
+#[map(name = "SOURCES")]
+static SOURCES: PerCpuArray<SourceSketch> = PerCpuArray::with_max_entries(2, 0);
+
+/// Value: packets dropped by the prefix, shared by all CPUs (atomic adds).
+#[map(name = "DENY_V4")]
+static DENY_V4: LpmTrie<[u8; 4], AtomicU64> = LpmTrie::with_max_entries(MAX_DENY_PREFIXES, 0);
+
+#[map(name = "DENY_V6")]
+static DENY_V6: LpmTrie<[u8; 16], AtomicU64> = LpmTrie::with_max_entries(MAX_DENY_PREFIXES, 0);
+
+#[map(name = "SYN_BUDGET")]
+static SYN_BUDGET: LruHashMap<[u8; 16], SynBucket> =
+    LruHashMap::with_max_entries(SYN_BUDGET_SOURCES, 0);
+
+#[map(name = "SETTINGS")]
+static SETTINGS: Array<XdpSettings> = Array::with_max_entries(1, 0);
 
 #[xdp]
 pub fn waitroom(ctx: XdpContext) -> u32 {
     match try_waitroom(&ctx) {
         Ok(action) => action,
-        // Fail open: whatever we could not account for still reaches the stack.
-        Err(()) => xdp_action::XDP_PASS,
+        Err(()) => {
+            count(|stats| stats.malformed += 1);
+            // Fail open: what we cannot parse still reaches the stack.
+            xdp_action::XDP_PASS
+        }
     }
 }
 
 fn try_waitroom(ctx: &XdpContext) -> Result<u32, ()> {
     let len = (ctx.data_end() - ctx.data()) as u64;
-    let counters = COUNTERS.get_ptr_mut(0).ok_or(())?;
-    // SAFETY: the pointer comes from a per-CPU array lookup that the verifier has
-    // checked against null above; per-CPU storage is only touched by this CPU while
-    // the program runs, so a plain read-modify-write cannot race.
+    count(|stats| {
+        stats.packets += 1;
+        stats.bytes += len;
+    });
+    let Some(Packet { source, transport }) = parse::parse(ctx)? else {
+        count(|stats| stats.non_ip += 1);
+        return Ok(xdp_action::XDP_PASS);
+    };
+
+    if let Some(dropped) = denied(source) {
+        atomic_add(dropped, 1);
+        count(|stats| {
+            stats.denied_packets += 1;
+            stats.denied_bytes += len;
+        });
+        return Ok(xdp_action::XDP_DROP);
+    }
+
+    let (dst_port, syn) = match transport {
+        Transport::Tcp { dst_port, syn } => (dst_port, syn),
+        Transport::Udp { dst_port } => (dst_port, false),
+        Transport::Other => return Ok(xdp_action::XDP_PASS),
+    };
+    let Some(port) = PORTS.get_ptr_mut(dst_port) else {
+        return Ok(xdp_action::XDP_PASS);
+    };
+
+    // SAFETY: the helper returns the current CPU's copy of the boot clock; no
+    // memory is involved.
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let hash = match source {
+        Source::V4(addr) => source_hash_v4(addr),
+        Source::V6(addr) => source_hash_v6(addr),
+    };
+    record_source(now, hash);
+
+    if syn && !syn_allowed(ctx, now, source) {
+        // SAFETY: `port` is this CPU's value of a per-CPU hash entry, checked
+        // non-null by `get_ptr_mut`; nothing else writes this CPU's copy while
+        // the program runs on it (XDP does not nest), so the plain
+        // read-modify-write cannot race.
+        unsafe { (*port).syn_budget_dropped += 1 };
+        count(|stats| stats.syn_budget_dropped += 1);
+        return Ok(xdp_action::XDP_DROP);
+    }
+
+    // SAFETY: as above: a non-null per-CPU value only this CPU writes.
     unsafe {
-        (*counters).packets += 1;
-        (*counters).bytes += len;
+        (*port).packets += 1;
+        (*port).bytes += len;
+        if syn {
+            (*port).syns += 1;
+        }
     }
     Ok(xdp_action::XDP_PASS)
 }
 
-#[cfg(not(test))]
+/// Adds `n` to a counter shared by all CPUs.
+#[inline(always)]
+fn atomic_add(counter: &AtomicU64, n: u64) {
+    #[cfg(target_arch = "bpf")]
+    // SAFETY: `as_ptr` of a live `AtomicU64` (a trie value, which RCU keeps
+    // mapped while the program runs); the add is atomic, so CPUs counting
+    // the same prefix do not lose updates.
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            counter.as_ptr(),
+            n,
+        );
+    }
+    // Host builds (`cargo check --workspace`) have compare-and-swap.
+    #[cfg(not(target_arch = "bpf"))]
+    counter.fetch_add(n, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// Applies `update` to this CPU's [`XdpStats`].
+#[inline(always)]
+fn count(update: impl FnOnce(&mut XdpStats)) {
+    if let Some(stats) = STATS.get_ptr_mut(0) {
+        // SAFETY: slot 0 of a one-slot per-CPU array, non-null by the check;
+        // only this CPU's program touches this copy and XDP does not nest on
+        // a CPU, so the exclusive borrow is real for the closure's duration.
+        update(unsafe { &mut *stats });
+    }
+}
+
+/// The drop counter of the longest denied prefix holding `source`, if any.
+#[inline(always)]
+fn denied(source: Source) -> Option<&'static AtomicU64> {
+    match source {
+        Source::V4(addr) => DENY_V4.get(Key::new(32, addr)),
+        Source::V6(addr) => DENY_V6.get(Key::new(128, addr)),
+    }
+}
+
+/// Records a source hash in the HyperLogLog sketch of the current minute.
+#[inline(always)]
+fn record_source(now: u64, hash: u64) {
+    let minute = now / MINUTE_NS;
+    let Some(sketch) = SOURCES.get_ptr_mut((minute & 1) as u32) else {
+        return;
+    };
+    // SAFETY: this CPU's copy of a per-CPU array slot, non-null by the check
+    // above, written only by this CPU's program (XDP does not nest). The
+    // register index is masked to the array length, which the verifier sees.
+    unsafe {
+        if (*sketch).minute != minute {
+            // First packet of a new minute on this CPU: the slot still holds
+            // the minute before last, which nobody asks about any more.
+            let words = (*sketch).registers.as_mut_ptr().cast::<u64>();
+            let mut i = 0;
+            while i < HLL_REGISTERS / 8 {
+                // Volatile, so LLVM keeps a bounded loop instead of emitting a
+                // `memset` call the BPF target cannot link.
+                words.add(i).write_volatile(0);
+                i += 1;
+            }
+            (*sketch).minute = minute;
+        }
+        let (index, rank) = hll_position(hash);
+        let register = (*sketch)
+            .registers
+            .as_mut_ptr()
+            .add(index & (HLL_REGISTERS - 1));
+        if rank > *register {
+            *register = rank;
+        }
+    }
+}
+
+/// Whether a SYN from `source` fits its budget (GCRA form of a token bucket:
+/// `tat` advances by one interval per SYN and may lead `now` by at most the
+/// burst allowance). Always true when no budget is configured.
+#[inline(always)]
+fn syn_allowed(ctx: &XdpContext, now: u64, source: Source) -> bool {
+    let Some(settings) = SETTINGS.get(0) else {
+        return true;
+    };
+    let interval = settings.syn_interval_ns;
+    if interval == 0 {
+        return true;
+    }
+    let burst = settings.syn_burst_ns;
+    let key = match source {
+        Source::V6(addr) => addr,
+        Source::V4([a, b, c, d]) => [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d],
+    };
+    let Some(bucket) = SYN_BUDGET.get_ptr_mut(key) else {
+        // First SYN seen from this source: always within a burst of at least one.
+        // A lost race with another CPU inserting the same key only costs
+        // that CPU's SYN its accounting, so the result is ignored.
+        let _ = SYN_BUDGET.insert(
+            key,
+            SynBucket {
+                tat_ns: now + interval,
+                dropped: 0,
+            },
+            u64::from(BPF_NOEXIST),
+        );
+        return true;
+    };
+    // SAFETY: a non-null value of a shared LRU hash. Other CPUs may update the
+    // same source concurrently; the race can only let a few extra SYNs through
+    // or lose a drop count, which a budget tolerates. The LRU may recycle the
+    // element under us, in which case we update a bucket that is being reused:
+    // again only accounting, never memory safety (the value stays mapped).
+    unsafe {
+        let tat = if (*bucket).tat_ns > now {
+            (*bucket).tat_ns
+        } else {
+            now
+        };
+        let next = tat + interval;
+        if next - now > burst {
+            if (*bucket).dropped == 0 {
+                match source {
+                    Source::V4(addr) => warn!(ctx, "SYN budget exceeded by {:i}", addr),
+                    Source::V6(addr) => warn!(ctx, "SYN budget exceeded by {:i}", addr),
+                }
+            }
+            (*bucket).dropped += 1;
+            return false;
+        }
+        (*bucket).tat_ns = next;
+    }
+    true
+}
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}
+
+#[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
     loop {}

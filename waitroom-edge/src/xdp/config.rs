@@ -128,7 +128,7 @@ impl IpPrefix {
 
     /// The prefix length in bits.
     #[must_use]
-    pub fn len(&self) -> u8 {
+    pub fn prefix_len(&self) -> u8 {
         self.len
     }
 
@@ -164,7 +164,9 @@ impl FromStr for IpPrefix {
     type Err = IpPrefixParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || IpPrefixParseError { input: s.to_owned() };
+        let err = || IpPrefixParseError {
+            input: s.to_owned(),
+        };
         match s.split_once('/') {
             None => s.parse::<IpAddr>().map(Self::from).map_err(|_| err()),
             Some((addr, len)) => {
@@ -219,7 +221,9 @@ mod tests {
         assert_eq!(config, XdpConfig::new("eth1", [443]));
         assert_eq!(config.settings(), XdpSettings::default());
         assert!(toml::from_str::<XdpConfig>("interface = \"x\"\nports = []\nport = 1").is_err());
-        assert!(toml::from_str::<XdpConfig>("interface = \"x\"\nports = []\nmode = \"hw\"").is_err());
+        assert!(
+            toml::from_str::<XdpConfig>("interface = \"x\"\nports = []\nmode = \"hw\"").is_err()
+        );
         assert!(
             toml::from_str::<XdpConfig>("interface = \"x\"\nports = []\ndeny = [\"10.0.0.0/33\"]")
                 .is_err()
@@ -233,10 +237,20 @@ mod tests {
         assert!(p.contains("10.255.0.1".parse().unwrap()));
         assert!(!p.contains("11.0.0.1".parse().unwrap()));
         assert!(!p.contains("::1".parse().unwrap()));
-        assert_eq!("0.0.0.0/0".parse::<IpPrefix>().unwrap().len(), 0);
+        assert_eq!("0.0.0.0/0".parse::<IpPrefix>().unwrap().prefix_len(), 0);
         assert_eq!("::/0".parse::<IpPrefix>().unwrap().to_string(), "::/0");
-        assert_eq!("fe80::1/10".parse::<IpPrefix>().unwrap().to_string(), "fe80::/10");
-        for bad in ["", "10.0.0.0/", "10.0.0.0/x", "::/129", "host/8", "10.0.0.0/8/8"] {
+        assert_eq!(
+            "fe80::1/10".parse::<IpPrefix>().unwrap().to_string(),
+            "fe80::/10"
+        );
+        for bad in [
+            "",
+            "10.0.0.0/",
+            "10.0.0.0/x",
+            "::/129",
+            "host/8",
+            "10.0.0.0/8/8",
+        ] {
             assert!(bad.parse::<IpPrefix>().is_err(), "{bad}");
         }
     }

@@ -1,4 +1,547 @@
-//! Loading the XDP program and reading its maps.
+//! Loading the XDP program, configuring it, reading its maps.
+//!
+//! The node calls [`XdpGuard::attach`] once at start-up. On success it shares
+//! the guard (`Arc<XdpGuard>`) between the telemetry reader
+//! ([`spawn_telemetry`]) and the admin listener ([`XdpGuard::deny`],
+//! [`XdpGuard::allow`]); dropping the last reference detaches the program.
+//! On failure (not root, no BPF, a binary built with `AYA_BUILD_SKIP=1`) the
+//! [`XdpError`] says why in one line: the node logs it once and carries on
+//! with userspace telemetry.
+//!
+//! # Layout
+//! - `config`: the `[xdp]` table ([`XdpConfig`]) and [`IpPrefix`].
+//! - `telemetry`: [`TelemetrySnapshot`] and the once-a-second reader.
+//! - `log`: routes the program's `aya-log` records into `tracing`.
+
+mod config;
+mod log;
+mod telemetry;
+
+use std::{
+    io,
+    net::IpAddr,
+    os::fd::OwnedFd,
+    sync::{Mutex, MutexGuard},
+    time::Duration,
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{
+        Array, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues,
+        lpm_trie::{Key, LpmTrie},
+    },
+    programs::{ProgramError, TestRun as _, TestRunOptions, Xdp, xdp::XdpLinkId},
+};
+use aya_log::EbpfLogger;
+use waitroom_common::xdp::{
+    MAP_DENY_V4, MAP_DENY_V6, MAP_PORTS, MAP_SETTINGS, MAP_SOURCES, MAP_STATS, MAX_SERVICE_PORTS,
+    PROGRAM_NAME, PortCounters, SourceSketch, XdpSettings, XdpStats,
+};
+
+pub use self::{
+    config::{IpPrefix, IpPrefixParseError, SynBudget, XdpAttachMode, XdpConfig},
+    telemetry::{MinuteSources, TelemetrySnapshot, spawn_telemetry},
+};
 
 /// The XDP object built by `build.rs`; empty when built with `AYA_BUILD_SKIP=1`.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/waitroom"));
+
+/// What the program did with a packet (`xdp_action`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpVerdict {
+    /// `XDP_ABORTED`: the program failed; the packet is dropped.
+    Aborted,
+    /// `XDP_DROP`.
+    Drop,
+    /// `XDP_PASS`: on to the kernel's stack.
+    Pass,
+    /// `XDP_TX`, `XDP_REDIRECT` or anything else the program never returns.
+    Other(u32),
+}
+
+impl From<u32> for XdpVerdict {
+    fn from(action: u32) -> Self {
+        match action {
+            0 => Self::Aborted,
+            1 => Self::Drop,
+            2 => Self::Pass,
+            other => Self::Other(other),
+        }
+    }
+}
+
+/// Run-time statistics of the program, collected by the kernel while
+/// statistics are enabled (see [`enable_run_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Invocations (one per packet).
+    pub run_count: u64,
+    /// Total time spent in the program.
+    pub run_time: Duration,
+}
+
+impl RunStats {
+    /// Mean nanoseconds per packet between `earlier` and `self`, if any ran.
+    #[must_use]
+    pub fn ns_per_packet_since(&self, earlier: &Self) -> Option<f64> {
+        let count = self.run_count.checked_sub(earlier.run_count)?;
+        let time = self.run_time.checked_sub(earlier.run_time)?;
+        #[expect(clippy::cast_precision_loss, reason = "a mean, not a count")]
+        (count > 0).then(|| time.as_nanos() as f64 / count as f64)
+    }
+}
+
+/// Why the XDP program is not running (or a map operation failed).
+#[derive(Debug, thiserror::Error)]
+pub enum XdpError {
+    /// The binary carries an empty object.
+    #[error(
+        "this binary has no XDP program (it was built with AYA_BUILD_SKIP=1); \
+         running with userspace telemetry only"
+    )]
+    NotBuilt,
+    /// The kernel refused the object (maps or BTF).
+    #[error("loading the XDP object failed{hint}: {source}", hint = privilege_hint())]
+    Load {
+        /// What aya reported.
+        #[source]
+        source: aya::EbpfError,
+    },
+    /// The object lacks something the loader relies on (a build mismatch).
+    #[error(
+        "the XDP object has no {kind} named `{name}`; waitroom-edge and waitroom-ebpf disagree"
+    )]
+    Missing {
+        /// `"program"` or `"map"`.
+        kind: &'static str,
+        /// The name looked for.
+        name: &'static str,
+    },
+    /// Loading (verifying), attaching or test-running the program failed.
+    #[error("XDP program: {action} failed{hint}: {source}", hint = privilege_hint())]
+    Program {
+        /// What was being done, e.g. `"attach to eth1 (auto mode)"`.
+        action: String,
+        /// What aya reported.
+        #[source]
+        source: ProgramError,
+    },
+    /// A map read or write failed.
+    #[error("XDP map {map}: {action} failed: {source}")]
+    Map {
+        /// The map's name.
+        map: &'static str,
+        /// What was being done.
+        action: &'static str,
+        /// What aya reported.
+        #[source]
+        source: MapError,
+    },
+    /// More service ports than the port map holds.
+    #[error("{count} service ports configured; the XDP program counts at most {max}")]
+    TooManyPorts {
+        /// Ports in the configuration.
+        count: usize,
+        /// Capacity of the port map.
+        max: u32,
+    },
+    /// A system call outside aya failed.
+    #[error("{call} failed: {source}")]
+    Sys {
+        /// The call, e.g. `"clock_gettime(CLOCK_BOOTTIME)"`.
+        call: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Appended to load/attach errors: the commonest cause, said plainly.
+fn privilege_hint() -> &'static str {
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        ""
+    } else {
+        " (not running as root: XDP needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON)"
+    }
+}
+
+/// The loaded XDP program and its maps; detaches the program when dropped.
+///
+/// All methods take `&self`, so one `Arc<XdpGuard>` serves the telemetry
+/// reader and the admin listener.
+pub struct XdpGuard {
+    /// The object: owns the program (and so the attachment).
+    ebpf: Mutex<Ebpf>,
+    /// Where the program is attached, if it is.
+    attachment: Option<Attachment>,
+    /// Whole-program counters.
+    stats: PerCpuArray<MapData, XdpStats>,
+    /// Service ports and their counters.
+    ports: PerCpuHashMap<MapData, u16, PortCounters>,
+    /// Distinct-source sketches, two minutes.
+    sources: PerCpuArray<MapData, SourceSketch>,
+    /// Denied IPv4 prefixes → packets dropped.
+    deny_v4: Mutex<LpmTrie<MapData, [u8; 4], u64>>,
+    /// Denied IPv6 prefixes → packets dropped.
+    deny_v6: Mutex<LpmTrie<MapData, [u8; 16], u64>>,
+    /// The SYN budget, changeable at run time.
+    settings: Mutex<Array<MapData, XdpSettings>>,
+    /// Drains the program's log ring into `tracing`; `None` if the object
+    /// has no log calls.
+    logger: Mutex<Option<EbpfLogger<log::TracingLog>>>,
+}
+
+/// Where the program is attached.
+#[derive(Debug)]
+struct Attachment {
+    /// The interface name, for messages.
+    interface: String,
+    /// The mode asked for.
+    mode: XdpAttachMode,
+    /// Detaches in `Drop`.
+    link: XdpLinkId,
+}
+
+impl std::fmt::Debug for XdpGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdpGuard")
+            .field("attachment", &self.attachment)
+            .finish_non_exhaustive()
+    }
+}
+
+impl XdpGuard {
+    /// Loads the embedded program, configures it from `config` and attaches it
+    /// to `config.interface` in `config.mode`.
+    pub fn attach(config: &XdpConfig) -> Result<Self, XdpError> {
+        let mut guard = Self::load(config)?;
+        let mode = config.mode;
+        let action = || format!("attach to {} ({mode:?} mode)", config.interface);
+        let link = {
+            let mut ebpf = lock(&guard.ebpf);
+            program_mut(&mut ebpf)?
+                .attach(&config.interface, mode.into())
+                .map_err(|source| XdpError::Program {
+                    action: action(),
+                    source,
+                })?
+        };
+        guard.attachment = Some(Attachment {
+            interface: config.interface.clone(),
+            mode,
+            link,
+        });
+        tracing::info!(interface = %config.interface, ?mode, ports = ?config.ports, "XDP program attached");
+        Ok(guard)
+    }
+
+    /// Loads and configures the program without attaching it: for
+    /// [`Self::test_run`] and benchmarks. `config.interface` and `config.mode`
+    /// are not used.
+    pub fn load(config: &XdpConfig) -> Result<Self, XdpError> {
+        if EBPF_OBJECT.is_empty() {
+            return Err(XdpError::NotBuilt);
+        }
+        if config.ports.len() > MAX_SERVICE_PORTS as usize {
+            return Err(XdpError::TooManyPorts {
+                count: config.ports.len(),
+                max: MAX_SERVICE_PORTS,
+            });
+        }
+        let mut ebpf = EbpfLoader::new()
+            .load(EBPF_OBJECT)
+            .map_err(|source| XdpError::Load { source })?;
+        let logger = match EbpfLogger::init_with_logger(&mut ebpf, log::TracingLog) {
+            Ok(logger) => Some(logger),
+            Err(error) => {
+                tracing::debug!(%error, "the XDP program's log records are not forwarded");
+                None
+            }
+        };
+        {
+            let program = program_mut(&mut ebpf)?;
+            program.load().map_err(|source| XdpError::Program {
+                action: "load (verify)".to_owned(),
+                source,
+            })?;
+        }
+
+        let stats: PerCpuArray<_, XdpStats> = take_map(&mut ebpf, MAP_STATS)?;
+        let mut ports: PerCpuHashMap<_, u16, PortCounters> = take_map(&mut ebpf, MAP_PORTS)?;
+        let sources: PerCpuArray<_, SourceSketch> = take_map(&mut ebpf, MAP_SOURCES)?;
+        let deny_v4: LpmTrie<_, [u8; 4], u64> = take_map(&mut ebpf, MAP_DENY_V4)?;
+        let deny_v6: LpmTrie<_, [u8; 16], u64> = take_map(&mut ebpf, MAP_DENY_V6)?;
+        let mut settings: Array<_, XdpSettings> = take_map(&mut ebpf, MAP_SETTINGS)?;
+
+        let cpus = possible_cpus()?;
+        for &port in &config.ports {
+            let zeroes =
+                PerCpuValues::try_from(vec![PortCounters::default(); cpus]).map_err(|source| {
+                    XdpError::Sys {
+                        call: "sizing per-CPU values",
+                        source,
+                    }
+                })?;
+            ports
+                .insert(port, zeroes, 0)
+                .map_err(|source| map_error(MAP_PORTS, "insert", source))?;
+        }
+        settings
+            .set(0, config.settings(), 0)
+            .map_err(|source| map_error(MAP_SETTINGS, "set", source))?;
+
+        let guard = Self {
+            ebpf: Mutex::new(ebpf),
+            attachment: None,
+            stats,
+            ports,
+            sources,
+            deny_v4: Mutex::new(deny_v4),
+            deny_v6: Mutex::new(deny_v6),
+            settings: Mutex::new(settings),
+            logger: Mutex::new(logger),
+        };
+        for &prefix in &config.deny {
+            guard.deny(prefix)?;
+        }
+        Ok(guard)
+    }
+
+    /// The interface the program is attached to, if it is.
+    #[must_use]
+    pub fn interface(&self) -> Option<&str> {
+        self.attachment.as_ref().map(|a| a.interface.as_str())
+    }
+
+    /// The mode the program was attached in, if it is.
+    #[must_use]
+    pub fn attach_mode(&self) -> Option<XdpAttachMode> {
+        self.attachment.as_ref().map(|a| a.mode)
+    }
+
+    /// Adds `prefix` to the deny list: from now on its packets are dropped.
+    /// Adding a prefix already present keeps its drop count.
+    pub fn deny(&self, prefix: IpPrefix) -> Result<(), XdpError> {
+        const BPF_NOEXIST: u64 = 1;
+        let ignore_existing = |result: Result<(), MapError>, map| match result {
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
+                Ok(())
+            }
+            other => other.map_err(|source| map_error(map, "insert", source)),
+        };
+        let len = u32::from(prefix.prefix_len());
+        match prefix.addr() {
+            IpAddr::V4(addr) => ignore_existing(
+                lock(&self.deny_v4).insert(&Key::new(len, addr.octets()), 0, BPF_NOEXIST),
+                MAP_DENY_V4,
+            ),
+            IpAddr::V6(addr) => ignore_existing(
+                lock(&self.deny_v6).insert(&Key::new(len, addr.octets()), 0, BPF_NOEXIST),
+                MAP_DENY_V6,
+            ),
+        }
+    }
+
+    /// Removes exactly `prefix` from the deny list (not prefixes inside it);
+    /// returns whether it was there.
+    pub fn allow(&self, prefix: IpPrefix) -> Result<bool, XdpError> {
+        let absent_is_false = |result: Result<(), MapError>, map| match result {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
+            Err(source) => Err(map_error(map, "remove", source)),
+        };
+        let len = u32::from(prefix.prefix_len());
+        match prefix.addr() {
+            IpAddr::V4(addr) => absent_is_false(
+                lock(&self.deny_v4).remove(&Key::new(len, addr.octets())),
+                MAP_DENY_V4,
+            ),
+            IpAddr::V6(addr) => absent_is_false(
+                lock(&self.deny_v6).remove(&Key::new(len, addr.octets())),
+                MAP_DENY_V6,
+            ),
+        }
+    }
+
+    /// The deny list with the packets each prefix has dropped, sorted.
+    pub fn deny_list(&self) -> Result<Vec<(IpPrefix, u64)>, XdpError> {
+        let mut list = Vec::new();
+        for entry in lock(&self.deny_v4).iter() {
+            let (key, dropped) =
+                entry.map_err(|source| map_error(MAP_DENY_V4, "iterate", source))?;
+            list.extend(
+                prefix_of(key.prefix_len(), IpAddr::from(key.data())).map(|p| (p, dropped)),
+            );
+        }
+        for entry in lock(&self.deny_v6).iter() {
+            let (key, dropped) =
+                entry.map_err(|source| map_error(MAP_DENY_V6, "iterate", source))?;
+            list.extend(
+                prefix_of(key.prefix_len(), IpAddr::from(key.data())).map(|p| (p, dropped)),
+            );
+        }
+        list.sort_unstable();
+        Ok(list)
+    }
+
+    /// Replaces the SYN budget (`None` turns it off). Sources keep their
+    /// buckets; the new rate applies from their next SYN.
+    pub fn set_syn_budget(&self, budget: Option<SynBudget>) -> Result<(), XdpError> {
+        let settings = XdpSettings::with_syn_budget(budget.map(|b| (b.rate_per_sec, b.burst)));
+        lock(&self.settings)
+            .set(0, settings, 0)
+            .map_err(|source| map_error(MAP_SETTINGS, "set", source))
+    }
+
+    /// Reads every counter and both minutes' sketches, summing the CPUs.
+    pub fn snapshot(&self) -> Result<TelemetrySnapshot, XdpError> {
+        telemetry::read(self)
+    }
+
+    /// Forwards the program's pending log records to `tracing`.
+    pub fn flush_logs(&self) {
+        if let Some(logger) = lock(&self.logger).as_mut() {
+            logger.flush();
+        }
+    }
+
+    /// Runs the program once on `frame` with `BPF_PROG_TEST_RUN`, maps and
+    /// all, and returns its verdict.
+    pub fn test_run(&self, frame: &[u8]) -> Result<XdpVerdict, XdpError> {
+        Ok(self.test_run_repeat(frame, 1)?.0)
+    }
+
+    /// Runs the program `repeat` times on `frame`; returns the verdict and
+    /// the kernel's mean duration of one run.
+    pub fn test_run_repeat(
+        &self,
+        frame: &[u8],
+        repeat: u32,
+    ) -> Result<(XdpVerdict, Duration), XdpError> {
+        let ebpf = lock(&self.ebpf);
+        let program: &Xdp = ebpf
+            .program(PROGRAM_NAME)
+            .and_then(|p| p.try_into().ok())
+            .ok_or(XdpError::Missing {
+                kind: "program",
+                name: PROGRAM_NAME,
+            })?;
+        let result = program
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                repeat,
+                ..TestRunOptions::default()
+            })
+            .map_err(|source| XdpError::Program {
+                action: "BPF_PROG_TEST_RUN".to_owned(),
+                source,
+            })?;
+        Ok((result.return_value.into(), result.duration))
+    }
+
+    /// The kernel's run count and run time of the program (they only move
+    /// while statistics are enabled: [`enable_run_stats`]).
+    pub fn run_stats(&self) -> Result<RunStats, XdpError> {
+        let ebpf = lock(&self.ebpf);
+        let program: &Xdp = ebpf
+            .program(PROGRAM_NAME)
+            .and_then(|p| p.try_into().ok())
+            .ok_or(XdpError::Missing {
+                kind: "program",
+                name: PROGRAM_NAME,
+            })?;
+        let info = program.info().map_err(|source| XdpError::Program {
+            action: "read program info".to_owned(),
+            source,
+        })?;
+        Ok(RunStats {
+            run_count: info.run_count(),
+            run_time: info.run_time(),
+        })
+    }
+}
+
+impl Drop for XdpGuard {
+    fn drop(&mut self) {
+        let Some(attachment) = self.attachment.take() else {
+            return;
+        };
+        let ebpf = self
+            .ebpf
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let result = program_mut(ebpf).and_then(|program| {
+            program
+                .detach(attachment.link)
+                .map_err(|source| XdpError::Program {
+                    action: format!("detach from {}", attachment.interface),
+                    source,
+                })
+        });
+        match result {
+            Ok(()) => tracing::info!(interface = %attachment.interface, "XDP program detached"),
+            // Closing the object's descriptors right after this detaches it anyway.
+            Err(error) => tracing::warn!(%error, "detaching the XDP program"),
+        }
+    }
+}
+
+/// Turns on the kernel's per-program run-time statistics for as long as the
+/// returned descriptor is open (`BPF_ENABLE_STATS`, the scoped form of
+/// `sysctl kernel.bpf_stats_enabled=1`).
+pub fn enable_run_stats() -> Result<OwnedFd, XdpError> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| XdpError::Sys {
+        call: "bpf(BPF_ENABLE_STATS)",
+        source: e.io_error,
+    })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves the map itself intact.
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn program_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, XdpError> {
+    ebpf.program_mut(PROGRAM_NAME)
+        .and_then(|p| p.try_into().ok())
+        .ok_or(XdpError::Missing {
+            kind: "program",
+            name: PROGRAM_NAME,
+        })
+}
+
+fn take_map<M>(ebpf: &mut Ebpf, name: &'static str) -> Result<M, XdpError>
+where
+    M: TryFrom<Map, Error = MapError>,
+{
+    let map = ebpf
+        .take_map(name)
+        .ok_or(XdpError::Missing { kind: "map", name })?;
+    M::try_from(map).map_err(|source| map_error(name, "open", source))
+}
+
+fn map_error(map: &'static str, action: &'static str, source: MapError) -> XdpError {
+    XdpError::Map {
+        map,
+        action,
+        source,
+    }
+}
+
+fn possible_cpus() -> Result<usize, XdpError> {
+    aya::util::nr_cpus().map_err(|(_, source)| XdpError::Sys {
+        call: "reading /sys/devices/system/cpu/possible",
+        source,
+    })
+}
+
+fn prefix_of(len: u32, addr: IpAddr) -> Option<IpPrefix> {
+    IpPrefix::new(addr, u8::try_from(len).ok()?)
+}

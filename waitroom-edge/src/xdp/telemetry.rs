@@ -1,0 +1,182 @@
+//! Reading the program's per-CPU maps into one [`TelemetrySnapshot`].
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use tokio::sync::watch;
+use waitroom_common::xdp::{
+    DistinctSources, MAP_PORTS, MAP_SOURCES, MAP_STATS, MINUTE_NS, PortCounters, XdpStats,
+};
+
+use super::{XdpError, XdpGuard, map_error};
+
+/// Everything the XDP program counted, summed over CPUs.
+///
+/// Counters are cumulative since the program was loaded; consumers take
+/// differences between snapshots for rates.
+#[derive(Clone, Debug)]
+pub struct TelemetrySnapshot {
+    /// Wall-clock time of the read.
+    pub taken_at: SystemTime,
+    /// Boot-clock time of the read (the clock the program's minutes use).
+    pub boot_ns: u64,
+    /// Whole-program counters.
+    pub totals: XdpStats,
+    /// Counters of each configured service port.
+    pub ports: BTreeMap<u16, PortCounters>,
+    /// Distinct sources of service traffic so far this minute.
+    pub current_minute: MinuteSources,
+    /// Distinct sources of service traffic in the whole previous minute:
+    /// the per-colo traffic signal the node reports.
+    pub previous_minute: MinuteSources,
+}
+
+impl TelemetrySnapshot {
+    /// All service ports' counters added up.
+    #[must_use]
+    pub fn service_totals(&self) -> PortCounters {
+        self.ports
+            .values()
+            .fold(PortCounters::default(), |sum, port| sum.merged(*port))
+    }
+}
+
+/// The distinct-source sketch of one boot-clock minute, CPUs merged.
+#[derive(Clone, Debug)]
+pub struct MinuteSources {
+    /// `CLOCK_BOOTTIME / 60 s`.
+    pub boot_minute: u64,
+    /// Wall-clock start of that minute.
+    pub started_at: SystemTime,
+    /// The merged sketch (ship its registers to merge across nodes).
+    pub sources: DistinctSources,
+}
+
+impl MinuteSources {
+    /// Estimated distinct source addresses in the minute.
+    #[must_use]
+    pub fn estimate(&self) -> f64 {
+        self.sources.estimate()
+    }
+}
+
+/// Reads every map of `guard` once.
+pub(super) fn read(guard: &XdpGuard) -> Result<TelemetrySnapshot, XdpError> {
+    let taken_at = SystemTime::now();
+    let boot_ns = boot_clock_ns()?;
+
+    let totals = guard
+        .stats
+        .get(&0, 0)
+        .map_err(|source| map_error(MAP_STATS, "read", source))?
+        .iter()
+        .fold(XdpStats::default(), |sum, cpu| sum.merged(*cpu));
+
+    let mut ports = BTreeMap::new();
+    for entry in guard.ports.iter() {
+        let (port, per_cpu) = entry.map_err(|source| map_error(MAP_PORTS, "read", source))?;
+        let sum = per_cpu
+            .iter()
+            .fold(PortCounters::default(), |sum, cpu| sum.merged(*cpu));
+        ports.insert(port, sum);
+    }
+
+    let minute = boot_ns / MINUTE_NS;
+    let current_minute = read_minute(guard, minute, taken_at, boot_ns)?;
+    let previous_minute = read_minute(guard, minute.saturating_sub(1), taken_at, boot_ns)?;
+    Ok(TelemetrySnapshot {
+        taken_at,
+        boot_ns,
+        totals,
+        ports,
+        current_minute,
+        previous_minute,
+    })
+}
+
+/// Merges the CPUs' sketches of `minute` by register maximum. A CPU whose
+/// slot is stamped with another minute saw no service traffic in `minute`.
+fn read_minute(
+    guard: &XdpGuard,
+    minute: u64,
+    taken_at: SystemTime,
+    boot_ns: u64,
+) -> Result<MinuteSources, XdpError> {
+    let slot = u32::try_from(minute & 1).unwrap_or_default();
+    let per_cpu = guard
+        .sources
+        .get(&slot, 0)
+        .map_err(|source| map_error(MAP_SOURCES, "read", source))?;
+    let mut sources = DistinctSources::new();
+    for sketch in per_cpu.iter().filter(|s| s.minute == minute) {
+        sources.merge_registers(&sketch.registers);
+    }
+    let since_start = Duration::from_nanos(boot_ns.saturating_sub(minute * MINUTE_NS));
+    Ok(MinuteSources {
+        boot_minute: minute,
+        started_at: taken_at.checked_sub(since_start).unwrap_or(taken_at),
+        sources,
+    })
+}
+
+/// `CLOCK_BOOTTIME` in nanoseconds: the clock of `bpf_ktime_get_boot_ns`.
+fn boot_clock_ns() -> Result<u64, XdpError> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) } != 0 {
+        return Err(XdpError::Sys {
+            call: "clock_gettime(CLOCK_BOOTTIME)",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let secs = u64::try_from(ts.tv_sec).unwrap_or_default();
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or_default();
+    Ok(secs * 1_000_000_000 + nanos)
+}
+
+/// Starts the telemetry reader on the current tokio runtime: every `every`
+/// it forwards the program's log records to `tracing` and publishes a fresh
+/// snapshot. The task ends when the last receiver is dropped.
+///
+/// A failed read is logged once (at `warn`) until a read succeeds again; the
+/// receivers keep the last good snapshot meanwhile.
+#[must_use]
+pub fn spawn_telemetry(
+    guard: Arc<XdpGuard>,
+    every: Duration,
+) -> watch::Receiver<Option<Arc<TelemetrySnapshot>>> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = tx.closed() => break,
+            }
+            guard.flush_logs();
+            match guard.snapshot() {
+                Ok(snapshot) => {
+                    if failing {
+                        tracing::info!("XDP telemetry readable again");
+                        failing = false;
+                    }
+                    tx.send_replace(Some(Arc::new(snapshot)));
+                }
+                Err(error) if !failing => {
+                    tracing::warn!(%error, "reading XDP telemetry");
+                    failing = true;
+                }
+                Err(error) => tracing::debug!(%error, "reading XDP telemetry"),
+            }
+        }
+    });
+    rx
+}
