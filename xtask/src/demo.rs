@@ -28,6 +28,9 @@ pub struct Args {
     /// Build and run release binaries.
     #[arg(long)]
     release: bool,
+    /// Do not start the built-in traffic generator.
+    #[arg(long)]
+    no_traffic: bool,
 }
 
 /// A started process that is stopped (SIGTERM, then SIGKILL) when dropped.
@@ -125,6 +128,16 @@ pub fn run(args: &Args) -> Result<()> {
     println!("    press Ctrl-C to stop everything");
     println!();
 
+    let traffic = (!args.no_traffic).then(|| {
+        println!(
+            "    simulated visitors arrive now (a rush, then a trickle); open the URL to join them"
+        );
+        let nodes = vec![format!("http://127.0.0.1:{}", args.port)];
+        let admins = vec![format!("http://127.0.0.1:{admin_port}")];
+        let stop = Arc::clone(&stop);
+        let limit = args.duration.map(Duration::from_secs);
+        thread::spawn(move || crate::demo_traffic::run(&nodes, &admins, &stop, limit))
+    });
     let deadline = args
         .duration
         .map(|s| Instant::now() + Duration::from_secs(s));
@@ -137,6 +150,10 @@ pub fn run(args: &Args) -> Result<()> {
         thread::sleep(Duration::from_millis(200));
     }
     cmd::step("stopping");
+    stop.store(true, Ordering::SeqCst);
+    if let Some(t) = traffic {
+        let _ = t.join();
+    }
     // Drop in reverse start order: the edge before its origin.
     while let Some(s) = services.pop() {
         drop(s);
@@ -166,9 +183,9 @@ id = "shop"
 host = "*"
 path = "/"
 origin = "127.0.0.1:{origin_port}"
-total_active_users = 5
-new_users_per_minute = 5
-session_duration = 2
+total_active_users = 20
+new_users_per_minute = 10
+session_duration = 1
 queueing_method = "fifo"
 refresh_interval = 10
 "#,

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod certs;
 mod cmd;
 mod demo;
+mod demo_traffic;
 mod setup;
 mod test;
 
