@@ -16,14 +16,15 @@ use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    sync::{Mutex, MutexGuard, PoisonError},
+    process::Command,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::{Duration, Instant},
 };
 
 use waitroom_common::xdp::{DistinctSources, PortCounters, XdpStats};
 use waitroom_edge::xdp::{
     IpPrefix, RunStats, SynBudget, TelemetrySnapshot, XdpConfig, XdpGuard, XdpVerdict,
-    enable_run_stats,
+    enable_run_stats, spawn_telemetry,
 };
 use waitroom_tests::{netns::NetNs, require_root};
 
@@ -680,6 +681,7 @@ fn veth_counts_syns_and_distinct_sources() {
     let guard = XdpGuard::attach(&XdpConfig::new(ns.host_if(), [port, 8081]))
         .unwrap_or_else(|e| panic!("attaching to {}: {e}", ns.host_if()));
     assert_eq!(guard.interface(), Some(ns.host_if()));
+    assert!(xdp_attached(ns.host_if()), "ip link shows the program");
     let sender = RawSender::open(&ns);
     let dst = ns.host_addr();
 
@@ -733,6 +735,71 @@ fn veth_counts_syns_and_distinct_sources() {
     // 1 000 sources sent SYNs to the service port; the 200 that only wrote
     // to another port are not visitors.
     assert_within_three_standard_errors(union_of_minutes(&settled).estimate(), K);
+
+    drop(guard);
+    assert!(
+        !xdp_attached(ns.host_if()),
+        "dropping the guard detaches the program"
+    );
+}
+
+/// Whether `ip link` shows an XDP program on `interface`.
+fn xdp_attached(interface: &str) -> bool {
+    let output = Command::new("ip")
+        .args(["link", "show", "dev", interface])
+        .output()
+        .expect("ip link show");
+    String::from_utf8_lossy(&output.stdout).contains("prog/xdp")
+}
+
+/// The node's once-a-second reader, sped up: it publishes snapshots that
+/// include new traffic, and ends when its last receiver is dropped.
+#[test]
+fn veth_telemetry_reader_publishes_and_stops() {
+    if !require_root() {
+        return;
+    }
+    let _serial = network_lock();
+    let ns = NetNs::new().expect("namespace and veth pair");
+    let port = 8080;
+    let guard = Arc::new(XdpGuard::attach(&XdpConfig::new(ns.host_if(), [port])).unwrap());
+    let sender = RawSender::open(&ns);
+    let packets: Vec<Vec<u8>> = (0..64)
+        .map(|i| syn_from(ns.spoofed_source(i), ns.host_addr(), port, i))
+        .collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut feed = spawn_telemetry(Arc::clone(&guard), Duration::from_millis(20));
+        send_paced(&guard, &sender, &packets);
+        let published = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                feed.changed().await.expect("the reader is running");
+                if let Some(snapshot) = feed.borrow_and_update().clone()
+                    && snapshot.ports[&port].syns >= 64
+                {
+                    return snapshot;
+                }
+            }
+        })
+        .await
+        .expect("a snapshot with the SYNs within 3 s");
+        assert_eq!(published.ports[&port].syns, 64);
+        assert!(published.current_minute.estimate() + published.previous_minute.estimate() > 0.0);
+
+        drop(feed);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Arc::strong_count(&guard) > 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    assert_eq!(
+        Arc::strong_count(&guard),
+        1,
+        "the reader let go of the guard"
+    );
 }
 
 #[test]

@@ -5,15 +5,18 @@
 //! | name | kind | key | value | written by |
 //! |---|---|---|---|---|
 //! | [`MAP_STATS`] | per-CPU array, 1 slot | `u32` 0 | [`XdpStats`] | kernel |
-//! | [`MAP_PORTS`] | per-CPU hash | destination port (host order) | [`PortCounters`] | userspace inserts the service ports, kernel counts |
+//! | [`MAP_PORT_SLOTS`] | array, 65 536 slots | destination port (host order) | `u8` slot in [`MAP_PORTS`], 0 = not a service port | userspace |
+//! | [`MAP_PORTS`] | per-CPU array, 1 + [`MAX_SERVICE_PORTS`] slots | port slot | [`PortCounters`] | kernel |
 //! | [`MAP_SOURCES`] | per-CPU array, 2 slots | `minute % 2` | [`SourceSketch`] | kernel |
 //! | [`MAP_DENY_V4`] / [`MAP_DENY_V6`] | LPM trie | prefix | `u64` packets dropped | userspace inserts, kernel counts |
 //! | [`MAP_SYN_BUDGET`] | LRU hash | source as IPv6 (v4-mapped) | [`SynBucket`] | kernel |
 //! | [`MAP_SETTINGS`] | array, 1 slot | `u32` 0 | [`XdpSettings`] | userspace |
 //!
-//! Minutes are `bpf_ktime_get_boot_ns() / 60 s`, i.e. `CLOCK_BOOTTIME`, which
-//! userspace can read too; the kernel resets a sketch slot the first time it
-//! touches it in a new minute, so no userspace housekeeping is needed and a
+//! Time in the program is `bpf_ktime_get_coarse_ns()`, i.e.
+//! `CLOCK_MONOTONIC_COARSE` (jiffy resolution; a quarter of the cost of the
+//! precise clocks, and minutes and SYN budgets need no better), which
+//! userspace reads too. The kernel resets a sketch slot the first time it
+//! touches it in a new minute, so no userspace housekeeping is needed, and a
 //! slot whose [`SourceSketch::minute`] is stale simply holds no sources for
 //! the minute asked about.
 
@@ -22,7 +25,11 @@ pub const PROGRAM_NAME: &str = "waitroom";
 
 /// Per-CPU array of [`XdpStats`], one slot.
 pub const MAP_STATS: &str = "STATS";
-/// Per-CPU hash from service port to [`PortCounters`].
+/// Array from destination port to its slot in [`MAP_PORTS`] (0: not a
+/// service port). Two array lookups, which the verifier inlines, cost less
+/// per packet than one hash lookup.
+pub const MAP_PORT_SLOTS: &str = "PORT_SLOTS";
+/// Per-CPU array of [`PortCounters`], indexed by port slot (slot 0 unused).
 pub const MAP_PORTS: &str = "PORTS";
 /// Per-CPU array of two [`SourceSketch`]es, indexed by minute parity.
 pub const MAP_SOURCES: &str = "SOURCES";
@@ -35,7 +42,7 @@ pub const MAP_SYN_BUDGET: &str = "SYN_BUDGET";
 /// Array of one [`XdpSettings`], written by userspace.
 pub const MAP_SETTINGS: &str = "SETTINGS";
 
-/// How many service ports the [`MAP_PORTS`] map can hold.
+/// How many service ports the program can count.
 pub const MAX_SERVICE_PORTS: u32 = 64;
 /// How many prefixes each deny trie can hold.
 pub const MAX_DENY_PREFIXES: u32 = 65_536;
@@ -125,7 +132,7 @@ impl PortCounters {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SourceSketch {
-    /// Boot-clock minute (`CLOCK_BOOTTIME / 60 s`) the registers belong to.
+    /// Minute (`CLOCK_MONOTONIC_COARSE / 60 s`) the registers belong to.
     pub minute: u64,
     /// Register `i` holds the largest rank seen among hashes whose top
     /// [`HLL_PRECISION`] bits are `i` (0 = none seen).
@@ -154,7 +161,7 @@ impl Default for SourceSketch {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SynBucket {
-    /// Theoretical arrival time (boot-clock ns) of the next SYN at the
+    /// Theoretical arrival time (monotonic ns) of the next SYN at the
     /// configured rate; a SYN is allowed while it would not push this more
     /// than the burst allowance ahead of now.
     pub tat_ns: u64,
@@ -172,29 +179,31 @@ pub struct XdpSettings {
     /// How far ahead of now a source's theoretical arrival time may run:
     /// `burst × syn_interval_ns`.
     pub syn_burst_ns: u64,
+    /// Prefixes in [`MAP_DENY_V4`]; while 0 the program skips the lookup.
+    pub deny_v4_prefixes: u32,
+    /// Prefixes in [`MAP_DENY_V6`]; while 0 the program skips the lookup.
+    pub deny_v6_prefixes: u32,
 }
 
 impl XdpSettings {
-    /// Settings for a SYN budget of `rate_per_sec` with bursts of `burst`
-    /// SYNs; `None` turns the budget off. A rate of zero or above 10^9/s, or
-    /// a burst of zero, is clamped to the nearest meaningful value.
+    /// These settings with a SYN budget of `rate_per_sec` and bursts of
+    /// `burst` SYNs; `None` turns the budget off, and so does a rate above
+    /// 10^9/s. A rate or burst of zero is raised to one.
     #[must_use]
-    pub const fn with_syn_budget(budget: Option<(u32, u32)>) -> Self {
-        match budget {
-            None => Self {
-                syn_interval_ns: 0,
-                syn_burst_ns: 0,
-            },
+    pub const fn with_syn_budget(self, budget: Option<(u32, u32)>) -> Self {
+        let (syn_interval_ns, syn_burst_ns) = match budget {
+            None => (0, 0),
             Some((rate_per_sec, burst)) => {
                 let rate = if rate_per_sec == 0 { 1 } else { rate_per_sec } as u64;
                 let interval = 1_000_000_000 / rate;
-                let interval = if interval == 0 { 1 } else { interval };
                 let burst = if burst == 0 { 1 } else { burst } as u64;
-                Self {
-                    syn_interval_ns: interval,
-                    syn_burst_ns: interval * burst,
-                }
+                (interval, interval * burst)
             }
+        };
+        Self {
+            syn_interval_ns,
+            syn_burst_ns,
+            ..self
         }
     }
 }
@@ -369,10 +378,10 @@ mod sketch {
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY (all impls below): the types are `#[repr(C)]`, made only of `u64`s
-    // and `u8` arrays whose sizes leave no padding (`SourceSketch` is 8 + 4096
-    // bytes, a multiple of its 8-byte alignment), and every bit pattern is a
-    // valid value.
+    // SAFETY (all impls below): the types are `#[repr(C)]`, made only of
+    // integers and `u8` arrays laid out without padding (`SourceSketch` is
+    // 8 + 4096 bytes, a multiple of its 8-byte alignment; `XdpSettings` ends
+    // in two `u32`s that fill 8 bytes), and every bit pattern is a valid value.
     // SAFETY: see above.
     unsafe impl aya::Pod for super::XdpStats {}
     // SAFETY: see above.
@@ -445,11 +454,19 @@ mod tests {
 
     #[test]
     fn syn_budget_settings() {
-        assert_eq!(XdpSettings::with_syn_budget(None), XdpSettings::default());
-        let s = XdpSettings::with_syn_budget(Some((10, 5)));
+        let off = XdpSettings::default();
+        assert_eq!(off.with_syn_budget(None), off);
+        let s = off.with_syn_budget(Some((10, 5)));
         assert_eq!(s.syn_interval_ns, 100_000_000);
         assert_eq!(s.syn_burst_ns, 500_000_000);
-        let s = XdpSettings::with_syn_budget(Some((0, 0)));
+        assert_eq!(s.with_syn_budget(None), off);
+        let s = off.with_syn_budget(Some((u32::MAX, 1)));
+        assert_eq!(
+            (s.syn_interval_ns, s.syn_burst_ns),
+            (0, 0),
+            "above 10^9/s: no budget"
+        );
+        let s = off.with_syn_budget(Some((0, 0)));
         assert_eq!(
             (s.syn_interval_ns, s.syn_burst_ns),
             (1_000_000_000, 1_000_000_000)

@@ -30,9 +30,9 @@ use core::sync::atomic::AtomicU64;
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, xdp_action},
-    helpers::bpf_ktime_get_boot_ns,
+    helpers::bpf_ktime_get_coarse_ns,
     macros::{map, xdp},
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, lpm_trie::Key},
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
 use aya_log_ebpf::warn;
@@ -47,9 +47,12 @@ use crate::parse::{Packet, Source, Transport};
 #[map(name = "STATS")]
 static STATS: PerCpuArray<XdpStats> = PerCpuArray::with_max_entries(1, 0);
 
+/// Destination port → slot in `PORTS` (0: not a service port).
+#[map(name = "PORT_SLOTS")]
+static PORT_SLOTS: Array<u8> = Array::with_max_entries(1 << 16, 0);
+
 #[map(name = "PORTS")]
-static PORTS: PerCpuHashMap<u16, PortCounters> =
-    PerCpuHashMap::with_max_entries(MAX_SERVICE_PORTS, 0);
+static PORTS: PerCpuArray<PortCounters> = PerCpuArray::with_max_entries(MAX_SERVICE_PORTS + 1, 0);
 
 #[map(name = "SOURCES")]
 static SOURCES: PerCpuArray<SourceSketch> = PerCpuArray::with_max_entries(2, 0);
@@ -90,8 +93,11 @@ fn try_waitroom(ctx: &XdpContext) -> Result<u32, ()> {
         count(|stats| stats.non_ip += 1);
         return Ok(xdp_action::XDP_PASS);
     };
+    let Some(settings) = SETTINGS.get(0) else {
+        return Ok(xdp_action::XDP_PASS); // cannot happen: slot 0 always exists
+    };
 
-    if let Some(dropped) = denied(source) {
+    if let Some(dropped) = denied(settings, source) {
         atomic_add(dropped, 1);
         count(|stats| {
             stats.denied_packets += 1;
@@ -105,21 +111,27 @@ fn try_waitroom(ctx: &XdpContext) -> Result<u32, ()> {
         Transport::Udp { dst_port } => (dst_port, false),
         Transport::Other => return Ok(xdp_action::XDP_PASS),
     };
-    let Some(port) = PORTS.get_ptr_mut(dst_port) else {
+    let slot = PORT_SLOTS.get(u32::from(dst_port)).copied().unwrap_or(0);
+    if slot == 0 {
         return Ok(xdp_action::XDP_PASS);
+    }
+    let Some(port) = PORTS.get_ptr_mut(u32::from(slot)) else {
+        return Ok(xdp_action::XDP_PASS); // a slot beyond the array: a loader bug
     };
 
-    // SAFETY: the helper returns the current CPU's copy of the boot clock; no
-    // memory is involved.
-    let now = unsafe { bpf_ktime_get_boot_ns() };
-    let hash = match source {
-        Source::V4(addr) => source_hash_v4(addr),
-        Source::V6(addr) => source_hash_v6(addr),
+    // SAFETY: the helper reads CLOCK_MONOTONIC_COARSE; no memory is involved.
+    // Coarse (one jiffy) is plenty for minutes and SYN budgets, and saves a
+    // quarter of a service packet's cost over the precise clocks.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let hash = if source.is_v4 {
+        source_hash_v4(source.v4_addr())
+    } else {
+        source_hash_v6(source.addr)
     };
     record_source(now, hash);
 
-    if syn && !syn_allowed(ctx, now, source) {
-        // SAFETY: `port` is this CPU's value of a per-CPU hash entry, checked
+    if syn && !syn_allowed(ctx, settings, now, source) {
+        // SAFETY: `port` is this CPU's copy of a per-CPU array slot, checked
         // non-null by `get_ptr_mut`; nothing else writes this CPU's copy while
         // the program runs on it (XDP does not nest), so the plain
         // read-modify-write cannot race.
@@ -169,11 +181,20 @@ fn count(update: impl FnOnce(&mut XdpStats)) {
 }
 
 /// The drop counter of the longest denied prefix holding `source`, if any.
+/// An empty trie is not searched: the lookup is the dearest step of a packet
+/// that is not for a service port.
 #[inline(always)]
-fn denied(source: Source) -> Option<&'static AtomicU64> {
-    match source {
-        Source::V4(addr) => DENY_V4.get(Key::new(32, addr)),
-        Source::V6(addr) => DENY_V6.get(Key::new(128, addr)),
+fn denied(settings: &XdpSettings, source: Source) -> Option<&'static AtomicU64> {
+    if source.is_v4 {
+        if settings.deny_v4_prefixes == 0 {
+            return None;
+        }
+        DENY_V4.get(Key::new(32, source.v4_addr()))
+    } else {
+        if settings.deny_v6_prefixes == 0 {
+            return None;
+        }
+        DENY_V6.get(Key::new(128, source.addr))
     }
 }
 
@@ -216,19 +237,13 @@ fn record_source(now: u64, hash: u64) {
 /// `tat` advances by one interval per SYN and may lead `now` by at most the
 /// burst allowance). Always true when no budget is configured.
 #[inline(always)]
-fn syn_allowed(ctx: &XdpContext, now: u64, source: Source) -> bool {
-    let Some(settings) = SETTINGS.get(0) else {
-        return true;
-    };
+fn syn_allowed(ctx: &XdpContext, settings: &XdpSettings, now: u64, source: Source) -> bool {
     let interval = settings.syn_interval_ns;
     if interval == 0 {
         return true;
     }
     let burst = settings.syn_burst_ns;
-    let key = match source {
-        Source::V6(addr) => addr,
-        Source::V4([a, b, c, d]) => [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d],
-    };
+    let key = source.addr;
     let Some(bucket) = SYN_BUDGET.get_ptr_mut(key) else {
         // First SYN seen from this source: always within a burst of at least one.
         // A lost race with another CPU inserting the same key only costs
@@ -257,9 +272,10 @@ fn syn_allowed(ctx: &XdpContext, now: u64, source: Source) -> bool {
         let next = tat + interval;
         if next - now > burst {
             if (*bucket).dropped == 0 {
-                match source {
-                    Source::V4(addr) => warn!(ctx, "SYN budget exceeded by {:i}", addr),
-                    Source::V6(addr) => warn!(ctx, "SYN budget exceeded by {:i}", addr),
+                if source.is_v4 {
+                    warn!(ctx, "SYN budget exceeded by {:i}", source.v4_addr());
+                } else {
+                    warn!(ctx, "SYN budget exceeded by {:i}", source.addr);
                 }
             }
             (*bucket).dropped += 1;

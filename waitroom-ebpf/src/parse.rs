@@ -22,11 +22,35 @@ const IPPROTO_UDP: u8 = 17;
 const TCP_FLAG_SYN: u8 = 0x02;
 const TCP_FLAG_ACK: u8 = 0x10;
 
-/// The source of a packet.
+/// The source address of a packet, IPv4 in its IPv4-mapped IPv6 form.
+///
+/// One fully initialised layout for both families: with an enum, the bytes
+/// an IPv4 source leaves undefined can end up in a register LLVM spills,
+/// and the verifier rejects reading an uninitialised register.
 #[derive(Clone, Copy)]
-pub enum Source {
-    V4([u8; 4]),
-    V6([u8; 16]),
+pub struct Source {
+    /// `::ffff:a.b.c.d` for IPv4.
+    pub addr: [u8; 16],
+    /// Whether the packet was IPv4.
+    pub is_v4: bool,
+}
+
+impl Source {
+    #[inline(always)]
+    fn v4(a: [u8; 4]) -> Self {
+        Self {
+            addr: [
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a[0], a[1], a[2], a[3],
+            ],
+            is_v4: true,
+        }
+    }
+
+    /// The IPv4 address (meaningful when `is_v4`).
+    #[inline(always)]
+    pub fn v4_addr(&self) -> [u8; 4] {
+        [self.addr[12], self.addr[13], self.addr[14], self.addr[15]]
+    }
 }
 
 /// What the transport header says, as far as the program cares.
@@ -118,7 +142,7 @@ fn parse_ipv4(frame: &Frame, l3: usize) -> Result<Packet, ()> {
     if ihl < IPV4_HLEN {
         return Err(());
     }
-    let source = Source::V4([ip[12], ip[13], ip[14], ip[15]]);
+    let source = Source::v4([ip[12], ip[13], ip[14], ip[15]]);
     // A non-first fragment carries no transport header. (Options, when the
     // IHL says there are some, are covered by the transport header's check,
     // which starts after them.)
@@ -136,11 +160,11 @@ fn parse_ipv6(frame: &Frame, l3: usize) -> Result<Packet, ()> {
     if ip[0] >> 4 != 6 {
         return Err(());
     }
-    let mut source = [0u8; 16];
-    source.copy_from_slice(&ip[8..24]);
+    let mut addr = [0u8; 16];
+    addr.copy_from_slice(&ip[8..24]);
     let transport = parse_transport(frame, l3 + IPV6_HLEN, ip[6])?;
     Ok(Packet {
-        source: Source::V6(source),
+        source: Source { addr, is_v4: false },
         transport,
     })
 }

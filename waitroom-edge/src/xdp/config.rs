@@ -7,7 +7,6 @@ use std::{
 };
 
 use serde::Deserialize;
-use waitroom_common::xdp::XdpSettings;
 
 /// The `[xdp]` table of the node's configuration.
 ///
@@ -52,9 +51,9 @@ impl XdpConfig {
         }
     }
 
-    /// What the kernel side reads from its settings map.
-    pub(crate) fn settings(&self) -> XdpSettings {
-        XdpSettings::with_syn_budget(self.syn_budget.map(|b| (b.rate_per_sec, b.burst)))
+    /// The SYN budget as (rate per second, burst), as the settings map wants it.
+    pub(crate) fn syn_budget_pair(&self) -> Option<(u32, u32)> {
+        self.syn_budget.map(|b| (b.rate_per_sec, b.burst))
     }
 }
 
@@ -212,14 +211,14 @@ mod tests {
         );
         let deny: Vec<String> = config.deny.iter().map(ToString::to_string).collect();
         assert_eq!(deny, ["192.0.2.0/24", "2001:db8::/32", "198.51.100.1/32"]);
-        assert_eq!(config.settings().syn_interval_ns, 50_000_000);
+        assert_eq!(config.syn_budget_pair(), Some((20, 40)));
     }
 
     #[test]
     fn defaults_and_unknown_fields() {
         let config: XdpConfig = toml::from_str("interface = \"eth1\"\nports = [443]").unwrap();
         assert_eq!(config, XdpConfig::new("eth1", [443]));
-        assert_eq!(config.settings(), XdpSettings::default());
+        assert_eq!(config.syn_budget_pair(), None);
         assert!(toml::from_str::<XdpConfig>("interface = \"x\"\nports = []\nport = 1").is_err());
         assert!(
             toml::from_str::<XdpConfig>("interface = \"x\"\nports = []\nmode = \"hw\"").is_err()

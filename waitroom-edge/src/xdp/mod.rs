@@ -28,15 +28,15 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{
-        Array, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues,
+        Array, Map, MapData, MapError, PerCpuArray,
         lpm_trie::{Key, LpmTrie},
     },
     programs::{ProgramError, TestRun as _, TestRunOptions, Xdp, xdp::XdpLinkId},
 };
 use aya_log::EbpfLogger;
 use waitroom_common::xdp::{
-    MAP_DENY_V4, MAP_DENY_V6, MAP_PORTS, MAP_SETTINGS, MAP_SOURCES, MAP_STATS, MAX_SERVICE_PORTS,
-    PROGRAM_NAME, PortCounters, SourceSketch, XdpSettings, XdpStats,
+    MAP_DENY_V4, MAP_DENY_V6, MAP_PORT_SLOTS, MAP_PORTS, MAP_SETTINGS, MAP_SOURCES, MAP_STATS,
+    MAX_SERVICE_PORTS, PROGRAM_NAME, PortCounters, SourceSketch, XdpSettings, XdpStats,
 };
 
 pub use self::{
@@ -149,7 +149,7 @@ pub enum XdpError {
     /// A system call outside aya failed.
     #[error("{call} failed: {source}")]
     Sys {
-        /// The call, e.g. `"clock_gettime(CLOCK_BOOTTIME)"`.
+        /// The call, e.g. `"clock_gettime(CLOCK_MONOTONIC_COARSE)"`.
         call: &'static str,
         /// The OS error.
         #[source]
@@ -178,19 +178,40 @@ pub struct XdpGuard {
     attachment: Option<Attachment>,
     /// Whole-program counters.
     stats: PerCpuArray<MapData, XdpStats>,
-    /// Service ports and their counters.
-    ports: PerCpuHashMap<MapData, u16, PortCounters>,
+    /// The service ports and their slots in `ports`.
+    service_ports: Vec<(u16, u32)>,
+    /// Counters of each port slot.
+    ports: PerCpuArray<MapData, PortCounters>,
     /// Distinct-source sketches, two minutes.
     sources: PerCpuArray<MapData, SourceSketch>,
     /// Denied IPv4 prefixes → packets dropped.
     deny_v4: Mutex<LpmTrie<MapData, [u8; 4], u64>>,
     /// Denied IPv6 prefixes → packets dropped.
     deny_v6: Mutex<LpmTrie<MapData, [u8; 16], u64>>,
-    /// The SYN budget, changeable at run time.
-    settings: Mutex<Array<MapData, XdpSettings>>,
+    /// What the program reads per packet (SYN budget, which deny lists are
+    /// in use). Lock order: `settings` before either trie.
+    settings: Mutex<Settings>,
     /// Drains the program's log ring into `tracing`; `None` if the object
     /// has no log calls.
     logger: Mutex<Option<EbpfLogger<log::TracingLog>>>,
+}
+
+/// The settings map and the value last written to it.
+struct Settings {
+    /// The one-slot array the program reads.
+    map: Array<MapData, XdpSettings>,
+    /// What slot 0 holds.
+    current: XdpSettings,
+}
+
+impl Settings {
+    fn write(&mut self, new: XdpSettings) -> Result<(), XdpError> {
+        self.map
+            .set(0, new, 0)
+            .map_err(|source| map_error(MAP_SETTINGS, "set", source))?;
+        self.current = new;
+        Ok(())
+    }
 }
 
 /// Where the program is attached.
@@ -241,17 +262,24 @@ impl XdpGuard {
     /// [`Self::test_run`] and benchmarks. `config.interface` and `config.mode`
     /// are not used.
     pub fn load(config: &XdpConfig) -> Result<Self, XdpError> {
-        if EBPF_OBJECT.is_empty() {
+        Self::load_object(EBPF_OBJECT, config)
+    }
+
+    fn load_object(object: &[u8], config: &XdpConfig) -> Result<Self, XdpError> {
+        if object.is_empty() {
             return Err(XdpError::NotBuilt);
         }
-        if config.ports.len() > MAX_SERVICE_PORTS as usize {
+        let mut distinct_ports = config.ports.clone();
+        distinct_ports.sort_unstable();
+        distinct_ports.dedup();
+        if distinct_ports.len() > MAX_SERVICE_PORTS as usize {
             return Err(XdpError::TooManyPorts {
-                count: config.ports.len(),
+                count: distinct_ports.len(),
                 max: MAX_SERVICE_PORTS,
             });
         }
         let mut ebpf = EbpfLoader::new()
-            .load(EBPF_OBJECT)
+            .load(object)
             .map_err(|source| XdpError::Load { source })?;
         let logger = match EbpfLogger::init_with_logger(&mut ebpf, log::TracingLog) {
             Ok(logger) => Some(logger),
@@ -269,33 +297,35 @@ impl XdpGuard {
         }
 
         let stats: PerCpuArray<_, XdpStats> = take_map(&mut ebpf, MAP_STATS)?;
-        let mut ports: PerCpuHashMap<_, u16, PortCounters> = take_map(&mut ebpf, MAP_PORTS)?;
+        let mut port_slots: Array<_, u8> = take_map(&mut ebpf, MAP_PORT_SLOTS)?;
+        let ports: PerCpuArray<_, PortCounters> = take_map(&mut ebpf, MAP_PORTS)?;
         let sources: PerCpuArray<_, SourceSketch> = take_map(&mut ebpf, MAP_SOURCES)?;
         let deny_v4: LpmTrie<_, [u8; 4], u64> = take_map(&mut ebpf, MAP_DENY_V4)?;
         let deny_v6: LpmTrie<_, [u8; 16], u64> = take_map(&mut ebpf, MAP_DENY_V6)?;
-        let mut settings: Array<_, XdpSettings> = take_map(&mut ebpf, MAP_SETTINGS)?;
+        let mut settings = Settings {
+            map: take_map(&mut ebpf, MAP_SETTINGS)?,
+            current: XdpSettings::default(),
+        };
 
-        let cpus = possible_cpus()?;
+        let mut service_ports: Vec<(u16, u32)> = Vec::new();
         for &port in &config.ports {
-            let zeroes =
-                PerCpuValues::try_from(vec![PortCounters::default(); cpus]).map_err(|source| {
-                    XdpError::Sys {
-                        call: "sizing per-CPU values",
-                        source,
-                    }
-                })?;
-            ports
-                .insert(port, zeroes, 0)
-                .map_err(|source| map_error(MAP_PORTS, "insert", source))?;
+            if service_ports.iter().any(|&(p, _)| p == port) {
+                continue;
+            }
+            // Slots start at 1: 0 in `PORT_SLOTS` means "not a service port".
+            let slot = u8::try_from(service_ports.len() + 1).unwrap_or(u8::MAX);
+            port_slots
+                .set(u32::from(port), slot, 0)
+                .map_err(|source| map_error(MAP_PORT_SLOTS, "set", source))?;
+            service_ports.push((port, u32::from(slot)));
         }
-        settings
-            .set(0, config.settings(), 0)
-            .map_err(|source| map_error(MAP_SETTINGS, "set", source))?;
+        settings.write(XdpSettings::default().with_syn_budget(config.syn_budget_pair()))?;
 
         let guard = Self {
             ebpf: Mutex::new(ebpf),
             attachment: None,
             stats,
+            service_ports,
             ports,
             sources,
             deny_v4: Mutex::new(deny_v4),
@@ -325,47 +355,66 @@ impl XdpGuard {
     /// Adding a prefix already present keeps its drop count.
     pub fn deny(&self, prefix: IpPrefix) -> Result<(), XdpError> {
         const BPF_NOEXIST: u64 = 1;
-        let ignore_existing = |result: Result<(), MapError>, map| match result {
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
-                Ok(())
-            }
-            other => other.map_err(|source| map_error(map, "insert", source)),
-        };
+        let mut settings = lock(&self.settings);
         let len = u32::from(prefix.prefix_len());
-        match prefix.addr() {
-            IpAddr::V4(addr) => ignore_existing(
+        let (result, map) = match prefix.addr() {
+            IpAddr::V4(addr) => (
                 lock(&self.deny_v4).insert(&Key::new(len, addr.octets()), 0, BPF_NOEXIST),
                 MAP_DENY_V4,
             ),
-            IpAddr::V6(addr) => ignore_existing(
+            IpAddr::V6(addr) => (
                 lock(&self.deny_v6).insert(&Key::new(len, addr.octets()), 0, BPF_NOEXIST),
                 MAP_DENY_V6,
             ),
+        };
+        match result {
+            Ok(()) => {}
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
+                return Ok(());
+            }
+            Err(source) => return Err(map_error(map, "insert", source)),
         }
+        // The trie first, then the count that makes the program search it.
+        let mut new = settings.current;
+        if prefix.addr().is_ipv4() {
+            new.deny_v4_prefixes += 1;
+        } else {
+            new.deny_v6_prefixes += 1;
+        }
+        settings.write(new)
     }
 
     /// Removes exactly `prefix` from the deny list (not prefixes inside it);
     /// returns whether it was there.
     pub fn allow(&self, prefix: IpPrefix) -> Result<bool, XdpError> {
-        let absent_is_false = |result: Result<(), MapError>, map| match result {
-            Ok(()) => Ok(true),
-            Err(MapError::KeyNotFound) => Ok(false),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
-                Ok(false)
-            }
-            Err(source) => Err(map_error(map, "remove", source)),
-        };
+        let mut settings = lock(&self.settings);
         let len = u32::from(prefix.prefix_len());
-        match prefix.addr() {
-            IpAddr::V4(addr) => absent_is_false(
+        let (result, map) = match prefix.addr() {
+            IpAddr::V4(addr) => (
                 lock(&self.deny_v4).remove(&Key::new(len, addr.octets())),
                 MAP_DENY_V4,
             ),
-            IpAddr::V6(addr) => absent_is_false(
+            IpAddr::V6(addr) => (
                 lock(&self.deny_v6).remove(&Key::new(len, addr.octets())),
                 MAP_DENY_V6,
             ),
+        };
+        match result {
+            Ok(()) => {}
+            Err(MapError::KeyNotFound) => return Ok(false),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                return Ok(false);
+            }
+            Err(source) => return Err(map_error(map, "remove", source)),
         }
+        let mut new = settings.current;
+        if prefix.addr().is_ipv4() {
+            new.deny_v4_prefixes = new.deny_v4_prefixes.saturating_sub(1);
+        } else {
+            new.deny_v6_prefixes = new.deny_v6_prefixes.saturating_sub(1);
+        }
+        settings.write(new)?;
+        Ok(true)
     }
 
     /// The deny list with the packets each prefix has dropped, sorted.
@@ -392,10 +441,11 @@ impl XdpGuard {
     /// Replaces the SYN budget (`None` turns it off). Sources keep their
     /// buckets; the new rate applies from their next SYN.
     pub fn set_syn_budget(&self, budget: Option<SynBudget>) -> Result<(), XdpError> {
-        let settings = XdpSettings::with_syn_budget(budget.map(|b| (b.rate_per_sec, b.burst)));
-        lock(&self.settings)
-            .set(0, settings, 0)
-            .map_err(|source| map_error(MAP_SETTINGS, "set", source))
+        let mut settings = lock(&self.settings);
+        let new = settings
+            .current
+            .with_syn_budget(budget.map(|b| (b.rate_per_sec, b.burst)));
+        settings.write(new)
     }
 
     /// Reads every counter and both minutes' sketches, summing the CPUs.
@@ -535,13 +585,56 @@ fn map_error(map: &'static str, action: &'static str, source: MapError) -> XdpEr
     }
 }
 
-fn possible_cpus() -> Result<usize, XdpError> {
-    aya::util::nr_cpus().map_err(|(_, source)| XdpError::Sys {
-        call: "reading /sys/devices/system/cpu/possible",
-        source,
-    })
-}
-
 fn prefix_of(len: u32, addr: IpAddr) -> Option<IpPrefix> {
     IpPrefix::new(addr, u8::try_from(len).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_before_touching_the_kernel() {
+        let config = XdpConfig::new("eth9", [443]);
+        let err = XdpGuard::load_object(&[], &config).unwrap_err();
+        assert!(matches!(err, XdpError::NotBuilt));
+        assert!(err.to_string().contains("AYA_BUILD_SKIP"), "{err}");
+
+        let ports: Vec<u16> = (1..=65).chain([1, 2]).collect();
+        let err = XdpGuard::load_object(b"not empty", &XdpConfig::new("eth9", ports)).unwrap_err();
+        assert!(
+            matches!(err, XdpError::TooManyPorts { count: 65, max: 64 }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn garbage_object_is_a_load_error() {
+        let err =
+            XdpGuard::load_object(b"not an ELF file", &XdpConfig::new("eth9", [443])).unwrap_err();
+        assert!(matches!(err, XdpError::Load { .. }), "{err}");
+        assert!(
+            err.to_string().starts_with("loading the XDP object failed"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn verdicts_and_run_stats() {
+        assert_eq!(XdpVerdict::from(1), XdpVerdict::Drop);
+        assert_eq!(XdpVerdict::from(2), XdpVerdict::Pass);
+        assert_eq!(XdpVerdict::from(0), XdpVerdict::Aborted);
+        assert_eq!(XdpVerdict::from(4), XdpVerdict::Other(4));
+        let earlier = RunStats {
+            run_count: 10,
+            run_time: Duration::from_nanos(1_000),
+        };
+        let later = RunStats {
+            run_count: 110,
+            run_time: Duration::from_nanos(21_000),
+        };
+        assert_eq!(later.ns_per_packet_since(&earlier), Some(200.0));
+        assert_eq!(earlier.ns_per_packet_since(&earlier), None);
+        assert_eq!(earlier.ns_per_packet_since(&later), None);
+    }
 }

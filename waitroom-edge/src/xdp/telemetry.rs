@@ -21,8 +21,8 @@ use super::{XdpError, XdpGuard, map_error};
 pub struct TelemetrySnapshot {
     /// Wall-clock time of the read.
     pub taken_at: SystemTime,
-    /// Boot-clock time of the read (the clock the program's minutes use).
-    pub boot_ns: u64,
+    /// `CLOCK_MONOTONIC_COARSE` at the read: the clock of the program's minutes.
+    pub clock_ns: u64,
     /// Whole-program counters.
     pub totals: XdpStats,
     /// Counters of each configured service port.
@@ -44,11 +44,11 @@ impl TelemetrySnapshot {
     }
 }
 
-/// The distinct-source sketch of one boot-clock minute, CPUs merged.
+/// The distinct-source sketch of one minute, CPUs merged.
 #[derive(Clone, Debug)]
 pub struct MinuteSources {
-    /// `CLOCK_BOOTTIME / 60 s`.
-    pub boot_minute: u64,
+    /// `CLOCK_MONOTONIC_COARSE / 60 s`.
+    pub minute: u64,
     /// Wall-clock start of that minute.
     pub started_at: SystemTime,
     /// The merged sketch (ship its registers to merge across nodes).
@@ -66,7 +66,7 @@ impl MinuteSources {
 /// Reads every map of `guard` once.
 pub(super) fn read(guard: &XdpGuard) -> Result<TelemetrySnapshot, XdpError> {
     let taken_at = SystemTime::now();
-    let boot_ns = boot_clock_ns()?;
+    let clock_ns = program_clock_ns()?;
 
     let totals = guard
         .stats
@@ -76,20 +76,22 @@ pub(super) fn read(guard: &XdpGuard) -> Result<TelemetrySnapshot, XdpError> {
         .fold(XdpStats::default(), |sum, cpu| sum.merged(*cpu));
 
     let mut ports = BTreeMap::new();
-    for entry in guard.ports.iter() {
-        let (port, per_cpu) = entry.map_err(|source| map_error(MAP_PORTS, "read", source))?;
-        let sum = per_cpu
+    for &(port, slot) in &guard.service_ports {
+        let sum = guard
+            .ports
+            .get(&slot, 0)
+            .map_err(|source| map_error(MAP_PORTS, "read", source))?
             .iter()
             .fold(PortCounters::default(), |sum, cpu| sum.merged(*cpu));
         ports.insert(port, sum);
     }
 
-    let minute = boot_ns / MINUTE_NS;
-    let current_minute = read_minute(guard, minute, taken_at, boot_ns)?;
-    let previous_minute = read_minute(guard, minute.saturating_sub(1), taken_at, boot_ns)?;
+    let minute = clock_ns / MINUTE_NS;
+    let current_minute = read_minute(guard, minute, taken_at, clock_ns)?;
+    let previous_minute = read_minute(guard, minute.saturating_sub(1), taken_at, clock_ns)?;
     Ok(TelemetrySnapshot {
         taken_at,
-        boot_ns,
+        clock_ns,
         totals,
         ports,
         current_minute,
@@ -103,7 +105,7 @@ fn read_minute(
     guard: &XdpGuard,
     minute: u64,
     taken_at: SystemTime,
-    boot_ns: u64,
+    clock_ns: u64,
 ) -> Result<MinuteSources, XdpError> {
     let slot = u32::try_from(minute & 1).unwrap_or_default();
     let per_cpu = guard
@@ -114,24 +116,24 @@ fn read_minute(
     for sketch in per_cpu.iter().filter(|s| s.minute == minute) {
         sources.merge_registers(&sketch.registers);
     }
-    let since_start = Duration::from_nanos(boot_ns.saturating_sub(minute * MINUTE_NS));
+    let since_start = Duration::from_nanos(clock_ns.saturating_sub(minute * MINUTE_NS));
     Ok(MinuteSources {
-        boot_minute: minute,
+        minute,
         started_at: taken_at.checked_sub(since_start).unwrap_or(taken_at),
         sources,
     })
 }
 
-/// `CLOCK_BOOTTIME` in nanoseconds: the clock of `bpf_ktime_get_boot_ns`.
-fn boot_clock_ns() -> Result<u64, XdpError> {
+/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the clock of `bpf_ktime_get_coarse_ns`.
+fn program_clock_ns() -> Result<u64, XdpError> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) } != 0 {
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) } != 0 {
         return Err(XdpError::Sys {
-            call: "clock_gettime(CLOCK_BOOTTIME)",
+            call: "clock_gettime(CLOCK_MONOTONIC_COARSE)",
             source: std::io::Error::last_os_error(),
         });
     }
