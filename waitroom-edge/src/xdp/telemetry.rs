@@ -147,7 +147,9 @@ fn program_clock_ns() -> Result<u64, XdpError> {
 /// snapshot. The task ends when the last receiver is dropped.
 ///
 /// A failed read is logged once (at `warn`) until a read succeeds again; the
-/// receivers keep the last good snapshot meanwhile.
+/// receivers keep the last good snapshot meanwhile. A read is a handful of
+/// map syscalls (well under a millisecond), done inline: spawn this on the
+/// node's background runtime, not on a per-core request worker.
 #[must_use]
 pub fn spawn_telemetry(
     guard: Arc<XdpGuard>,
