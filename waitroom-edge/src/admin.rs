@@ -92,6 +92,11 @@ fn render_metrics(node: &Node) -> String {
         m.requests_unmatched.load(Relaxed)
     );
     render_rooms(&mut out, node);
+    if let Some(gossip) = node.gossip.get() {
+        gossip
+            .status
+            .render(&mut out, &gossip.world, crate::clock::now());
+    }
     out
 }
 
@@ -236,7 +241,17 @@ fn status(node: &Node) -> serde_json::Value {
             })
         })
         .collect();
-    serde_json::json!({ "node": node.id, "colo": node.colo, "rooms": rooms })
+    let gossip = node.gossip.get().map(|g| {
+        let freshness = g.world.freshness(now);
+        serde_json::json!({
+            "connected": g.status.connected.load(Relaxed),
+            "fresh": freshness.is_fresh(),
+            "state_age_ms": freshness.age_ms(),
+            "reports_total": g.status.reports_total.load(Relaxed),
+            "errors_total": g.status.errors_total.load(Relaxed),
+        })
+    });
+    serde_json::json!({ "node": node.id, "colo": node.colo, "rooms": rooms, "gossip": gossip })
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {

@@ -5,6 +5,7 @@
 //! - [`http`]: per-core workers, listeners, and [`http::handler`], the request
 //!   path read top to bottom (match room → open cookie → decide → proxy or queue).
 //! - [`proxy`]: the pooled reverse proxy to the origin.
+//! - [`upstream`]: origin pools, steering, health checks.
 //! - [`metrics`], [`admin`]: what operators read.
 //! - [`xdp`]: the embedded XDP program and its loader.
 //! - [`demo_origin`]: a small origin for the demo and the tests.
@@ -29,6 +30,7 @@ pub mod queue_page;
 pub mod rooms;
 pub mod shutdown;
 pub mod tls;
+pub mod upstream;
 pub mod wire;
 pub mod xdp;
 
@@ -39,6 +41,8 @@ pub use config::ConfigError;
 pub struct EdgeConfig {
     pub node: config::NodeSection,
     pub rooms: Vec<rooms::RoomSpec>,
+    /// The `[aggregator]` table; without it the node is the whole world.
+    pub aggregator: Option<gossip::GossipConfig>,
 }
 
 impl EdgeConfig {
@@ -50,6 +54,8 @@ impl EdgeConfig {
             node: config::NodeSection,
             #[serde(default)]
             rooms: Vec<toml::Table>,
+            #[serde(default)]
+            aggregator: Option<gossip::GossipConfig>,
         }
         let raw: Raw = toml::from_str(text).map_err(|source| ConfigError::Syntax {
             path: path.to_owned(),
@@ -82,9 +88,17 @@ impl EdgeConfig {
             }
             rooms.push(spec);
         }
+        if let Some(gossip) = &raw.aggregator {
+            gossip.validate().map_err(|e| ConfigError::Field {
+                path: path.to_owned(),
+                field: format!("aggregator.{}", e.field),
+                problem: e.problem,
+            })?;
+        }
         Ok(Self {
             node: raw.node,
             rooms,
+            aggregator: raw.aggregator,
         })
     }
 }
@@ -121,6 +135,8 @@ pub struct RoomRuntime {
     pub metrics: metrics::RoomMetrics,
     /// The latest global state; the request path only loads it.
     pub state: arc_swap::ArcSwap<waitroom_common::state::GlobalState>,
+    /// The room's origin pools and their health (shared with the checker).
+    pub upstream: Arc<upstream::Upstream>,
 }
 
 /// Everything the workers share: settings, rooms, counters, keys, metrics.
@@ -134,6 +150,10 @@ pub struct Node {
     pub metrics: metrics::NodeMetrics,
     pub id: String,
     pub colo: String,
+    /// The gossip client, once started (`[aggregator]` configured).
+    pub gossip: std::sync::OnceLock<gossip::GossipHandle>,
+    /// Trust and server names for `tls = true` origin pools.
+    pub origin_tls: upstream::tls::OriginTls,
 }
 
 impl Node {
@@ -161,6 +181,7 @@ impl Node {
                 state: arc_swap::ArcSwap::from_pointee(waitroom_common::state::GlobalState::empty(
                     now,
                 )),
+                upstream: Arc::new(upstream::Upstream::new(&spec.id, &spec.upstream)),
             });
         }
         Ok(Self {
@@ -172,6 +193,10 @@ impl Node {
             metrics: metrics::NodeMetrics::default(),
             id: config.node.id.clone(),
             colo: config.node.colo.clone(),
+            gossip: std::sync::OnceLock::new(),
+            origin_tls: upstream::tls::OriginTls::new(
+                config.rooms.iter().map(|r| (r.id.as_str(), &r.upstream)),
+            )?,
         })
     }
 
@@ -180,6 +205,41 @@ impl Node {
         self.counters
             .room(self.rooms[index].spec.engine.id())
             .expect("every configured room has a counters slot")
+    }
+
+    /// Recomputes every room's state: from the gossiped world when an
+    /// aggregator is configured, else from this node's own counters.
+    pub fn refresh_states(&self, rates: &mut [waitroom_common::state::AdmitRate]) {
+        match self.gossip.get() {
+            Some(gossip) => self.refresh_from_world(&gossip.world, rates),
+            None => self.refresh_standalone(rates),
+        }
+    }
+
+    /// Recomputes every room's state from the gossiped world: the aggregator's
+    /// answer while it is fresh, else the local-only state (this node's last
+    /// known share of the limits; the whole room if no answer ever came).
+    pub fn refresh_from_world(
+        &self,
+        world: &gossip::WorldView,
+        rates: &mut [waitroom_common::state::AdmitRate],
+    ) {
+        let now = clock::now();
+        let fresh = world.freshness(now).is_fresh();
+        let current = world.load();
+        for (i, room) in self.rooms.iter().enumerate() {
+            let view = current.room(room.spec.engine.id());
+            match view {
+                Some(view) if fresh => room.state.store(Arc::clone(&view.state)),
+                _ => room.state.store(Arc::new(gossip::world::local_only_state(
+                    &room.spec.engine,
+                    self.room_counters(i),
+                    &mut rates[i],
+                    view.and_then(|v| v.share),
+                    now,
+                ))),
+            }
+        }
     }
 
     /// Recomputes every room's state from this node's own counters: the node as
@@ -261,22 +321,63 @@ pub fn run(config: EdgeConfig) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the control runtime")?;
-    // Standalone: the node's own counters are the global state, refreshed often.
+    // Gossip with the aggregator, when configured: reports every interval,
+    // answers land in a WorldView that the refresh loop below reads.
+    if let Some(gossip_config) = &config.aggregator {
+        let reporter_node = Arc::clone(&node);
+        let reporter = move |now| {
+            (0..reporter_node.rooms.len())
+                .map(|i| gossip::room_report(reporter_node.room_counters(i), now, None))
+                .collect::<Vec<_>>()
+        };
+        let identity = gossip::NodeIdentity {
+            node: node.id.clone(),
+            colo: node.colo.clone(),
+        };
+        let handle = gossip::spawn(
+            control.handle(),
+            gossip_config.clone(),
+            identity,
+            Arc::new(reporter),
+            shutdown.clone(),
+        )
+        .context("starting gossip with the aggregator")?;
+        let _ = node.gossip.set(handle);
+    }
+    // The rooms' states, refreshed often: from the gossiped world, or with no
+    // aggregator the node's own counters as the whole world.
     {
         let node = Arc::clone(&node);
         let mut shutdown = shutdown.clone();
-        node.refresh_standalone(&mut vec![Default::default(); node.rooms.len()]);
+        let mut rates = vec![waitroom_common::state::AdmitRate::default(); node.rooms.len()];
+        node.refresh_states(&mut rates);
         control.spawn(async move {
-            let mut rates = vec![waitroom_common::state::AdmitRate::default(); node.rooms.len()];
             let mut tick = tokio::time::interval(Duration::from_millis(200));
+            let world = node.gossip.get().map(|g| Arc::clone(&g.world));
+            let changed = async || match &world {
+                Some(world) => world.changed().await,
+                None => std::future::pending().await,
+            };
             loop {
                 tokio::select! {
-                    _ = tick.tick() => node.refresh_standalone(&mut rates),
+                    _ = tick.tick() => node.refresh_states(&mut rates),
+                    () = changed() => node.refresh_states(&mut rates),
                     () = shutdown.requested() => return,
                 }
             }
         });
     }
+    // Health checks of the rooms' origins, into the pool state workers read.
+    upstream::health::spawn(
+        control.handle(),
+        &node
+            .rooms
+            .iter()
+            .map(|r| Arc::clone(&r.upstream))
+            .collect::<Vec<_>>(),
+        node.origin_tls.connector(Duration::from_secs(3)),
+        &shutdown,
+    );
     let admin_addr = match config.node.admin_listen {
         Some(addr) => {
             let listener = control

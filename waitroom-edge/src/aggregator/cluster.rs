@@ -234,6 +234,17 @@ impl Cluster {
                 continue;
             };
             let granted = clamp_anywhere(&states, &node, &memory.leases, minute);
+            tracing::debug!(
+                %node,
+                room = %def.name,
+                engine = state.allowance.anywhere,
+                granted,
+                used = state.used.anywhere,
+                colo_share = state.allowance.colo_share,
+                eligible = state.allowance.eligible,
+                slots = state.slots_available,
+                "Anywhere lease"
+            );
             state.allowance.anywhere = granted;
             memory.leases.insert(
                 node.clone(),

@@ -6,7 +6,7 @@ use std::{
 
 use waitroom_common::time::UnixMillis;
 
-use super::world::{Freshness, WorldView};
+use super::world::WorldView;
 use crate::metrics::family;
 
 /// Updated by the gossip task, read by `/metrics` and `/status`.
@@ -43,10 +43,7 @@ impl GossipStatus {
             "gauge",
             "Age of the last global state received (-1: none yet).",
         );
-        let age = match freshness {
-            Freshness::Never => -1.0,
-            Freshness::Fresh { age_ms } | Freshness::Stale { age_ms } => age_ms as f64 / 1e3,
-        };
+        let age = freshness.age_ms().map_or(-1.0, |ms| ms as f64 / 1e3);
         let _ = writeln!(out, "waitroom_gossip_state_age_seconds {age}");
         family(
             out,

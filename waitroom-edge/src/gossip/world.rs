@@ -70,6 +70,15 @@ impl Freshness {
     pub fn is_fresh(self) -> bool {
         matches!(self, Self::Fresh { .. })
     }
+
+    /// Age of the last answer, if there was one.
+    #[must_use]
+    pub fn age_ms(self) -> Option<u64> {
+        match self {
+            Self::Never => None,
+            Self::Fresh { age_ms } | Self::Stale { age_ms } => Some(age_ms),
+        }
+    }
 }
 
 /// The shared, lock-free view of the world (one per node).
@@ -78,6 +87,9 @@ pub struct WorldView {
     current: ArcSwap<World>,
     /// After this long without an answer the world is stale.
     stale_after_ms: u64,
+    /// Woken on every store, so whoever turns the world into the rooms'
+    /// states does so at once instead of on its next tick.
+    changed: tokio::sync::Notify,
 }
 
 impl WorldView {
@@ -86,6 +98,7 @@ impl WorldView {
         Self {
             current: ArcSwap::from_pointee(World::default()),
             stale_after_ms,
+            changed: tokio::sync::Notify::new(),
         }
     }
 
@@ -115,6 +128,13 @@ impl WorldView {
     /// Swaps in a new world (the gossip task only).
     pub fn store(&self, world: World) {
         self.current.store(Arc::new(world));
+        self.changed.notify_one();
+    }
+
+    /// Resolves after the next [`WorldView::store`] (at once if one happened
+    /// since the last call). Meant for one waiter: the node's refresh loop.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 }
 

@@ -1,0 +1,150 @@
+//! A cluster for a test: development certificates, an aggregator process and
+//! the config text of nodes that gossip with it.
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::procs::{Proc, binary, ready_field};
+
+/// PEM files made by `waitroom-aggregator gen-certs`.
+#[derive(Debug, Clone)]
+pub struct Certs {
+    pub dir: PathBuf,
+}
+
+impl Certs {
+    /// A new CA with an aggregator certificate and one client certificate per
+    /// name in `nodes`, written to `dir`. Each call makes a different CA.
+    pub fn generate(dir: &Path, nodes: &[&str]) -> Result<Self> {
+        let mut cmd = Command::new(binary("waitroom-aggregator"));
+        cmd.arg("gen-certs").arg("--out").arg(dir);
+        for node in nodes {
+            cmd.arg("--name").arg(node);
+        }
+        let out = cmd
+            .output()
+            .context("running waitroom-aggregator gen-certs")?;
+        if !out.status.success() {
+            bail!("gen-certs failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(Self {
+            dir: dir.to_owned(),
+        })
+    }
+
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    /// `(cert, key)` of `name` (`"aggregator"` or a node).
+    pub fn pair(&self, name: &str) -> (PathBuf, PathBuf) {
+        (
+            self.dir.join(format!("{name}.pem")),
+            self.dir.join(format!("{name}.key")),
+        )
+    }
+}
+
+/// A loopback UDP port that was free a moment ago (QUIC listens on UDP).
+pub fn free_udp_port() -> Result<u16> {
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The text of an aggregator config; `rooms` is one or more `[[rooms]]` tables.
+pub fn aggregator_config(
+    listen: SocketAddr,
+    certs: &Certs,
+    snapshot: &Path,
+    rooms: &str,
+) -> String {
+    let (cert, key) = certs.pair("aggregator");
+    format!(
+        r#"listen = "{listen}"
+admin_listen = "127.0.0.1:0"
+ca = "{ca}"
+cert = "{cert}"
+key = "{key}"
+snapshot_path = "{snapshot}"
+snapshot_interval_ms = 300
+node_timeout_ms = 15000
+
+{rooms}
+"#,
+        ca = certs.ca().display(),
+        cert = cert.display(),
+        key = key.display(),
+        snapshot = snapshot.display(),
+    )
+}
+
+/// The `[aggregator]` table of a node: its certificate `name` from `certs`,
+/// trusting the CA in `trust`.
+pub fn node_gossip_table(
+    aggregator: SocketAddr,
+    trust: &Certs,
+    certs: &Certs,
+    name: &str,
+    interval_ms: u64,
+) -> String {
+    let (cert, key) = certs.pair(name);
+    format!(
+        r#"[aggregator]
+address = "{aggregator}"
+server_name = "localhost"
+ca = "{ca}"
+cert = "{cert}"
+key = "{key}"
+interval_ms = {interval_ms}
+stale_after_ms = {stale}
+"#,
+        ca = trust.ca().display(),
+        cert = cert.display(),
+        key = key.display(),
+        stale = interval_ms * 6,
+    )
+}
+
+/// A running `waitroom-aggregator`.
+#[derive(Debug)]
+pub struct Aggregator {
+    pub proc: Proc,
+    pub quic: SocketAddr,
+    pub admin: SocketAddr,
+    pub config: PathBuf,
+}
+
+impl Aggregator {
+    /// Writes `config` to `dir/NAME.toml` and starts an aggregator with it.
+    pub fn start(dir: &Path, name: &str, config: &str) -> Result<Self> {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, config)?;
+        Self::start_with(dir, name, &path)
+    }
+
+    /// Starts an aggregator with an existing config file.
+    pub fn start_with(dir: &Path, name: &str, path: &Path) -> Result<Self> {
+        let mut cmd = Command::new(binary("waitroom-aggregator"));
+        cmd.arg("--config")
+            .arg(path)
+            .env("RUST_LOG", "info,waitroom_edge=debug");
+        let mut proc = Proc::spawn(name, cmd, dir)?;
+        let line = proc.wait_line("waitroom-aggregator ready:", Duration::from_secs(20))?;
+        Ok(Self {
+            quic: ready_field(&line, "quic")?.parse()?,
+            admin: ready_field(&line, "admin")?.parse()?,
+            proc,
+            config: path.to_owned(),
+        })
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+}
