@@ -292,3 +292,50 @@ fn three_nodes_in_two_colos_converge_stay_within_limits_and_survive_the_aggregat
     assert!(!status.contains("intruder"), "{status}");
     assert!(status.contains("sin-1"), "{status}");
 }
+
+#[test]
+fn aggregator_check_validates_and_names_the_field() {
+    let dir = TempDir::new("aggcheck");
+    let certs = Certs::generate(&dir.path().join("certs"), &["n1"]).unwrap();
+    let check = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = std::process::Command::new(waitroom_tests::procs::binary("waitroom-aggregator"))
+            .arg("--config")
+            .arg(&path)
+            .arg("--check")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let good = aggregator_config(listen, &certs, &dir.path().join("s.json"), &room_table());
+    let (ok, out) = check("good.toml", &good);
+    assert!(ok, "{out}");
+    assert!(out.contains("ok (1 room)"), "{out}");
+
+    let (ok, out) = check(
+        "limits.toml",
+        &good.replace("new_users_per_minute = 20", "new_users_per_minute = 99"),
+    );
+    assert!(!ok);
+    assert!(
+        out.contains("rooms[0] (shop): limits: new_users_per_minute (99)"),
+        "{out}"
+    );
+
+    let (ok, out) = check(
+        "timeout.toml",
+        &good.replace("node_timeout_ms = 15000", "node_timeout_ms = 5"),
+    );
+    assert!(!ok);
+    assert!(out.contains("node_timeout_ms"), "{out}");
+
+    let (ok, out) = check("ca.toml", &good.replace("ca.pem", "missing-ca.pem"));
+    assert!(!ok);
+    assert!(out.contains("missing-ca.pem"), "{out}");
+}
