@@ -186,7 +186,7 @@ pub fn decide(
     }
 
     // 5. A slot, or the queue.
-    match take_slot(room, global, counters, ticket.bucket, now) {
+    match take_slot(room, global, counters, ticket.bucket, visitor, now) {
         Ok(pool) => admit(
             room,
             counters,
@@ -232,15 +232,20 @@ fn pools_for(
     room: &Room,
     global: &GlobalState,
     bucket: Minute,
+    visitor: Visitor,
 ) -> Result<&'static [Pool], QueueReason> {
     const ELIGIBLE: &[Pool] = &[Pool::Eligible, Pool::Anywhere];
     const SHARED: &[Pool] = &[Pool::ColoShare, Pool::Anywhere];
     if room.queueing_method() == QueueingMethod::Random {
         return Ok(SHARED);
     }
-    if global
-        .eligible_before()
-        .is_some_and(|frontier| bucket < frontier)
+    // Eligible slots are reserved for the visitors counted as waiting in the
+    // covered buckets, and every node holds all of them; a new visitor is not
+    // one of those, even when this minute's bucket is covered.
+    if visitor == Visitor::Waiting
+        && global
+            .eligible_before()
+            .is_some_and(|frontier| bucket < frontier)
     {
         return Ok(ELIGIBLE);
     }
@@ -261,9 +266,10 @@ fn take_slot(
     global: &GlobalState,
     counters: &RoomCounters,
     bucket: Minute,
+    visitor: Visitor,
     now: UnixMillis,
 ) -> Result<Pool, QueueReason> {
-    let pools = pools_for(room, global, bucket)?;
+    let pools = pools_for(room, global, bucket, visitor)?;
     let spread = room.queueing_method() == QueueingMethod::Random && global.total_waiting > 0;
     pools
         .iter()
@@ -942,6 +948,67 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// The eligible slots of a covered bucket are reserved for the visitors
+    /// counted as waiting in it. Every node is handed all of them (any node
+    /// may admit those visitors), so a brand-new visitor, whose bucket is this
+    /// minute, must not draw on them: on two nodes that would admit up to
+    /// twice the reservation on top of the shared slots (found by
+    /// `cargo xtask simulate`, scenario 3, 534 admits against a limit of 500).
+    #[test]
+    fn new_visitors_leave_the_eligible_reservation_to_the_waiting() {
+        let room = room(1_000, 1_000);
+        let now = at(12, 0, 30);
+        let waiting = [(now.minute(), 5)];
+        let node = |colo_share| {
+            state(
+                now,
+                &waiting,
+                10,
+                PoolCounts {
+                    eligible: 5,
+                    colo_share,
+                    ..PoolCounts::default()
+                },
+                false,
+            )
+        };
+        let (a, b) = (node(3), node(2));
+        assert_eq!((a.slots_available, a.allowance.eligible), (10, 5));
+        let (ca, cb) = (RoomCounters::new_boxed(ROOM), RoomCounters::new_boxed(ROOM));
+        let new_admitted: usize = [(&a, &ca), (&b, &cb)]
+            .into_iter()
+            .map(|(global, counters)| {
+                (0..20)
+                    .filter(|&i| decide(&room, global, counters, None, now, i).is_admitted())
+                    .count()
+            })
+            .sum();
+        assert_eq!(
+            new_admitted, 5,
+            "only the 5 shared slots go to new visitors"
+        );
+        // The five who were waiting in the covered bucket still find their slots.
+        let waiter = Ticket {
+            last_check_in: now.minus_secs(25),
+            counted_waiting: Some(now.minute()),
+            ..Ticket::new_visitor(ROOM, now.minus_secs(25), 20)
+        };
+        let waiting_admitted = (0..5)
+            .filter(|&i| {
+                let (global, counters) = if i % 2 == 0 { (&a, &ca) } else { (&b, &cb) };
+                matches!(
+                    decide(&room, global, counters, Some(waiter), now, 0),
+                    Decision::Admit {
+                        reason: AdmitReason::Slot(Pool::Eligible),
+                        visitor: Visitor::Waiting,
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(waiting_admitted, 5);
     }
 
     /// Seed 001: users 1..5 queued FIFO (1 first). Switch to random, user 4
