@@ -36,7 +36,8 @@ pub struct Browser {
 impl Browser {
     /// Starts Chromium on `url` with a fresh profile in `dir`.
     pub fn open(dir: &Path, url: &str) -> Result<Self> {
-        let chromium = chromium_path().ok_or_else(|| anyhow!("chromium is not installed (run `cargo xtask setup`)"))?;
+        let chromium = chromium_path()
+            .ok_or_else(|| anyhow!("chromium is not installed (run `cargo xtask setup`)"))?;
         let profile = dir.join("chromium-profile");
         std::fs::create_dir_all(&profile)?;
         let mut cmd = Command::new(chromium);
@@ -67,12 +68,16 @@ impl Browser {
                 break port;
             }
             if Instant::now() > deadline {
-                bail!("chromium did not open DevTools within 30 s; stderr:\n{}", proc.stderr());
+                bail!(
+                    "chromium did not open DevTools within 30 s; stderr:\n{}",
+                    proc.stderr()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         };
         let ws_url = page_socket(port)?;
-        let (socket, _) = tungstenite::connect(ws_url.as_str()).context("connecting to the page over DevTools")?;
+        let (socket, _) = tungstenite::connect(ws_url.as_str())
+            .context("connecting to the page over DevTools")?;
         Ok(Self {
             _proc: proc,
             socket,
@@ -84,8 +89,9 @@ impl Browser {
     pub fn call(&mut self, method: &str, params: Value) -> Result<Value> {
         let id = self.next_id;
         self.next_id += 1;
-        self.socket
-            .send(Message::text(json!({"id": id, "method": method, "params": params}).to_string()))?;
+        self.socket.send(Message::text(
+            json!({"id": id, "method": method, "params": params}).to_string(),
+        ))?;
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             let msg = self.socket.read()?;
@@ -119,7 +125,11 @@ impl Browser {
     }
 
     /// Polls the page text until `pred` holds, up to `limit`; returns the last text.
-    pub fn wait_for_text(&mut self, limit: Duration, pred: impl Fn(&str) -> bool) -> Result<String> {
+    pub fn wait_for_text(
+        &mut self,
+        limit: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> Result<String> {
         let deadline = Instant::now() + limit;
         let mut last = String::new();
         while Instant::now() < deadline {
@@ -136,7 +146,9 @@ impl Browser {
     pub fn screenshot(&mut self, path: &Path) -> Result<()> {
         use base64::Engine as _;
         let r = self.call("Page.captureScreenshot", json!({"format": "png"}))?;
-        let data = r["data"].as_str().ok_or_else(|| anyhow!("no screenshot data"))?;
+        let data = r["data"]
+            .as_str()
+            .ok_or_else(|| anyhow!("no screenshot data"))?;
         let bytes = base64::engine::general_purpose::STANDARD.decode(data)?;
         std::fs::write(path, bytes)?;
         Ok(())
@@ -148,7 +160,9 @@ fn page_socket(port: u16) -> Result<String> {
     let agent = crate::edge::client();
     let deadline = Instant::now() + Duration::from_secs(15);
     while Instant::now() < deadline {
-        if let Ok(mut resp) = agent.get(&format!("http://127.0.0.1:{port}/json/list")).call()
+        if let Ok(mut resp) = agent
+            .get(&format!("http://127.0.0.1:{port}/json/list"))
+            .call()
             && let Ok(text) = resp.body_mut().read_to_string()
             && let Ok(Value::Array(targets)) = serde_json::from_str::<Value>(&text)
             && let Some(url) = targets

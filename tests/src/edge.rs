@@ -32,7 +32,9 @@ impl Edge {
     /// Starts a node with an existing config file.
     pub fn start_with(dir: &Path, name: &str, path: &Path) -> Result<Self> {
         let mut cmd = Command::new(binary("waitroom-edge"));
-        cmd.arg("--config").arg(path).env("RUST_LOG", "info,waitroom_edge=debug");
+        cmd.arg("--config")
+            .arg(path)
+            .env("RUST_LOG", "info,waitroom_edge=debug");
         let mut proc = Proc::spawn(name, cmd, dir)?;
         let line = proc.wait_line("waitroom-edge ready:", Duration::from_secs(20))?;
         Ok(Self {
@@ -70,6 +72,9 @@ pub fn fresh_visitor() -> ureq::Agent {
 /// Reads one Prometheus sample (`name{labels}` exactly as written) from a metrics page.
 pub fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
         .and_then(|v| v.trim().parse().ok())
 }

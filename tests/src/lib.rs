@@ -5,6 +5,7 @@
 //! - [`netns`]: a namespace + veth pair guard for XDP tests.
 //! - [`require_root`]: the skip check of privileged tests.
 
+pub mod browser;
 pub mod cluster;
 pub mod edge;
 pub mod netns;

@@ -4,14 +4,18 @@
 //! - `test`: setup, fmt, clippy, every test (privileged ones too when root).
 //! - `demo`: a waitroom node in front of a demo origin, on loopback.
 //! - `certs`: a development CA and gossip certificates for the aggregator and nodes.
+//! - `simulate`: the real engine in seeded virtual time (accuracy, fairness).
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod certs;
 mod cmd;
 mod demo;
 mod demo_traffic;
+mod install;
 mod setup;
+mod simulate;
 mod test;
 
 #[derive(Debug, Parser)]
@@ -23,6 +27,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Verb {
+    /// Install the binaries, systemd units, example configs and dev certificates.
+    Install(install::Args),
+    /// Admission latency and throughput under load, side by side with nginx.
+    Bench(bench::Args),
     /// Install the toolchain pieces and Debian packages the build and tests need.
     Setup,
     /// Run setup, formatting and lint checks, and every test.
@@ -31,13 +39,18 @@ enum Verb {
     Demo(demo::Args),
     /// Make a development CA and certificates for the aggregator and the nodes.
     Certs(certs::Args),
+    /// Drive the real engine in seeded virtual time: accuracy scenarios and the fairness heatmaps.
+    Simulate(simulate::Args),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().verb {
         Verb::Setup => setup::run(),
+        Verb::Install(args) => install::run(&args),
+        Verb::Bench(args) => bench::run(&args),
         Verb::Test(args) => test::run(&args),
         Verb::Demo(args) => demo::run(&args),
         Verb::Certs(args) => certs::run(&args),
+        Verb::Simulate(args) => simulate::run(&args),
     }
 }

@@ -1,0 +1,124 @@
+//! Criterion benchmarks of the request path's pieces that are not the engine
+//! (the engine's own bench is in `waitroom-common/benches/engine.rs`):
+//! - sealing and opening a cookie (ChaCha20-Poly1305 + postcard + base64);
+//! - counting from 1, 2 and N threads: the exact ticket counter of
+//!   `RoomCounters` (one shared word, CAS) against a plain shared `fetch_add`
+//!   and against per-core shards — the figure behind the choice of one shared
+//!   word per pool: shards would be faster but cannot enforce a cap exactly.
+use std::{
+    hint::black_box,
+    sync::{
+        Arc, Barrier,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use waitroom_common::{
+    counters::{Pool, RoomCounters},
+    room::RoomId,
+    ticket::Ticket,
+    time::{Minute, UnixMillis},
+};
+use waitroom_edge::cookie::CookieKeys;
+
+fn cookie(c: &mut Criterion) {
+    let keys = CookieKeys::new(&[(1, [7; 32]), (2, [9; 32])]).expect("keys");
+    let room = RoomId::from_name("shop");
+    let now = UnixMillis(1_800_000_000_000);
+    let mut ticket = Ticket::new_visitor(room, now, 20);
+    ticket.accepted_at = Some(now);
+    ticket.counted_expiry = Some(now.plus_minutes(10).minute());
+    let bytes = postcard::to_allocvec(&ticket).expect("ticket encodes");
+    let sealed = keys.seal("shop", &bytes);
+    let mut g = c.benchmark_group("cookie");
+    g.bench_function("seal", |b| {
+        b.iter(|| {
+            let bytes = postcard::to_allocvec(black_box(&ticket)).expect("encodes");
+            keys.seal("shop", &bytes)
+        });
+    });
+    g.bench_function("open", |b| {
+        b.iter(|| {
+            let bytes = keys.open("shop", black_box(&sealed)).expect("opens");
+            postcard::from_bytes::<Ticket>(&bytes).expect("decodes")
+        });
+    });
+    g.finish();
+}
+
+/// Per-core shards padded to a cache line each.
+#[repr(align(64))]
+struct Shard(AtomicU64);
+
+/// Runs `per_thread` operations on each of `threads` threads; returns the wall time.
+fn run_threads(threads: usize, per_thread: u64, op: Arc<dyn Fn(usize) + Send + Sync>) -> Duration {
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let barrier = Arc::clone(&barrier);
+            let op = Arc::clone(&op);
+            std::thread::spawn(move || {
+                barrier.wait();
+                for _ in 0..per_thread {
+                    op(t);
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    for h in handles {
+        h.join().expect("bench thread");
+    }
+    start.elapsed()
+}
+
+fn counters(c: &mut Criterion) {
+    let n = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
+    let mut thread_counts = vec![1, 2];
+    if n > 2 {
+        thread_counts.push(n);
+    }
+    let mut g = c.benchmark_group("counter_increment");
+    g.measurement_time(Duration::from_secs(3));
+    for &threads in &thread_counts {
+        // Time per operation per thread: iters are split across threads.
+        g.bench_with_input(BenchmarkId::new("ticket_cas_shared", threads), &threads, |b, &threads| {
+            let counters: Arc<RoomCounters> = Arc::from(RoomCounters::new_boxed(RoomId(1)));
+            b.iter_custom(|iters| {
+                counters.reset();
+                let counters = Arc::clone(&counters);
+                let per = iters.div_ceil(threads as u64);
+                run_threads(threads, per, Arc::new(move |_| {
+                    black_box(counters.take_ticket(Pool::ColoShare, Minute(1), u64::MAX));
+                }))
+            });
+        });
+        g.bench_with_input(BenchmarkId::new("fetch_add_shared", threads), &threads, |b, &threads| {
+            let shared = Arc::new(AtomicU64::new(0));
+            b.iter_custom(|iters| {
+                let shared = Arc::clone(&shared);
+                let per = iters.div_ceil(threads as u64);
+                run_threads(threads, per, Arc::new(move |_| {
+                    black_box(shared.fetch_add(1, Ordering::Relaxed));
+                }))
+            });
+        });
+        g.bench_with_input(BenchmarkId::new("fetch_add_per_core_shard", threads), &threads, |b, &threads| {
+            let shards: Arc<Vec<Shard>> = Arc::new((0..threads).map(|_| Shard(AtomicU64::new(0))).collect());
+            b.iter_custom(|iters| {
+                let shards = Arc::clone(&shards);
+                let per = iters.div_ceil(threads as u64);
+                run_threads(threads, per, Arc::new(move |t| {
+                    black_box(shards[t].0.fetch_add(1, Ordering::Relaxed));
+                }))
+            });
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, cookie, counters);
+criterion_main!(benches);

@@ -1,0 +1,168 @@
+//! `cargo xtask install [--prefix DIR] [--root DIR]`: the binaries, the systemd
+//! units, a commented example config, and development certificates where none
+//! exist. Idempotent: binaries and units are replaced atomically, an operator's
+//! own `edge.toml`/`aggregator.toml` and certificates are never overwritten.
+//!
+//! `--root` stages everything under a directory (for packaging, and for the
+//! test that checks the result with `systemd-analyze verify`).
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::cmd;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Where the binaries live on the target system.
+    #[arg(long, default_value = "/usr/local")]
+    prefix: PathBuf,
+    /// Stage everything under this directory instead of `/`.
+    #[arg(long, default_value = "/")]
+    root: PathBuf,
+    /// Skip building (use the release binaries already in target/).
+    #[arg(long)]
+    no_build: bool,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let ws = cmd::workspace_root();
+    if !args.no_build {
+        cmd::run(
+            "building release binaries",
+            cmd::cargo().args(["build", "--release", "--package", "waitroom-edge", "--bins"]),
+        )?;
+    }
+    let root = absolute(&args.root)?;
+    let prefix = &args.prefix;
+    let staged = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+    let bindir = prefix.join("bin");
+    let docdir = prefix.join("share/doc/waitroom");
+    let confdir = PathBuf::from("/etc/waitroom");
+    let unitdir = PathBuf::from("/etc/systemd/system");
+    for d in [&bindir, &docdir, &confdir, &unitdir] {
+        std::fs::create_dir_all(staged(d)).with_context(|| format!("creating {}", staged(d).display()))?;
+    }
+
+    cmd::step(&format!("installing into {}", root.display()));
+    for bin in ["waitroom-edge", "waitroom-aggregator"] {
+        let from = ws.join("target/release").join(bin);
+        if !from.exists() {
+            bail!("{} is missing: build with `cargo build --release -p waitroom-edge --bins`", from.display());
+        }
+        replace(&staged(&bindir.join(bin)), &std::fs::read(&from)?, 0o755)?;
+    }
+    for unit in ["waitroom-edge.service", "waitroom-aggregator.service"] {
+        let text = std::fs::read_to_string(ws.join("deploy/systemd").join(unit))?
+            .replace("@BINDIR@", &bindir.display().to_string())
+            .replace("@DOCDIR@", &docdir.display().to_string())
+            .replace("@CONFDIR@", &confdir.display().to_string());
+        replace(&staged(&unitdir.join(unit)), text.as_bytes(), 0o644)?;
+    }
+    for (example, live) in [
+        ("edge.example.toml", "edge.toml"),
+        ("aggregator.example.toml", "aggregator.toml"),
+    ] {
+        let text = std::fs::read(ws.join("deploy").join(example))?;
+        replace(&staged(&confdir.join(example)), &text, 0o644)?;
+        let live = staged(&confdir.join(live));
+        if live.exists() {
+            println!("    kept {} (yours)", live.display());
+        } else {
+            replace(&live, &text, 0o640)?;
+        }
+    }
+    for doc in ["docs/OPERATIONS.md", "README.md"] {
+        if let Ok(text) = std::fs::read(ws.join(doc)) {
+            let name = Path::new(doc).file_name().unwrap_or_default();
+            replace(&staged(&docdir).join(name), &text, 0o644)?;
+        }
+    }
+    let certs = staged(&confdir.join("certs"));
+    if certs.join("ca.pem").exists() {
+        println!("    kept the certificates in {}", certs.display());
+    } else {
+        cmd::run(
+            "making development certificates (replace them with your own CA's for production)",
+            Command::new(staged(&bindir.join("waitroom-aggregator")))
+                .args(["gen-certs", "--nodes", "2", "--out"])
+                .arg(&certs),
+        )?;
+    }
+    if root == Path::new("/") {
+        ensure_user()?;
+        println!("    next: edit {}/edge.toml, then `systemctl daemon-reload && systemctl enable --now waitroom-edge`", confdir.display());
+    }
+    if which("systemd-analyze") {
+        verify_units(&root, &unitdir, &[&bindir, &confdir])?;
+    }
+    println!("==> installed");
+    Ok(())
+}
+
+/// `systemd-analyze verify` on the installed units, with their absolute paths
+/// mapped into the staging root so the binaries they name are found.
+fn verify_units(root: &Path, unitdir: &Path, dirs: &[&Path]) -> Result<()> {
+    let check = tempdir("waitroom-unit-check")?;
+    let mut files = Vec::new();
+    for unit in ["waitroom-edge.service", "waitroom-aggregator.service"] {
+        let mut text = std::fs::read_to_string(root.join(unitdir.strip_prefix("/")?).join(unit))?;
+        if root != Path::new("/") {
+            for d in dirs {
+                let mapped = root.join(d.strip_prefix("/")?);
+                text = text.replace(&format!("{}/", d.display()), &format!("{}/", mapped.display()));
+            }
+        }
+        let path = check.join(unit);
+        std::fs::write(&path, text)?;
+        files.push(path);
+    }
+    let result = cmd::run(
+        "systemd-analyze verify (the installed units)",
+        Command::new("systemd-analyze").arg("verify").args(&files),
+    );
+    let _ = std::fs::remove_dir_all(&check);
+    result
+}
+
+fn ensure_user() -> Result<()> {
+    if !cmd::is_root() {
+        println!("    not root: create the system user yourself: useradd --system --no-create-home --shell /usr/sbin/nologin waitroom");
+        return Ok(());
+    }
+    if Command::new("id").arg("waitroom").output().is_ok_and(|o| o.status.success()) {
+        return Ok(());
+    }
+    cmd::run(
+        "creating the system user waitroom",
+        Command::new("useradd").args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "waitroom"]),
+    )
+}
+
+/// Writes `bytes` to `path` via a temporary file and a rename (atomic replace,
+/// so a running binary is never half-written).
+fn replace(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let tmp = path.with_extension("installing");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("installing {}", path.display()))?;
+    println!("    {}", path.display());
+    Ok(())
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    Ok(if p.is_absolute() { p.to_owned() } else { std::env::current_dir()?.join(p) })
+}
+
+fn tempdir(tag: &str) -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+fn which(program: &str) -> bool {
+    Command::new(program).arg("--version").output().is_ok_and(|o| o.status.success())
+}
