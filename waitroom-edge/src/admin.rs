@@ -92,6 +92,7 @@ fn render_metrics(node: &Node) -> String {
         m.requests_unmatched.load(Relaxed)
     );
     render_rooms(&mut out, node);
+    crate::upstream::status::render_metrics(&mut out, node.rooms.iter().map(|r| &*r.upstream));
     if let Some(gossip) = node.gossip.get() {
         gossip
             .status
@@ -225,7 +226,7 @@ fn status(node: &Node) -> serde_json::Value {
                 "id": room.spec.id,
                 "host": room.spec.host,
                 "path": room.spec.path,
-                "origin": room.spec.origin.to_string(),
+                "upstream": crate::upstream::status::json(&room.upstream),
                 "queueing_method": cfg.queueing_method,
                 "total_active_users": cfg.total_active_users,
                 "new_users_per_minute": cfg.new_users_per_minute,

@@ -5,6 +5,7 @@
 //! - [`http`]: per-core workers, listeners, and [`http::handler`], the request
 //!   path read top to bottom (match room → open cookie → decide → proxy or queue).
 //! - [`proxy`]: the pooled reverse proxy to the origin.
+//! - [`upstream`]: origin pools, steering, health checks.
 //! - [`metrics`], [`admin`]: what operators read.
 //! - [`xdp`]: the embedded XDP program and its loader.
 //! - [`demo_origin`]: a small origin for the demo and the tests.
@@ -29,6 +30,7 @@ pub mod queue_page;
 pub mod rooms;
 pub mod shutdown;
 pub mod tls;
+pub mod upstream;
 pub mod wire;
 pub mod xdp;
 
@@ -133,6 +135,8 @@ pub struct RoomRuntime {
     pub metrics: metrics::RoomMetrics,
     /// The latest global state; the request path only loads it.
     pub state: arc_swap::ArcSwap<waitroom_common::state::GlobalState>,
+    /// The room's origin pools and their health (shared with the checker).
+    pub upstream: Arc<upstream::Upstream>,
 }
 
 /// Everything the workers share: settings, rooms, counters, keys, metrics.
@@ -148,6 +152,8 @@ pub struct Node {
     pub colo: String,
     /// The gossip client, once started (`[aggregator]` configured).
     pub gossip: std::sync::OnceLock<gossip::GossipHandle>,
+    /// Trust and server names for `tls = true` origin pools.
+    pub origin_tls: upstream::tls::OriginTls,
 }
 
 impl Node {
@@ -175,6 +181,7 @@ impl Node {
                 state: arc_swap::ArcSwap::from_pointee(waitroom_common::state::GlobalState::empty(
                     now,
                 )),
+                upstream: Arc::new(upstream::Upstream::new(&spec.id, &spec.upstream)),
             });
         }
         Ok(Self {
@@ -187,6 +194,9 @@ impl Node {
             id: config.node.id.clone(),
             colo: config.node.colo.clone(),
             gossip: std::sync::OnceLock::new(),
+            origin_tls: upstream::tls::OriginTls::new(
+                config.rooms.iter().map(|r| (r.id.as_str(), &r.upstream)),
+            )?,
         })
     }
 
@@ -357,6 +367,17 @@ pub fn run(config: EdgeConfig) -> anyhow::Result<()> {
             }
         });
     }
+    // Health checks of the rooms' origins, into the pool state workers read.
+    upstream::health::spawn(
+        control.handle(),
+        &node
+            .rooms
+            .iter()
+            .map(|r| Arc::clone(&r.upstream))
+            .collect::<Vec<_>>(),
+        node.origin_tls.connector(Duration::from_secs(3)),
+        &shutdown,
+    );
     let admin_addr = match config.node.admin_listen {
         Some(addr) => {
             let listener = control

@@ -1,47 +1,41 @@
-//! The admitted path: a reverse proxy to the room's origin.
+//! The admitted path: a reverse proxy to an origin of the room's pools.
 //!
 //! One pooled hyper client per worker (connections are reused, never shared
 //! across cores). Bodies stream both ways; hop-by-hop headers are removed and
-//! `X-Forwarded-For`, `X-Forwarded-Proto` and `Via` are added. An origin that
-//! cannot be reached answers a clear 502 page within the timeout, never a hang.
-use std::{net::SocketAddr, time::Duration};
+//! `X-Forwarded-For`, `X-Forwarded-Proto` and `Via` are added. The origin comes
+//! from the room's [`Upstream`]; one that cannot be reached is retried once
+//! elsewhere for idempotent requests, else answers a clear 502 page within the
+//! timeout; with every pool down the answer is a clear 503 page, never a hang.
+use std::{net::SocketAddr, sync::atomic::Ordering::Relaxed, time::Duration};
 
 use bytes::Bytes;
 use http::{
-    HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version, header,
-    uri::{Authority, Scheme},
+    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
+    header,
+    uri::{Authority, PathAndQuery},
 };
-use http_body_util::BodyExt as _;
-use hyper::body::Incoming;
-use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
-    rt::TokioExecutor,
+use http_body_util::{BodyExt as _, Empty};
+use hyper::body::{Body as _, Incoming};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+
+use crate::{
+    http::{Body, BoxError, full},
+    upstream::{
+        OriginChoice, Upstream,
+        tls::{OriginConnector, OriginTls},
+    },
 };
 
-use crate::http::{Body, full};
-
-/// The pooled client a worker uses to reach origins.
-pub type OriginClient = Client<HttpConnector, Incoming>;
+/// The pooled client a worker uses to reach origins (HTTP, or TLS for
+/// `tls = true` pools).
+pub type OriginClient = Client<OriginConnector, Body>;
 
 /// Builds a worker's origin client.
-pub fn client(connect_timeout: Duration) -> OriginClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
-    connector.enforce_http(true);
+pub fn client(connect_timeout: Duration, tls: &OriginTls) -> OriginClient {
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .pool_max_idle_per_host(256)
-        .build(connector)
-}
-
-/// Where and how long to wait when forwarding.
-#[derive(Debug, Clone)]
-pub struct Target {
-    /// `host:port` of the origin.
-    pub authority: Authority,
-    /// Time for the origin to send its response head.
-    pub response_timeout: Duration,
+        .build(tls.connector(connect_timeout))
 }
 
 /// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1).
@@ -71,9 +65,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(HeaderName::from_static("proxy-connection"));
 }
 
-/// Why forwarding failed; each becomes a 502 page.
+/// Why forwarding failed; each becomes a 502 page, but `NoHealthyOrigin` a 503.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
+    #[error("room {room}: every origin pool is down")]
+    NoHealthyOrigin { room: String },
     #[error("origin {origin} did not answer within {timeout:?}")]
     Timeout {
         origin: Authority,
@@ -84,38 +80,40 @@ pub enum ProxyError {
         origin: Authority,
         source: hyper_util::client::legacy::Error,
     },
+    #[error("origin {origin} answered badly: {source}")]
+    Invalid {
+        origin: Authority,
+        source: hyper_util::client::legacy::Error,
+    },
     #[error("cannot build the origin URI: {0}")]
     Uri(#[from] http::Error),
 }
 
-/// Forwards `req` to `target` and streams the answer back.
+/// Forwards `req` to an origin of `upstream` and streams the answer back.
+///
+/// The origin comes from [`Upstream::select`]. A request that cannot reach it
+/// (refused, reset, closed before an answer: not an HTTP error status) counts
+/// against that origin's health and, when its method is idempotent and it has
+/// no body to lose, goes once more to another healthy origin.
 pub async fn forward(
     client: &OriginClient,
-    target: &Target,
-    mut req: Request<Incoming>,
+    upstream: &Upstream,
+    response_timeout: Duration,
+    req: Request<Incoming>,
     peer: SocketAddr,
     scheme: &'static str,
 ) -> Result<Response<Body>, ProxyError> {
-    let path_and_query = req
-        .uri()
+    let (mut parts, body) = req.into_parts();
+    let path_and_query = parts
+        .uri
         .path_and_query()
-        .map(|pq| pq.as_str())
-        .unwrap_or("/")
-        .to_owned();
-    let visitor_authority = req.uri().authority().cloned();
-    let version = req.version();
-    *req.uri_mut() = Uri::builder()
-        .scheme(Scheme::HTTP)
-        .authority(target.authority.clone())
-        .path_and_query(path_and_query)
-        .build()?;
-    *req.version_mut() = Version::HTTP_11;
-
-    let headers = req.headers_mut();
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
     // HTTP/2 visitors carry the host in :authority; the origin speaks HTTP/1.1.
     if !headers.contains_key(header::HOST)
-        && let Some(a) = visitor_authority
+        && let Some(a) = parts.uri.authority()
         && let Ok(v) = HeaderValue::from_str(a.as_str())
     {
         headers.insert(header::HOST, v);
@@ -125,17 +123,98 @@ pub async fn forward(
         HeaderName::from_static("x-forwarded-proto"),
         HeaderValue::from_static(scheme),
     );
-    headers.append(header::VIA, via_value(version));
+    headers.append(header::VIA, via_value(parts.version));
 
-    let response = tokio::time::timeout(target.response_timeout, client.request(req))
+    let replayable = is_idempotent(&parts.method) && body.is_end_stream();
+    let mut body = Some(body);
+    let mut failed: Option<(OriginChoice, ProxyError)> = None;
+    loop {
+        let except = failed.as_ref().map(|(choice, _)| *choice);
+        let Some(choice) = upstream.select(rand::random(), except) else {
+            return Err(match failed {
+                // Nowhere left to retry: the first failure is the answer.
+                Some((_, err)) => err,
+                None => ProxyError::NoHealthyOrigin {
+                    room: upstream.room.clone(),
+                },
+            });
+        };
+        let origin = upstream.origin(choice);
+        let uri = Uri::builder()
+            .scheme(upstream.pool(choice).scheme.clone())
+            .authority(origin.authority.clone())
+            .path_and_query(path_and_query.clone())
+            .build()?;
+        let body = match body.take() {
+            Some(b) => b.map_err(BoxError::from).boxed_unsync(),
+            None => Empty::new().map_err(|never| match never {}).boxed_unsync(),
+        };
+        let mut req = Request::new(body);
+        *req.method_mut() = parts.method.clone();
+        *req.uri_mut() = uri;
+        *req.version_mut() = Version::HTTP_11;
+        *req.headers_mut() = if replayable && failed.is_none() {
+            parts.headers.clone()
+        } else {
+            std::mem::take(&mut parts.headers)
+        };
+        match send(client, &origin.authority, response_timeout, req).await {
+            Ok(resp) => {
+                origin.requests.fetch_add(1, Relaxed);
+                return Ok(resp);
+            }
+            Err(err @ ProxyError::Unreachable { .. }) => {
+                upstream.connection_failed(choice);
+                if replayable && failed.is_none() {
+                    tracing::debug!(%err, "retrying on another origin");
+                    failed = Some((choice, err));
+                    continue;
+                }
+                return Err(err);
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Methods whose request may be sent twice (RFC 9110 §9.2.2).
+fn is_idempotent(method: &Method) -> bool {
+    [
+        Method::GET,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::PUT,
+        Method::DELETE,
+    ]
+    .contains(method)
+}
+
+/// One attempt: `Unreachable` only when the origin's connection failed, any
+/// other failure of the origin (a malformed answer) is `Invalid`.
+async fn send(
+    client: &OriginClient,
+    origin: &Authority,
+    response_timeout: Duration,
+    req: Request<Body>,
+) -> Result<Response<Body>, ProxyError> {
+    let response = tokio::time::timeout(response_timeout, client.request(req))
         .await
         .map_err(|_| ProxyError::Timeout {
-            origin: target.authority.clone(),
-            timeout: target.response_timeout,
+            origin: origin.clone(),
+            timeout: response_timeout,
         })?
-        .map_err(|source| ProxyError::Unreachable {
-            origin: target.authority.clone(),
-            source,
+        .map_err(|source| {
+            if is_connection_failure(&source) {
+                ProxyError::Unreachable {
+                    origin: origin.clone(),
+                    source,
+                }
+            } else {
+                ProxyError::Invalid {
+                    origin: origin.clone(),
+                    source,
+                }
+            }
         })?;
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -144,8 +223,27 @@ pub async fn forward(
         .append(header::VIA, via_value(Version::HTTP_11));
     Ok(Response::from_parts(
         parts,
-        body.map_err(crate::http::BoxError::from).boxed_unsync(),
+        body.map_err(BoxError::from).boxed_unsync(),
     ))
+}
+
+/// Connecting failed, or the connection closed or reset before an answer.
+fn is_connection_failure(err: &hyper_util::client::legacy::Error) -> bool {
+    if err.is_connect() {
+        return true;
+    }
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        if let Some(h) = e.downcast_ref::<hyper::Error>() {
+            if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
+                return true;
+            }
+        } else if e.downcast_ref::<std::io::Error>().is_some() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 fn append_forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
@@ -170,11 +268,38 @@ fn via_value(version: Version) -> HeaderValue {
     })
 }
 
+/// The page for a failed forward: 503 when every pool is down, else 502.
+pub fn error_page(err: &ProxyError) -> Response<Body> {
+    match err {
+        ProxyError::NoHealthyOrigin { .. } => unavailable(err),
+        _ => bad_gateway(err),
+    }
+}
+
+/// The page a visitor sees when no origin is healthy: nothing was tried.
+fn unavailable(err: &ProxyError) -> Response<Body> {
+    tracing::debug!(%err, "no healthy origin");
+    let body: &str = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Site unavailable</title></head>\
+         <body style=\"font-family:system-ui,sans-serif;max-width:36rem;margin:4rem auto\">\
+         <h1>The site is down for the moment</h1><p>The waiting room let you in, but every server \
+         of the website behind it is failing its health checks. Please try again in a minute.</p>\
+         <p><small>503 Service Unavailable</small></p></body></html>";
+    let mut resp = Response::new(full(Bytes::from_static(body.as_bytes())));
+    *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::RETRY_AFTER, HeaderValue::from_static("30"));
+    resp
+}
+
 /// The page a visitor sees when the origin cannot be reached.
 pub fn bad_gateway(err: &ProxyError) -> Response<Body> {
     tracing::warn!(%err, "origin request failed");
-    let body: &str = 
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Site unavailable</title></head>\
+    let body: &str = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Site unavailable</title></head>\
          <body style=\"font-family:system-ui,sans-serif;max-width:36rem;margin:4rem auto\">\
          <h1>The site is not answering</h1><p>The waiting room let you in, but the website behind it \
          did not respond. Please try again in a minute.</p><p><small>502 Bad Gateway</small></p></body></html>";

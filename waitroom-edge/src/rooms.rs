@@ -2,8 +2,9 @@
 //! path prefix.
 use std::time::Duration;
 
-use http::uri::Authority;
 use waitroom_common::room::{Room, RoomConfig};
+
+use crate::upstream::{self, UpstreamSpec};
 
 /// What is wrong with one `[[rooms]]` table.
 #[derive(Debug)]
@@ -22,8 +23,8 @@ pub struct RoomSpec {
     pub host: String,
     /// Path prefix this room covers.
     pub path: String,
-    /// `host:port` of the origin.
-    pub origin: Authority,
+    /// Where admitted visitors go: origin pools, steering, health checks.
+    pub upstream: UpstreamSpec,
     /// How long the origin may take to send its response head.
     pub origin_timeout: Duration,
     /// The queue page's HTTP status (200, 202 or 429).
@@ -34,11 +35,10 @@ pub struct RoomSpec {
     pub engine: Room,
 }
 
-const EDGE_KEYS: [&str; 7] = [
+const EDGE_KEYS: [&str; 6] = [
     "id",
     "host",
     "path",
-    "origin",
     "origin_timeout_ms",
     "queue_status",
     "queue_page",
@@ -69,21 +69,8 @@ impl RoomSpec {
         if !path.starts_with('/') {
             return Err(err(&id, "path", "must start with '/'"));
         }
-        let origin_text = string(&table, "origin", None)?;
-        let origin: Authority = origin_text.parse().map_err(|e| {
-            err(
-                &id,
-                "origin",
-                &format!("{origin_text:?} is not host:port ({e})"),
-            )
-        })?;
-        if origin.port_u16().is_none() {
-            return Err(err(
-                &id,
-                "origin",
-                &format!("{origin_text:?} needs a port, e.g. 127.0.0.1:8081"),
-            ));
-        }
+        let upstream =
+            UpstreamSpec::from_room_table(&table).map_err(|e| err(&id, &e.field, &e.problem))?;
         let origin_timeout_ms = match table.get("origin_timeout_ms") {
             Some(toml::Value::Integer(n)) if *n > 0 => *n as u64,
             Some(_) => return Err(err(&id, "origin_timeout_ms", "must be a positive integer")),
@@ -99,8 +86,8 @@ impl RoomSpec {
             Some(_) => return Err(err(&id, "queue_page", "must be a file path")),
             None => None,
         };
-        for key in EDGE_KEYS {
-            table.remove(key);
+        for key in EDGE_KEYS.iter().chain(&upstream::config::KEYS) {
+            table.remove(*key);
         }
         let limits: RoomConfig = toml::Value::Table(table)
             .try_into()
@@ -113,7 +100,7 @@ impl RoomSpec {
             id,
             host,
             path,
-            origin,
+            upstream,
             origin_timeout: Duration::from_millis(origin_timeout_ms),
             queue_status,
             queue_page,
@@ -224,6 +211,12 @@ mod tests {
             toml::from_str(&format!("id = \"r\"\norigin = \"no-port\"\n{LIMITS}")).unwrap();
         let e = RoomSpec::from_table(table).unwrap_err();
         assert_eq!(e.field, "origin");
+        let table: toml::Table = toml::from_str(&format!(
+            "id = \"r\"\n{LIMITS}\n[[pools]]\nname = \"a\"\norigins = [\"127.0.0.1:1\"]\ntls = 1"
+        ))
+        .unwrap();
+        let e = RoomSpec::from_table(table).unwrap_err();
+        assert_eq!((e.room.as_str(), e.field.as_str()), ("r", "pools[0].tls"));
         let table: toml::Table =
             toml::from_str("id = \"r\"\norigin = \"127.0.0.1:1\"\nqueue_status = 500").unwrap();
         assert_eq!(

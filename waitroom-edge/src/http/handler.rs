@@ -24,28 +24,18 @@ use crate::{
     queue_page::{self, QueueView},
 };
 
-/// Per-worker state: the origin pool and per-room proxy targets.
+/// Per-worker state: the connection pool to origins (never shared across cores).
 #[derive(Debug)]
 pub struct Worker {
     pub index: usize,
     client: proxy::OriginClient,
-    targets: Vec<proxy::Target>,
 }
 
 impl Worker {
     pub fn new(index: usize, node: &Node) -> Self {
-        let targets = node
-            .rooms
-            .iter()
-            .map(|r| proxy::Target {
-                authority: r.spec.origin.clone(),
-                response_timeout: r.spec.origin_timeout,
-            })
-            .collect();
         Self {
             index,
-            client: proxy::client(std::time::Duration::from_secs(3)),
-            targets,
+            client: proxy::client(std::time::Duration::from_secs(3), &node.origin_tls),
         }
     }
 }
@@ -100,14 +90,15 @@ pub async fn handle(
             };
             counter.fetch_add(1, Relaxed);
             let proxy_started = Instant::now();
+            let timeout = room.spec.origin_timeout;
             let result =
-                proxy::forward(&worker.client, &worker.targets[index], req, peer, scheme).await;
+                proxy::forward(&worker.client, &room.upstream, timeout, req, peer, scheme).await;
             room.metrics.proxy_latency.observe(proxy_started.elapsed());
             let mut resp = match result {
                 Ok(resp) => resp,
                 Err(err) => {
                     room.metrics.proxy_errors.fetch_add(1, Relaxed);
-                    proxy::bad_gateway(&err)
+                    proxy::error_page(&err)
                 }
             };
             if let Some(c) = set_cookie {
