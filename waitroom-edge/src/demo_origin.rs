@@ -3,7 +3,20 @@
 //! It is a real HTTP server (hyper) on its own socket, so the edge proxies to it
 //! exactly as it would to an operator's site. `/slow?ms=N` answers after N ms and
 //! `/echo` returns the request's headers, which tests use to check the proxy.
-use std::{convert::Infallible, net::SocketAddr, time::Duration};
+//!
+//! For tests of origin pools: every response carries `x-demo-origin: ADDR`
+//! (which origin served it), every response waits `--delay-ms` first, and
+//! `POST /_demo/delay?ms=N` changes that delay while it runs (a slow origin the
+//! test controls).
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    time::Duration,
+};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, header};
@@ -14,8 +27,27 @@ use tokio::net::TcpListener;
 
 /// Serves the demo origin on `listen` until the process ends.
 pub async fn serve(listen: SocketAddr) -> std::io::Result<()> {
+    serve_with(listen, Duration::ZERO).await
+}
+
+/// What every connection of one demo origin shares.
+#[derive(Debug)]
+struct Demo {
+    /// `x-demo-origin` of every response.
+    name: http::HeaderValue,
+    /// Added before every response, in milliseconds.
+    delay_ms: AtomicU64,
+}
+
+/// Serves the demo origin, delaying every response by `delay` at first.
+pub async fn serve_with(listen: SocketAddr, delay: Duration) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
-    tracing::info!(addr = %listener.local_addr()?, "demo origin listening");
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, ?delay, "demo origin listening");
+    let demo = Arc::new(Demo {
+        name: http::HeaderValue::from_str(&addr.to_string()).expect("an address is a header value"),
+        delay_ms: AtomicU64::new(delay.as_millis() as u64),
+    });
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(conn) => conn,
@@ -24,19 +56,46 @@ pub async fn serve(listen: SocketAddr) -> std::io::Result<()> {
                 continue;
             }
         };
+        let demo = Arc::clone(&demo);
         tokio::spawn(async move {
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let service = service_fn(move |req| {
+                let demo = Arc::clone(&demo);
+                async move {
+                    let delay = demo.delay_ms.load(Relaxed);
+                    if delay > 0 && !req.uri().path().starts_with("/_demo/") {
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                    }
+                    let mut resp = handle(req, &demo).await?;
+                    resp.headers_mut()
+                        .insert("x-demo-origin", demo.name.clone());
+                    Ok::<_, Infallible>(resp)
+                }
+            });
             let _ = builder
-                .serve_connection(TokioIo::new(stream), service_fn(handle))
+                .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
     }
 }
 
-async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(req: Request<Incoming>, demo: &Demo) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or_default().to_owned();
     let response = match path.as_str() {
+        "/_demo/delay" if req.method() == http::Method::POST => {
+            match query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("ms="))
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                Some(ms) => {
+                    demo.delay_ms.store(ms.min(60_000), Relaxed);
+                    text_response(StatusCode::OK, "text/plain", format!("delay {ms} ms\n"))
+                }
+                None => text_response(StatusCode::BAD_REQUEST, "text/plain", "need ?ms=N\n".into()),
+            }
+        }
         "/echo" => {
             let mut text = format!("{} {}\n", req.method(), req.uri());
             for (name, value) in req.headers() {

@@ -29,6 +29,9 @@ enum Command {
     DemoOrigin {
         #[arg(long, default_value = "127.0.0.1:8081")]
         listen: std::net::SocketAddr,
+        /// Delay every response by this many milliseconds (a slow origin for tests).
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
     },
 }
 
@@ -42,13 +45,18 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::DemoOrigin { listen }) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .context("starting the runtime")?
-            .block_on(waitroom_edge::demo_origin::serve(listen))
-            .context("demo origin"),
+        Some(Command::DemoOrigin { listen, delay_ms }) => {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("starting the runtime")?
+                .block_on(waitroom_edge::demo_origin::serve_with(
+                    listen,
+                    std::time::Duration::from_millis(delay_ms),
+                ))
+                .context("demo origin")
+        }
         Some(Command::Run) | None => {
             let config = waitroom_edge::config::load(&cli.config)?;
             if cli.check {
