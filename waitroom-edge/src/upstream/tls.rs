@@ -130,3 +130,103 @@ impl OriginTls {
 #[derive(Debug, thiserror::Error)]
 #[error("origin host is not a valid TLS server name")]
 pub struct OriginTlsNameError;
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use http_body_util::Empty;
+    use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+    use rustls_pki_types::PrivateKeyDer;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+    use crate::devcerts;
+
+    /// A TLS origin on loopback with the dev certificate (names: localhost,
+    /// 127.0.0.1, ::1, `devcerts::AGGREGATOR_NAME`), answering 204 to anything.
+    async fn tls_origin(files: &crate::tls::TlsFiles) -> std::net::SocketAddr {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(&files.key).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut buf = [0u8; 2048];
+                    let _ = tls.read(&mut buf).await;
+                    let _ = tls
+                        .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        addr
+    }
+
+    fn spec(addr: std::net::SocketAddr, extra: &str) -> UpstreamSpec {
+        let text = format!("[[pools]]\nname = \"p\"\norigins = [\"{addr}\"]\ntls = true\n{extra}");
+        UpstreamSpec::from_room_table(&toml::from_str(&text).unwrap()).unwrap()
+    }
+
+    async fn get(tls: &OriginTls, addr: std::net::SocketAddr) -> Result<u16, String> {
+        let client: Client<OriginConnector, Empty<Bytes>> =
+            Client::builder(TokioExecutor::new()).build(tls.connector(Duration::from_secs(2)));
+        let uri: Uri = format!("https://{addr}/").parse().unwrap();
+        client
+            .get(uri)
+            .await
+            .map(|r| r.status().as_u16())
+            .map_err(|e| format!("{e:?}"))
+    }
+
+    #[tokio::test]
+    async fn tls_origins_are_verified_by_the_ca_file_under_the_configured_sni() {
+        let dir = std::env::temp_dir().join(format!(
+            "waitroom-origin-tls-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let written = devcerts::write(&dir, &[]).unwrap();
+        let addr = tls_origin(&written.aggregator).await;
+        let ca = format!("ca_file = \"{}\"", written.ca.display());
+        let sni = format!("sni = \"{}\"", devcerts::AGGREGATOR_NAME);
+
+        let good = spec(addr, &format!("{ca}\n{sni}"));
+        let tls = OriginTls::new([("r", &good)]).unwrap();
+        assert_eq!(get(&tls, addr).await, Ok(204));
+
+        // The configured name is the one verified: another name fails.
+        let other = spec(addr, &format!("{ca}\nsni = \"other.example\""));
+        let tls = OriginTls::new([("r", &other)]).unwrap();
+        let err = get(&tls, addr).await.unwrap_err();
+        assert!(err.contains("NotValidForName"), "{err}");
+
+        // Without the CA file the issuer is unknown (webpki roots only).
+        let no_ca = spec(addr, &sni);
+        let tls = OriginTls::new([("r", &no_ca)]).unwrap();
+        assert!(get(&tls, addr).await.is_err());
+
+        // A CA file that does not exist is named at start.
+        let missing = spec(addr, "ca_file = \"/nonexistent/ca.pem\"");
+        let err = OriginTls::new([("r", &missing)]).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
