@@ -4,7 +4,7 @@
 //! origin and the edge node, prints the URL, and stops everything on Ctrl-C.
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command},
+    process::{Child, Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -31,6 +31,9 @@ pub struct Args {
     /// Do not start the built-in traffic generator.
     #[arg(long)]
     no_traffic: bool,
+    /// One node and no aggregator (the smallest complete deployment).
+    #[arg(long)]
+    single: bool,
 }
 
 /// A started process that is stopped (SIGTERM, then SIGKILL) when dropped.
@@ -81,18 +84,33 @@ pub fn run(args: &Args) -> Result<()> {
     if args.release {
         build.arg("--release");
     }
-    cmd::run("building waitroom-edge", &mut build)?;
+    cmd::run("building waitroom-edge and waitroom-aggregator", &mut build)?;
     let bin_dir = root
         .join("target")
         .join(if args.release { "release" } else { "debug" });
     let edge = bin_dir.join("waitroom-edge");
+    let aggregator = bin_dir.join("waitroom-aggregator");
 
-    let demo_dir = root.join("target").join("demo");
-    std::fs::create_dir_all(&demo_dir).context("creating target/demo")?;
-    let origin_port = args.port + 1;
-    let admin_port = args.port + 10;
-    let config = demo_dir.join("edge.toml");
-    write_config(&config, &demo_dir, args.port, origin_port, admin_port)?;
+    let dir = root.join("target").join("demo");
+    std::fs::create_dir_all(&dir).context("creating target/demo")?;
+    let p = Ports::from_base(args.port);
+    let nodes: Vec<(&str, &str, u16, u16)> = if args.single {
+        vec![("demo-ams-1", "ams", p.node_a, p.admin_a)]
+    } else {
+        vec![
+            ("demo-ams-1", "ams", p.node_a, p.admin_a),
+            ("demo-sin-1", "sin", p.node_b, p.admin_b),
+        ]
+    };
+    let certs = dir.join("certs");
+    if !args.single && !certs.join("ca.pem").exists() {
+        cmd::run(
+            "making development certificates for the demo cluster",
+            Command::new(&aggregator)
+                .args(["gen-certs", "--nodes", "2", "--out"])
+                .arg(&certs),
+        )?;
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     {
@@ -101,42 +119,79 @@ pub fn run(args: &Args) -> Result<()> {
             .context("installing the Ctrl-C handler")?;
     }
 
-    cmd::step("starting the demo origin and the edge node");
-    let mut services = vec![
-        Service::start(
-            "demo origin",
-            Command::new(&edge).args([
+    cmd::step("starting the demo origin, the aggregator and the edge nodes");
+    let mut services = vec![Service::start(
+        "demo origin",
+        Command::new(&edge)
+            .args([
                 "demo-origin",
                 "--listen",
-                &format!("127.0.0.1:{origin_port}"),
-            ]),
-        )?,
-        Service::start(
+                &format!("127.0.0.1:{}", p.origin),
+            ])
+            .stderr(log_file(&dir, "origin")?),
+    )?];
+    if !args.single {
+        let config = dir.join("aggregator.toml");
+        write_aggregator_config(&config, &dir, &p)?;
+        services.push(Service::start(
+            "aggregator",
+            Command::new(&aggregator)
+                .arg("--config")
+                .arg(&config)
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log_file(&dir, "aggregator")?),
+        )?);
+    }
+    for (i, (id, colo, port, admin)) in nodes.iter().enumerate() {
+        let config = dir.join(format!("{id}.toml"));
+        let gossip = (!args.single).then(|| (p.aggregator, certs.as_path(), i + 1));
+        write_edge_config(&config, &dir, id, colo, (*port, *admin, p.origin), gossip)?;
+        services.push(Service::start(
             "edge node",
             Command::new(&edge)
-                .args(["run", "--config"])
+                .arg("--config")
                 .arg(&config)
-                .env("RUST_LOG", "info"),
-        )?,
-    ];
-    wait_for_port(args.port, Duration::from_secs(20))?;
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log_file(&dir, id)?),
+        )?);
+    }
+    for (_, _, port, _) in &nodes {
+        wait_for_port(*port, Duration::from_secs(20))?;
+    }
     println!();
-    println!("    waitroom demo is up:");
-    println!("      open   http://127.0.0.1:{}/", args.port);
-    println!("      admin  http://127.0.0.1:{admin_port}/metrics");
-    println!("      config {}", config.display());
+    println!("    waitroom demo is up (room \"shop\": 20 visitors at once, 10 new per minute):");
+    for (id, colo, port, admin) in &nodes {
+        println!(
+            "      {id} ({colo}):  open http://127.0.0.1:{port}/   metrics http://127.0.0.1:{admin}/metrics"
+        );
+    }
+    if !args.single {
+        println!(
+            "      aggregator:        status http://127.0.0.1:{}/status",
+            p.aggregator_admin
+        );
+    }
+    println!("      logs and configs:  {}", dir.display());
     println!("    press Ctrl-C to stop everything");
     println!();
 
     let traffic = (!args.no_traffic).then(|| {
         println!(
-            "    simulated visitors arrive now (a rush, then a trickle); open the URL to join them"
+            "    simulated visitors arrive now (a rush, then a trickle); open a URL to join them"
         );
-        let nodes = vec![format!("http://127.0.0.1:{}", args.port)];
-        let admins = vec![format!("http://127.0.0.1:{admin_port}")];
+        let urls: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("http://127.0.0.1:{}", n.2))
+            .collect();
+        let admins: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("http://127.0.0.1:{}", n.3))
+            .collect();
         let stop = Arc::clone(&stop);
         let limit = args.duration.map(Duration::from_secs);
-        thread::spawn(move || crate::demo_traffic::run(&nodes, &admins, &stop, limit))
+        thread::spawn(move || crate::demo_traffic::run(&urls, &admins, &stop, limit))
     });
     let deadline = args
         .duration
@@ -144,7 +199,11 @@ pub fn run(args: &Args) -> Result<()> {
     while !stop.load(Ordering::SeqCst) && deadline.is_none_or(|d| Instant::now() < d) {
         for s in &mut services {
             if let Some(status) = s.exited() {
-                bail!("{} exited unexpectedly ({status})", s.name);
+                bail!(
+                    "{} exited unexpectedly ({status}); see its log in {}",
+                    s.name,
+                    dir.display()
+                );
             }
         }
         thread::sleep(Duration::from_millis(200));
@@ -154,42 +213,123 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(t) = traffic {
         let _ = t.join();
     }
-    // Drop in reverse start order: the edge before its origin.
+    // Reverse start order: edges, then the aggregator, then the origin.
     while let Some(s) = services.pop() {
         drop(s);
     }
     Ok(())
 }
 
-fn write_config(
+/// The demo's ports, all on loopback, derived from `--port`.
+struct Ports {
+    node_a: u16,
+    origin: u16,
+    node_b: u16,
+    admin_a: u16,
+    admin_b: u16,
+    aggregator: u16,
+    aggregator_admin: u16,
+}
+
+impl Ports {
+    fn from_base(base: u16) -> Self {
+        Self {
+            node_a: base,
+            origin: base + 1,
+            node_b: base + 2,
+            admin_a: base + 10,
+            admin_b: base + 12,
+            aggregator: base + 20,
+            aggregator_admin: base + 21,
+        }
+    }
+}
+
+fn log_file(dir: &Path, name: &str) -> Result<Stdio> {
+    let f = std::fs::File::create(dir.join(format!("{name}.log")))
+        .with_context(|| format!("creating {name}.log"))?;
+    Ok(Stdio::from(f))
+}
+
+/// The demo's cookie key: the same on both nodes, so a visitor may move between them.
+const DEMO_COOKIE_KEY: &str = "64656d6f2d6b65792d6e6f742d666f722d70726f64756374696f6e2d7573652d";
+
+/// The room every demo config shares (the aggregator needs the same limits).
+const DEMO_ROOM_LIMITS: &str = "total_active_users = 20
+new_users_per_minute = 10
+session_duration = 1
+queueing_method = \"fifo\"
+refresh_interval = 10
+";
+
+fn write_edge_config(
     path: &Path,
-    demo_dir: &Path,
-    port: u16,
-    origin_port: u16,
-    admin_port: u16,
+    dir: &Path,
+    id: &str,
+    colo: &str,
+    (port, admin, origin): (u16, u16, u16),
+    gossip: Option<(u16, &Path, usize)>,
 ) -> Result<()> {
-    let counters: PathBuf = demo_dir.join("counters.shm");
-    let text = format!(
+    let counters: PathBuf = dir.join(format!("{id}.counters"));
+    let mut text = format!(
         r#"# Written by `cargo xtask demo`; low limits so the queue shows quickly.
 [node]
-id = "demo-1"
-colo = "local"
+id = "{id}"
+colo = "{colo}"
 listen = "127.0.0.1:{port}"
-admin_listen = "127.0.0.1:{admin_port}"
+admin_listen = "127.0.0.1:{admin}"
+workers = 1
 counters_path = "{counters}"
+
+[[node.cookie_keys]]
+id = 1
+secret_hex = "{DEMO_COOKIE_KEY}"
 
 [[rooms]]
 id = "shop"
 host = "*"
 path = "/"
-origin = "127.0.0.1:{origin_port}"
-total_active_users = 20
-new_users_per_minute = 10
-session_duration = 1
-queueing_method = "fifo"
-refresh_interval = 10
-"#,
+origin = "127.0.0.1:{origin}"
+{DEMO_ROOM_LIMITS}"#,
         counters = counters.display()
+    );
+    if let Some((aggregator, certs, n)) = gossip {
+        text.push_str(&format!(
+            r#"
+[aggregator]
+address = "127.0.0.1:{aggregator}"
+ca = "{ca}"
+cert = "{cert}"
+key = "{key}"
+"#,
+            ca = certs.join("ca.pem").display(),
+            cert = certs.join(format!("node-{n}.pem")).display(),
+            key = certs.join(format!("node-{n}.key")).display(),
+        ));
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+fn write_aggregator_config(path: &Path, dir: &Path, p: &Ports) -> Result<()> {
+    let certs = dir.join("certs");
+    let text = format!(
+        r#"# Written by `cargo xtask demo`.
+listen = "127.0.0.1:{quic}"
+admin_listen = "127.0.0.1:{admin}"
+ca = "{ca}"
+cert = "{cert}"
+key = "{key}"
+snapshot_path = "{snapshot}"
+
+[[rooms]]
+id = "shop"
+{DEMO_ROOM_LIMITS}"#,
+        quic = p.aggregator,
+        admin = p.aggregator_admin,
+        ca = certs.join("ca.pem").display(),
+        cert = certs.join("aggregator.pem").display(),
+        key = certs.join("aggregator.key").display(),
+        snapshot = dir.join("aggregator.snapshot").display(),
     );
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
