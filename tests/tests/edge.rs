@@ -336,6 +336,21 @@ fn counters_and_cookies_survive_a_restart() {
     assert!(get(&b, &edge.url("/")).1.contains(SITE));
     // A crash, not a clean stop: nothing gets a chance to save anything.
     edge.proc.kill();
+    // The operator's view while the node is down: straight from shared memory.
+    let out = Command::new(binary("waitroom-edge"))
+        .arg("stats")
+        .arg("--config")
+        .arg(&edge.config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let shop: Vec<&str> = text
+        .lines()
+        .find(|l| l.starts_with("shop "))
+        .unwrap_or_else(|| panic!("no shop row in stats:\n{text}\n{}", String::from_utf8_lossy(&out.stderr)))
+        .split_whitespace()
+        .collect();
+    assert_eq!(&shop[1..5], ["2", "2", "2", "2"], "active, limit, admitted, per-minute:\n{text}");
     let edge = Edge::start(dir.path(), "edge-restarted", &cfg).unwrap();
     let status: serde_json::Value =
         serde_json::from_str(&get(&client(), &edge.admin_url("/status")).1).unwrap();

@@ -109,6 +109,44 @@ impl SharedCounters {
         Ok(this)
     }
 
+    /// Opens an existing counters file to read it (`waitroom-edge stats`): claims
+    /// nothing, changes nothing; every claimed slot is visible by its room id.
+    pub fn open_existing(path: &Path) -> Result<Self, SharedCountersError> {
+        let shown = path.display().to_string();
+        let len = HEADER + SLOTS * RoomCounters::SIZE;
+        match std::fs::metadata(path) {
+            Ok(m) if m.len() == len as u64 => {}
+            Ok(_) => return Err(SharedCountersError::Foreign { path: shown }),
+            Err(source) => return Err(SharedCountersError::Io { path: shown, source }),
+        }
+        let mut map = Self::map_file(path, len).map_err(|source| SharedCountersError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        if !Self::header_ok(&map) {
+            return Err(SharedCountersError::Foreign { path: shown });
+        }
+        let base = RoomCounters::from_bytes_mut(&mut map[HEADER..])
+            .map_err(|source| SharedCountersError::Layout {
+                path: shown.clone(),
+                source,
+            })?
+            .as_ptr();
+        let mut this = Self {
+            _map: map,
+            base,
+            index: HashMap::new(),
+            path: shown,
+        };
+        this.index = this
+            .slots()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.room().map(|r| (r, i)))
+            .collect();
+        Ok(this)
+    }
+
     fn map_file(path: &Path, len: usize) -> std::io::Result<MmapMut> {
         let file = OpenOptions::new()
             .read(true)

@@ -29,6 +29,7 @@ pub mod proxy;
 pub mod queue_page;
 pub mod rooms;
 pub mod shutdown;
+pub mod stats;
 pub mod tls;
 pub mod upstream;
 pub mod wire;

@@ -92,15 +92,22 @@ pub fn run(args: &Args) -> Result<()> {
     let out = root.join("target/bench");
     std::fs::create_dir_all(&out)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (server_cpu, load_cpu) = if cores >= 2 { (Some("0"), Some("1")) } else { (None, None) };
+    let (server_cpu, load_cpu) = if cores >= 2 {
+        (Some("0"), Some("1"))
+    } else {
+        (None, None)
+    };
 
     let origin_port = free_port()?;
     let edge_port = free_port()?;
     let nginx_port = free_port()?;
     let _origin = start(
         "origin",
-        pinned(server_cpu, &bin.join("waitroom-edge"))
-            .args(["demo-origin", "--listen", &format!("127.0.0.1:{origin_port}")]),
+        pinned(server_cpu, &bin.join("waitroom-edge")).args([
+            "demo-origin",
+            "--listen",
+            &format!("127.0.0.1:{origin_port}"),
+        ]),
     )?;
     wait_port(origin_port)?;
     let edge_cfg = out.join("edge.toml");
@@ -166,13 +173,44 @@ pub fn run(args: &Args) -> Result<()> {
     let mut results = Vec::new();
     for s in &scenarios {
         cmd::step(&format!("scenario {}", s.title));
-        let w_sat = load(&bin, load_cpu, edge_port, s.waitroom_path, &s.headers, 0.0, args)?;
-        let n_sat = load(&bin, load_cpu, nginx_port, s.nginx_path, &s.headers, 0.0, args)?;
-        let rate = (w_sat["rps"].as_f64().unwrap_or(0.0))
-            .min(n_sat["rps"].as_f64().unwrap_or(0.0))
-            * 0.5;
-        let w_fixed = load(&bin, load_cpu, edge_port, s.waitroom_path, &s.headers, rate, args)?;
-        let n_fixed = load(&bin, load_cpu, nginx_port, s.nginx_path, &s.headers, rate, args)?;
+        let w_sat = load(
+            &bin,
+            load_cpu,
+            edge_port,
+            s.waitroom_path,
+            &s.headers,
+            0.0,
+            args,
+        )?;
+        let n_sat = load(
+            &bin,
+            load_cpu,
+            nginx_port,
+            s.nginx_path,
+            &s.headers,
+            0.0,
+            args,
+        )?;
+        let rate =
+            (w_sat["rps"].as_f64().unwrap_or(0.0)).min(n_sat["rps"].as_f64().unwrap_or(0.0)) * 0.5;
+        let w_fixed = load(
+            &bin,
+            load_cpu,
+            edge_port,
+            s.waitroom_path,
+            &s.headers,
+            rate,
+            args,
+        )?;
+        let n_fixed = load(
+            &bin,
+            load_cpu,
+            nginx_port,
+            s.nginx_path,
+            &s.headers,
+            rate,
+            args,
+        )?;
         results.push(json!({
             "scenario": s.key,
             "title": s.title,
@@ -214,7 +252,10 @@ fn load(
     for h in headers {
         c.args(["--header", h]);
     }
-    let out = c.stderr(Stdio::inherit()).output().context("running waitroom-loadgen")?;
+    let out = c
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running waitroom-loadgen")?;
     if !out.status.success() {
         bail!("waitroom-loadgen failed: {}", out.status);
     }
@@ -226,7 +267,11 @@ fn load(
         v["p99_us"],
         v["p999_us"],
         v["mode"].as_str().unwrap_or(""),
-        if v["errors"].as_u64().unwrap_or(0) > 0 { format!(", {} errors", v["errors"]) } else { String::new() }
+        if v["errors"].as_u64().unwrap_or(0) > 0 {
+            format!(", {} errors", v["errors"])
+        } else {
+            String::new()
+        }
     );
     Ok(v)
 }
@@ -308,7 +353,9 @@ fn start(name: &'static str, cmd: &mut Command) -> Result<Running> {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn wait_port(port: u16) -> Result<()> {

@@ -43,14 +43,18 @@ pub fn run(args: &Args) -> Result<()> {
     let confdir = PathBuf::from("/etc/waitroom");
     let unitdir = PathBuf::from("/etc/systemd/system");
     for d in [&bindir, &docdir, &confdir, &unitdir] {
-        std::fs::create_dir_all(staged(d)).with_context(|| format!("creating {}", staged(d).display()))?;
+        std::fs::create_dir_all(staged(d))
+            .with_context(|| format!("creating {}", staged(d).display()))?;
     }
 
     cmd::step(&format!("installing into {}", root.display()));
     for bin in ["waitroom-edge", "waitroom-aggregator"] {
         let from = ws.join("target/release").join(bin);
         if !from.exists() {
-            bail!("{} is missing: build with `cargo build --release -p waitroom-edge --bins`", from.display());
+            bail!(
+                "{} is missing: build with `cargo build --release -p waitroom-edge --bins`",
+                from.display()
+            );
         }
         replace(&staged(&bindir.join(bin)), &std::fs::read(&from)?, 0o755)?;
     }
@@ -93,7 +97,10 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if root == Path::new("/") {
         ensure_user()?;
-        println!("    next: edit {}/edge.toml, then `systemctl daemon-reload && systemctl enable --now waitroom-edge`", confdir.display());
+        println!(
+            "    next: edit {}/edge.toml, then `systemctl daemon-reload && systemctl enable --now waitroom-edge`",
+            confdir.display()
+        );
     }
     if which("systemd-analyze") {
         verify_units(&root, &unitdir, &[&bindir, &confdir])?;
@@ -112,7 +119,10 @@ fn verify_units(root: &Path, unitdir: &Path, dirs: &[&Path]) -> Result<()> {
         if root != Path::new("/") {
             for d in dirs {
                 let mapped = root.join(d.strip_prefix("/")?);
-                text = text.replace(&format!("{}/", d.display()), &format!("{}/", mapped.display()));
+                text = text.replace(
+                    &format!("{}/", d.display()),
+                    &format!("{}/", mapped.display()),
+                );
             }
         }
         let path = check.join(unit);
@@ -129,15 +139,27 @@ fn verify_units(root: &Path, unitdir: &Path, dirs: &[&Path]) -> Result<()> {
 
 fn ensure_user() -> Result<()> {
     if !cmd::is_root() {
-        println!("    not root: create the system user yourself: useradd --system --no-create-home --shell /usr/sbin/nologin waitroom");
+        println!(
+            "    not root: create the system user yourself: useradd --system --no-create-home --shell /usr/sbin/nologin waitroom"
+        );
         return Ok(());
     }
-    if Command::new("id").arg("waitroom").output().is_ok_and(|o| o.status.success()) {
+    if Command::new("id")
+        .arg("waitroom")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
         return Ok(());
     }
     cmd::run(
         "creating the system user waitroom",
-        Command::new("useradd").args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "waitroom"]),
+        Command::new("useradd").args([
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            "waitroom",
+        ]),
     )
 }
 
@@ -154,7 +176,11 @@ fn replace(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
 }
 
 fn absolute(p: &Path) -> Result<PathBuf> {
-    Ok(if p.is_absolute() { p.to_owned() } else { std::env::current_dir()?.join(p) })
+    Ok(if p.is_absolute() {
+        p.to_owned()
+    } else {
+        std::env::current_dir()?.join(p)
+    })
 }
 
 fn tempdir(tag: &str) -> Result<PathBuf> {
@@ -164,5 +190,8 @@ fn tempdir(tag: &str) -> Result<PathBuf> {
 }
 
 fn which(program: &str) -> bool {
-    Command::new(program).arg("--version").output().is_ok_and(|o| o.status.success())
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }

@@ -25,6 +25,8 @@ struct Cli {
 enum Command {
     /// Run the node (the default).
     Run,
+    /// Print this node's counters (from shared memory; the node need not run).
+    Stats,
     /// Serve the built-in demo origin (a small shop) for demos and tests.
     DemoOrigin {
         #[arg(long, default_value = "127.0.0.1:8081")]
@@ -56,6 +58,11 @@ fn main() -> anyhow::Result<()> {
                     std::time::Duration::from_millis(delay_ms),
                 ))
                 .context("demo origin")
+        }
+        Some(Command::Stats) => {
+            let config = waitroom_edge::config::load(&cli.config)?;
+            print!("{}", waitroom_edge::stats::render(&config)?);
+            Ok(())
         }
         Some(Command::Run) | None => {
             let config = waitroom_edge::config::load(&cli.config)?;
