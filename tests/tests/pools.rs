@@ -362,3 +362,92 @@ origins = ["{dead}", "{live}"]
         "without health checks nothing would mark it up again, so nothing marks it down"
     );
 }
+
+#[test]
+fn the_aggregator_shows_every_nodes_opinion_of_every_pool() {
+    use waitroom_tests::cluster::{
+        Aggregator, Certs, aggregator_config, free_udp_port, node_gossip_table,
+    };
+    let dir = TempDir::new("pools-aggregator");
+    let certs = Certs::generate(&dir.path().join("certs"), &["n1", "n2"]).unwrap();
+    let live = loopback();
+    let _live = origin(&dir, "live", live, 0);
+    let dead = loopback();
+    let listen: SocketAddr = format!("127.0.0.1:{}", free_udp_port().unwrap())
+        .parse()
+        .unwrap();
+    let aggregator = Aggregator::start(
+        dir.path(),
+        "aggregator",
+        &aggregator_config(
+            listen,
+            &certs,
+            &dir.path().join("aggregator.json"),
+            "[[rooms]]\nid = \"shop\"\ntotal_active_users = 1000\nnew_users_per_minute = 1000\n",
+        ),
+    )
+    .unwrap();
+    // Two nodes, same room and pool names; n2's "main" pool points at a port
+    // nobody listens on, so the nodes disagree about it.
+    let node = |name: &str, main: SocketAddr| {
+        let config = format!(
+            r#"[node]
+id = "{name}"
+colo = "test"
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+workers = 1
+counters_path = "{counters}"
+
+[[rooms]]
+id = "shop"
+total_active_users = 1000
+new_users_per_minute = 1000
+[[rooms.pools]]
+name = "main"
+origins = ["{main}"]
+[[rooms.pools]]
+name = "spare"
+origins = ["{live}"]
+[rooms.health]
+path = "/healthz"
+interval_ms = 200
+timeout_ms = 200
+fall = 2
+rise = 2
+
+{gossip}"#,
+            counters = dir.path().join(format!("{name}.shm")).display(),
+            gossip = node_gossip_table(listen, &certs, &certs, name, 200),
+        );
+        Edge::start(dir.path(), name, &config).unwrap()
+    };
+    let _n1 = node("n1", live);
+    let _n2 = node("n2", dead);
+
+    let opinion = |status: &serde_json::Value, node: &str, pool: &str| {
+        status["pools"].as_array().and_then(|rows| {
+            rows.iter()
+                .find(|r| r["node"] == node && r["room"] == "shop" && r["pool"] == pool)
+                .map(|r| (r["up"].as_bool(), r["rtt_ewma_ms"].as_f64()))
+        })
+    };
+    let mut status = serde_json::Value::Null;
+    wait_until(Duration::from_secs(10), "every opinion reported", || {
+        let text = client()
+            .get(aggregator.admin_url("/status"))
+            .call()
+            .expect("aggregator status")
+            .body_mut()
+            .read_to_string()
+            .unwrap();
+        status = serde_json::from_str(&text).unwrap();
+        matches!(opinion(&status, "n1", "main"), Some((Some(true), Some(_))))
+            && matches!(opinion(&status, "n2", "main"), Some((Some(false), None)))
+            && matches!(opinion(&status, "n1", "spare"), Some((Some(true), Some(_))))
+            && matches!(opinion(&status, "n2", "spare"), Some((Some(true), Some(_))))
+    });
+    let rows = status["pools"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert!(rows.iter().all(|r| r["colo"] == "test"));
+}

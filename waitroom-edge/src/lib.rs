@@ -339,7 +339,10 @@ pub fn run(config: EdgeConfig) -> anyhow::Result<()> {
             control.handle(),
             gossip_config.clone(),
             identity,
-            Arc::new(reporter),
+            Arc::new(upstream::status::WithPools {
+                rooms: reporter,
+                upstreams: node.rooms.iter().map(|r| Arc::clone(&r.upstream)).collect(),
+            }),
             shutdown.clone(),
         )
         .context("starting gossip with the aggregator")?;

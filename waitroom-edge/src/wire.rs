@@ -31,8 +31,9 @@ use waitroom_common::{aggregate::NodeReport, room::RoomId, state::GlobalState, t
 /// Marks a gossip frame; anything else on the stream is refused at once.
 pub const MAGIC: [u8; 4] = *b"WRGP";
 
-/// Protocol version this build speaks.
-pub const VERSION: u16 = 1;
+/// Protocol version this build speaks. 2: reports carry the node's opinion
+/// of its rooms' origin pools.
+pub const VERSION: u16 = 2;
 
 /// Magic, version and length.
 pub const HEADER_LEN: usize = 10;
@@ -59,6 +60,22 @@ pub struct ReportFrame {
     /// node can tell a late answer from the current one.
     pub seq: u64,
     pub report: NodeReport,
+    /// This node's opinion of every origin pool of its rooms, from its own
+    /// health checks (the aggregator shows every node's view side by side).
+    pub pools: Vec<PoolOpinion>,
+}
+
+/// One node's view of one origin pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolOpinion {
+    /// The room's configured id.
+    pub room: String,
+    pub pool: String,
+    /// At least one origin of the pool is up on this node.
+    pub up: bool,
+    /// EWMA of the pool's health-check round-trip time, in microseconds;
+    /// `None` before the first successful probe.
+    pub rtt_ewma_micros: Option<u64>,
 }
 
 /// The aggregator's answer: this node's global state for each room.
@@ -286,6 +303,12 @@ mod tests {
                     distinct_visitors: vec![(Minute(9), 4)],
                 }],
             },
+            pools: vec![PoolOpinion {
+                room: "shop".into(),
+                pool: "eu".into(),
+                up: true,
+                rtt_ewma_micros: Some(1500),
+            }],
         })
     }
 
@@ -319,18 +342,18 @@ mod tests {
         }
     }
 
-    /// Pins the bytes of version 1: if this fails, a carried type changed
+    /// Pins the bytes of version 2: if this fails, a carried type changed
     /// shape and [`VERSION`] must be bumped (and this test updated).
     #[test]
-    fn version_1_bytes_are_pinned() {
+    fn version_2_bytes_are_pinned() {
         let report = hex::encode(encode(&sample_report()).unwrap());
         assert_eq!(
             report,
-            "575247500001000000200007026e31016380d0fbd89a2f0103020a040c0101\
-             090102030001080a010904"
+            "5752475000020000002d0007026e31016380d0fbd89a2f0103020a040c0101\
+             090102030001080a010904010473686f700265750101dc0b"
         );
         let answer = encode(&sample_answer()).unwrap();
-        assert_eq!(&answer[..6], b"WRGP\x00\x01");
+        assert_eq!(&answer[..6], b"WRGP\x00\x02");
         assert_eq!(decode(&answer).unwrap(), sample_answer());
     }
 
@@ -349,12 +372,12 @@ mod tests {
         ));
 
         let mut future = good.clone();
-        future[4..6].copy_from_slice(&2u16.to_be_bytes());
+        future[4..6].copy_from_slice(&3u16.to_be_bytes());
         let err = decode(&future).unwrap_err();
-        assert!(matches!(err, WireError::UnsupportedVersion { found: 2 }));
+        assert!(matches!(err, WireError::UnsupportedVersion { found: 3 }));
         assert_eq!(
             err.refusal().unwrap().reason,
-            RefusalReason::UnsupportedVersion { supported: 1 }
+            RefusalReason::UnsupportedVersion { supported: 2 }
         );
         assert_eq!(err.close_code(), close::UNSUPPORTED_VERSION);
 

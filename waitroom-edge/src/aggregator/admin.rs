@@ -40,7 +40,12 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: Shu
 fn route(shared: &Shared, path: &str) -> Response<Body> {
     match path {
         "/status" => {
-            let status = shared.cluster().status(crate::clock::now());
+            let now = crate::clock::now();
+            let status = shared.cluster().status(now);
+            let mut status = serde_json::to_value(&status).unwrap_or_default();
+            if let Some(object) = status.as_object_mut() {
+                object.insert("pools".into(), pool_opinions(shared, now));
+            }
             let body = serde_json::to_string_pretty(&status).unwrap_or_else(|_| "{}".into());
             text(StatusCode::OK, "application/json", body)
         }
@@ -52,6 +57,29 @@ fn route(shared: &Shared, path: &str) -> Response<Body> {
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
+}
+
+/// Every node's opinion of every origin pool, as last reported.
+fn pool_opinions(shared: &Shared, now: waitroom_common::time::UnixMillis) -> serde_json::Value {
+    let nodes = shared
+        .pools
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut rows = Vec::new();
+    for (node, view) in nodes.iter() {
+        for p in &view.pools {
+            rows.push(serde_json::json!({
+                "node": node,
+                "colo": view.colo,
+                "reported_ms_ago": now.0.saturating_sub(view.at.0),
+                "room": p.room,
+                "pool": p.pool,
+                "up": p.up,
+                "rtt_ewma_ms": p.rtt_ewma_micros.map(|us| us as f64 / 1000.0),
+            }));
+        }
+    }
+    serde_json::Value::Array(rows)
 }
 
 /// Prometheus text for the server counters and every room.

@@ -63,6 +63,7 @@ impl Aggregator {
         let shared = Arc::new(server::Shared {
             cluster: std::sync::Mutex::new(cluster),
             metrics: server::ServerMetrics::default(),
+            pools: std::sync::Mutex::default(),
         });
 
         let endpoint = quinn::Endpoint::server(server_config, config.listen).map_err(|source| {
@@ -503,6 +504,7 @@ mod tests {
                 at: crate::clock::now(),
                 rooms: vec![],
             },
+            pools: vec![],
         });
         let good = crate::wire::encode(&report).unwrap();
         let answer = send_raw(connection.clone(), good.clone()).await.unwrap();
@@ -518,7 +520,9 @@ mod tests {
         };
         assert_eq!(
             refusal.reason,
-            RefusalReason::UnsupportedVersion { supported: 1 }
+            RefusalReason::UnsupportedVersion {
+                supported: crate::wire::VERSION
+            }
         );
         let closed = tokio::time::timeout(Duration::from_secs(5), connection.closed())
             .await

@@ -46,6 +46,18 @@ pub struct ServerMetrics {
 pub struct Shared {
     pub cluster: Mutex<Cluster>,
     pub metrics: ServerMetrics,
+    /// Each node's latest opinion of its origin pools, by node: shown in
+    /// `/status`, never used for a decision.
+    pub pools: Mutex<std::collections::BTreeMap<String, NodePools>>,
+}
+
+/// What one node last said about its origin pools.
+#[derive(Debug, Clone)]
+pub struct NodePools {
+    pub colo: String,
+    /// When the report came.
+    pub at: waitroom_common::time::UnixMillis,
+    pub pools: Vec<wire::PoolOpinion>,
 }
 
 impl Shared {
@@ -143,6 +155,18 @@ async fn serve_stream(
             span.record("node", frame.report.node.as_str());
             let seq = frame.seq;
             let now = crate::clock::now();
+            shared
+                .pools
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(
+                    frame.report.node.clone(),
+                    NodePools {
+                        colo: frame.report.colo.clone(),
+                        at: now,
+                        pools: frame.pools,
+                    },
+                );
             let rooms = shared.cluster().apply(frame.report, now);
             shared.metrics.reports_total.fetch_add(1, Relaxed);
             Message::Answer(wire::AnswerFrame {

@@ -196,11 +196,15 @@ impl Client {
                 rooms,
             };
             let timeout = self.answer_timeout();
-            let result =
-                match tokio::time::timeout(timeout, exchange(connection, *seq, &report)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(ExchangeError::Timeout { timeout }),
-                };
+            let result = match tokio::time::timeout(
+                timeout,
+                exchange(connection, *seq, &report, self.reporter.pools()),
+            )
+            .await
+            {
+                Ok(result) => result,
+                Err(_) => Err(ExchangeError::Timeout { timeout }),
+            };
             match result {
                 Ok(answer) => {
                     missed = 0;
@@ -287,6 +291,7 @@ async fn exchange(
     connection: &quinn::Connection,
     seq: u64,
     report: &NodeReport,
+    pools: Vec<wire::PoolOpinion>,
 ) -> Result<AnswerFrame, ExchangeError> {
     let (mut send, mut recv) = connection
         .open_bi()
@@ -295,6 +300,7 @@ async fn exchange(
     let message = Message::Report(ReportFrame {
         seq,
         report: report.clone(),
+        pools,
     });
     wire::write(&mut send, &message)
         .await

@@ -141,6 +141,11 @@ pub struct NodeIdentity {
 /// runtime once per interval; it reads atomics and must not block.
 pub trait Reporter: Send + Sync + 'static {
     fn report(&self, now: UnixMillis) -> Vec<RoomReport>;
+
+    /// This node's opinion of its rooms' origin pools (none by default).
+    fn pools(&self) -> Vec<crate::wire::PoolOpinion> {
+        Vec::new()
+    }
 }
 
 impl<F> Reporter for F

@@ -2,8 +2,10 @@
 //! `/status` JSON, both from the shared atomics (admin listener only).
 use std::{fmt::Write as _, sync::atomic::Ordering::Relaxed};
 
+use waitroom_common::{aggregate::RoomReport, time::UnixMillis};
+
 use super::{Steering, Upstream};
-use crate::metrics;
+use crate::{gossip::Reporter, metrics, wire::PoolOpinion};
 
 /// Writes the pool and origin families for every room's upstream.
 pub fn render_metrics<'a>(out: &mut String, upstreams: impl Iterator<Item = &'a Upstream> + Clone) {
@@ -146,4 +148,42 @@ pub fn json(u: &Upstream) -> serde_json::Value {
         })),
         "pools": pools,
     })
+}
+
+/// This node's opinion of every pool, for the aggregator.
+pub fn opinions<'a>(upstreams: impl Iterator<Item = &'a Upstream>) -> Vec<PoolOpinion> {
+    upstreams
+        .flat_map(|u| {
+            u.pool_opinions().map(|(pool, up, ewma_ms)| PoolOpinion {
+                room: u.room.clone(),
+                pool: pool.to_owned(),
+                up,
+                rtt_ewma_micros: ewma_ms.map(|ms| (ms * 1000.0).round() as u64),
+            })
+        })
+        .collect()
+}
+
+/// A gossip reporter that also reports the rooms' pools.
+pub struct WithPools<R> {
+    pub rooms: R,
+    pub upstreams: Vec<std::sync::Arc<Upstream>>,
+}
+
+impl<R> std::fmt::Debug for WithPools<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WithPools")
+            .field("upstreams", &self.upstreams.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Reporter> Reporter for WithPools<R> {
+    fn report(&self, now: UnixMillis) -> Vec<RoomReport> {
+        self.rooms.report(now)
+    }
+
+    fn pools(&self) -> Vec<PoolOpinion> {
+        opinions(self.upstreams.iter().map(|u| &**u))
+    }
 }
