@@ -117,7 +117,12 @@ impl SharedCounters {
         match std::fs::metadata(path) {
             Ok(m) if m.len() == len as u64 => {}
             Ok(_) => return Err(SharedCountersError::Foreign { path: shown }),
-            Err(source) => return Err(SharedCountersError::Io { path: shown, source }),
+            Err(source) => {
+                return Err(SharedCountersError::Io {
+                    path: shown,
+                    source,
+                });
+            }
         }
         let mut map = Self::map_file(path, len).map_err(|source| SharedCountersError::Io {
             path: shown.clone(),

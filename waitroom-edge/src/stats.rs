@@ -11,12 +11,22 @@ use crate::{EdgeConfig, clock, counters::SharedCounters};
 /// A table of every configured room's counters for the current minute.
 pub fn render(config: &EdgeConfig) -> anyhow::Result<String> {
     let path = &config.node.counters_path;
-    let counters = SharedCounters::open_existing(path)
-        .with_context(|| format!("reading the node counters (is node.counters_path {} right?)", path.display()))?;
+    let counters = SharedCounters::open_existing(path).with_context(|| {
+        format!(
+            "reading the node counters (is node.counters_path {} right?)",
+            path.display()
+        )
+    })?;
     let now = clock::now();
     let minute = now.minute();
     let mut out = String::new();
-    let _ = writeln!(out, "node {} ({}), counters {}", config.node.id, config.node.colo, path.display());
+    let _ = writeln!(
+        out,
+        "node {} ({}), counters {}",
+        config.node.id,
+        config.node.colo,
+        path.display()
+    );
     let _ = writeln!(
         out,
         "{:<16} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9}",
@@ -25,7 +35,11 @@ pub fn render(config: &EdgeConfig) -> anyhow::Result<String> {
     for room in &config.rooms {
         let id = room.engine.id();
         let Some(c) = counters.room(id) else {
-            let _ = writeln!(out, "{:<16} (no counters yet: the node has not run with this room)", room.id);
+            let _ = writeln!(
+                out,
+                "{:<16} (no counters yet: the node has not run with this room)",
+                room.id
+            );
             continue;
         };
         let waiting: Vec<(waitroom_common::time::Minute, i64)> =

@@ -437,6 +437,7 @@ error_log {d}/nginx-error.log warn;
 events {{ worker_connections 4096; }}
 http {{
     access_log off;
+    keepalive_requests 10000000;
     client_body_temp_path {d}/nginx-body;
     proxy_temp_path {d}/nginx-proxy;
     fastcgi_temp_path {d}/nginx-fastcgi;
