@@ -347,10 +347,19 @@ fn counters_and_cookies_survive_a_restart() {
     let shop: Vec<&str> = text
         .lines()
         .find(|l| l.starts_with("shop "))
-        .unwrap_or_else(|| panic!("no shop row in stats:\n{text}\n{}", String::from_utf8_lossy(&out.stderr)))
+        .unwrap_or_else(|| {
+            panic!(
+                "no shop row in stats:\n{text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
         .split_whitespace()
         .collect();
-    assert_eq!(&shop[1..5], ["2", "2", "2", "2"], "active, limit, admitted, per-minute:\n{text}");
+    assert_eq!(
+        &shop[1..5],
+        ["2", "2", "2", "2"],
+        "active, limit, admitted, per-minute:\n{text}"
+    );
     let edge = Edge::start(dir.path(), "edge-restarted", &cfg).unwrap();
     let status: serde_json::Value =
         serde_json::from_str(&get(&client(), &edge.admin_url("/status")).1).unwrap();

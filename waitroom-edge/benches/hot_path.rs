@@ -76,7 +76,9 @@ fn run_threads(threads: usize, per_thread: u64, op: Arc<dyn Fn(usize) + Send + S
 }
 
 fn counters(c: &mut Criterion) {
-    let n = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
+    let n = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .max(2);
     let mut thread_counts = vec![1, 2];
     if n > 2 {
         thread_counts.push(n);
@@ -85,37 +87,62 @@ fn counters(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(3));
     for &threads in &thread_counts {
         // Time per operation per thread: iters are split across threads.
-        g.bench_with_input(BenchmarkId::new("ticket_cas_shared", threads), &threads, |b, &threads| {
-            let counters: Arc<RoomCounters> = Arc::from(RoomCounters::new_boxed(RoomId(1)));
-            b.iter_custom(|iters| {
-                counters.reset();
-                let counters = Arc::clone(&counters);
-                let per = iters.div_ceil(threads as u64);
-                run_threads(threads, per, Arc::new(move |_| {
-                    black_box(counters.take_ticket(Pool::ColoShare, Minute(1), u64::MAX));
-                }))
-            });
-        });
-        g.bench_with_input(BenchmarkId::new("fetch_add_shared", threads), &threads, |b, &threads| {
-            let shared = Arc::new(AtomicU64::new(0));
-            b.iter_custom(|iters| {
-                let shared = Arc::clone(&shared);
-                let per = iters.div_ceil(threads as u64);
-                run_threads(threads, per, Arc::new(move |_| {
-                    black_box(shared.fetch_add(1, Ordering::Relaxed));
-                }))
-            });
-        });
-        g.bench_with_input(BenchmarkId::new("fetch_add_per_core_shard", threads), &threads, |b, &threads| {
-            let shards: Arc<Vec<Shard>> = Arc::new((0..threads).map(|_| Shard(AtomicU64::new(0))).collect());
-            b.iter_custom(|iters| {
-                let shards = Arc::clone(&shards);
-                let per = iters.div_ceil(threads as u64);
-                run_threads(threads, per, Arc::new(move |t| {
-                    black_box(shards[t].0.fetch_add(1, Ordering::Relaxed));
-                }))
-            });
-        });
+        g.bench_with_input(
+            BenchmarkId::new("ticket_cas_shared", threads),
+            &threads,
+            |b, &threads| {
+                let counters: Arc<RoomCounters> = Arc::from(RoomCounters::new_boxed(RoomId(1)));
+                b.iter_custom(|iters| {
+                    counters.reset();
+                    let counters = Arc::clone(&counters);
+                    let per = iters.div_ceil(threads as u64);
+                    run_threads(
+                        threads,
+                        per,
+                        Arc::new(move |_| {
+                            black_box(counters.take_ticket(Pool::ColoShare, Minute(1), u64::MAX));
+                        }),
+                    )
+                });
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("fetch_add_shared", threads),
+            &threads,
+            |b, &threads| {
+                let shared = Arc::new(AtomicU64::new(0));
+                b.iter_custom(|iters| {
+                    let shared = Arc::clone(&shared);
+                    let per = iters.div_ceil(threads as u64);
+                    run_threads(
+                        threads,
+                        per,
+                        Arc::new(move |_| {
+                            black_box(shared.fetch_add(1, Ordering::Relaxed));
+                        }),
+                    )
+                });
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("fetch_add_per_core_shard", threads),
+            &threads,
+            |b, &threads| {
+                let shards: Arc<Vec<Shard>> =
+                    Arc::new((0..threads).map(|_| Shard(AtomicU64::new(0))).collect());
+                b.iter_custom(|iters| {
+                    let shards = Arc::clone(&shards);
+                    let per = iters.div_ceil(threads as u64);
+                    run_threads(
+                        threads,
+                        per,
+                        Arc::new(move |t| {
+                            black_box(shards[t].0.fetch_add(1, Ordering::Relaxed));
+                        }),
+                    )
+                });
+            },
+        );
     }
     g.finish();
 }

@@ -81,8 +81,8 @@ async fn run(args: Args) -> Result<serde_json::Value> {
     let measure_from = start + Duration::from_secs_f64(args.warmup);
     let end = measure_from + Duration::from_secs_f64(args.duration);
     // Per-connection interval in open-loop mode.
-    let interval = (args.rate > 0.0)
-        .then(|| Duration::from_secs_f64(args.connections as f64 / args.rate));
+    let interval =
+        (args.rate > 0.0).then(|| Duration::from_secs_f64(args.connections as f64 / args.rate));
 
     let n = args.connections;
     let mut tasks = Vec::with_capacity(n);
@@ -92,7 +92,8 @@ async fn run(args: Args) -> Result<serde_json::Value> {
         let path = path.clone();
         let headers = headers.clone();
         tasks.push(tokio::spawn(async move {
-            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
+            let mut hist =
+                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
             // Stagger open-loop connections so the total rate is smooth.
             let mut next = match interval {
                 Some(iv) => start + iv.mul_f64(i as f64 / n as f64),
