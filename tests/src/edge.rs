@@ -18,6 +18,8 @@ pub struct Edge {
     pub http: SocketAddr,
     /// The admin listener (metrics, status).
     pub admin: SocketAddr,
+    /// The TLS listener, when configured.
+    pub https: Option<SocketAddr>,
     pub config: PathBuf,
 }
 
@@ -40,6 +42,9 @@ impl Edge {
         Ok(Self {
             http: ready_field(&line, "http")?.parse()?,
             admin: ready_field(&line, "admin")?.parse()?,
+            https: ready_field(&line, "https")
+                .ok()
+                .and_then(|a| a.parse().ok()),
             proc,
             config: path.to_owned(),
         })

@@ -439,3 +439,151 @@ fn sigterm_drains_in_flight_requests() {
     assert!(body.contains("slept 1500 ms"));
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn sighup_applies_new_limits_and_refuses_a_bad_config() {
+    let dir = TempDir::new("reload");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let room = |total: u32, per_minute: u32| {
+        config(
+            &dir,
+            origin,
+            &format!("total_active_users = {total}\nnew_users_per_minute = {per_minute}\nsession_duration = 10\nrefresh_interval = 5"),
+        )
+        // An idle keep-alive connection must outlive the test's pauses.
+        .replace("header_read_timeout_ms = 500", "header_read_timeout_ms = 60000")
+    };
+    start_of_a_minute(30);
+    let edge = Edge::start(dir.path(), "edge", &room(1, 1)).unwrap();
+    let first = client();
+    let second = client();
+    assert!(get(&first, &edge.url("/")).1.contains(SITE));
+    assert!(get(&second, &edge.url("/")).1.contains(QUEUE));
+    // A keep-alive connection opened before the reload must survive it.
+    let mut kept = TcpStream::connect(edge.http).unwrap();
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    let read_answer = |s: &mut TcpStream| {
+        let mut buf = [0u8; 4096];
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let n = s.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    kept.write_all(request).unwrap();
+    assert!(read_answer(&mut kept).starts_with("HTTP/1.1 200"));
+
+    let pid = edge.proc.pid().unwrap() as libc::pid_t;
+    let hup = || {
+        // SAFETY: kill(2) on our own child process.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    };
+    let limit_in_status = || -> serde_json::Value {
+        let v: serde_json::Value =
+            serde_json::from_str(&get(&client(), &edge.admin_url("/status")).1).unwrap();
+        v["rooms"][0]["total_active_users"].clone()
+    };
+    let wait_stderr = |needle: &str| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if edge.proc.stderr().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no {needle:?} in the node's log:\n{}", edge.proc.stderr());
+    };
+
+    // A valid new config: more room. The waiting visitor gets in on its next check-in.
+    std::fs::write(&edge.config, room(5, 5)).unwrap();
+    hup();
+    wait_stderr("configuration reloaded");
+    assert_eq!(limit_in_status(), 5);
+    std::thread::sleep(Duration::from_secs(7));
+    assert!(
+        get(&second, &edge.url("/")).1.contains(SITE),
+        "new limits apply"
+    );
+    assert!(
+        get(&first, &edge.url("/")).1.contains(SITE),
+        "sessions survive a reload"
+    );
+
+    // An invalid one: refused, naming the field; the old limits stay.
+    std::fs::write(&edge.config, room(5, 50)).unwrap();
+    hup();
+    wait_stderr("reload refused");
+    let log = edge.proc.stderr();
+    assert!(log.contains("new_users_per_minute"), "{log}");
+    assert_eq!(limit_in_status(), 5);
+    // Counters were never reset, and the old connection still works.
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&client(), &edge.admin_url("/status")).1).unwrap();
+    assert_eq!(status["rooms"][0]["node_active_users"], 2);
+    kept.write_all(request).unwrap();
+    assert!(read_answer(&mut kept).starts_with("HTTP/1.1 200"));
+}
+
+#[test]
+fn tls_listener_speaks_http2_and_http1_with_its_certificate() {
+    let dir = TempDir::new("tls");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let certs = dir.path().join("certs");
+    waitroom_edge::devcerts::write(&certs, &[]).unwrap();
+    let text = config(
+        &dir,
+        origin,
+        "total_active_users = 10\nnew_users_per_minute = 10",
+    )
+    .replace(
+        "[[rooms]]",
+        &format!(
+            "[node.tls]\nlisten = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\n\n[[rooms]]",
+            certs.join("aggregator.pem").display(),
+            certs.join("aggregator.key").display()
+        ),
+    );
+    let edge = Edge::start(dir.path(), "edge", &text).unwrap();
+    let https = edge.https.expect("the node printed its https address");
+    for (flag, version) in [("--http2", "HTTP/2"), ("--http1.1", "HTTP/1.1")] {
+        let out = Command::new("curl")
+            .args(["-sS", "-i", flag, "--cacert"])
+            .arg(certs.join("ca.pem"))
+            .arg("--resolve")
+            .arg(format!("localhost:{}:127.0.0.1", https.port()))
+            .arg(format!("https://localhost:{}/", https.port()))
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.starts_with(&format!("{version} 200")),
+            "{flag}: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("SameSite=None; Secure"),
+            "auto cookie attributes over HTTPS: {text}"
+        );
+        assert!(text.contains(SITE));
+    }
+}
+
+#[test]
+fn without_xdp_the_node_serves_on_and_says_so_once() {
+    let dir = TempDir::new("no-xdp");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let text = format!(
+        "{}\n[xdp]\ninterface = \"wr-missing0\"\nports = [80]\n",
+        config(
+            &dir,
+            origin,
+            "total_active_users = 10\nnew_users_per_minute = 10"
+        )
+    );
+    let edge = Edge::start(dir.path(), "edge", &text).unwrap();
+    assert!(get(&client(), &edge.url("/")).1.contains(SITE));
+    let m = metrics(&edge);
+    assert_eq!(metric(&m, "waitroom_xdp_attached"), Some(0.0));
+    let log = edge.proc.stderr();
+    assert_eq!(log.matches("XDP program not attached").count(), 1, "{log}");
+    let (status, _) = get(&client(), &edge.admin_url("/deny"));
+    assert_eq!(status, 503);
+}

@@ -51,7 +51,88 @@ async fn route(node: &Node, req: Request<Incoming>) -> Response<Body> {
             "application/json",
             serde_json::to_string_pretty(&status(node)).unwrap_or_default(),
         ),
+        "/deny" => deny(node, &req),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    }
+}
+
+/// The XDP deny list: `GET /deny` lists prefixes with their drop counts,
+/// `POST /deny?prefix=P` adds one, `DELETE /deny?prefix=P` removes one.
+fn deny(node: &Node, req: &Request<Incoming>) -> Response<Body> {
+    let guard = node.xdp.lock().clone();
+    let Some(guard) = guard else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "the XDP program is not attached on this node (see the warning at start)\n".into(),
+        );
+    };
+    if req.method() == http::Method::GET {
+        return match guard.deny_list() {
+            Ok(list) => {
+                let rows: Vec<serde_json::Value> = list
+                    .iter()
+                    .map(|(p, drops)| serde_json::json!({"prefix": p.to_string(), "dropped_packets": drops}))
+                    .collect();
+                text(
+                    StatusCode::OK,
+                    "application/json",
+                    serde_json::to_string_pretty(&rows).unwrap_or_default(),
+                )
+            }
+            Err(err) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                format!("{err}\n"),
+            ),
+        };
+    }
+    let prefix = req
+        .uri()
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("prefix="))
+        .unwrap_or_default();
+    let prefix: crate::xdp::IpPrefix = match prefix.parse() {
+        Ok(p) => p,
+        Err(err) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "text/plain",
+                format!("prefix: {err}\n"),
+            );
+        }
+    };
+    let result = match *req.method() {
+        http::Method::POST | http::Method::PUT => {
+            guard.deny(prefix).map(|()| format!("denied {prefix}\n"))
+        }
+        http::Method::DELETE => guard.allow(prefix).map(|was| {
+            if was {
+                format!("allowed {prefix}\n")
+            } else {
+                format!("{prefix} was not denied\n")
+            }
+        }),
+        _ => {
+            return text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                "use GET, POST or DELETE\n".into(),
+            );
+        }
+    };
+    match result {
+        Ok(msg) => {
+            tracing::info!(%prefix, method = %req.method(), "deny list changed");
+            text(StatusCode::OK, "text/plain", msg)
+        }
+        Err(err) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            format!("{err}\n"),
+        ),
     }
 }
 
@@ -92,6 +173,20 @@ fn render_metrics(node: &Node) -> String {
         m.requests_unmatched.load(Relaxed)
     );
     render_rooms(&mut out, node);
+    if let Some(t) = node.xdp_telemetry.get() {
+        t.render(&mut out);
+    }
+    metrics::family(
+        &mut out,
+        "waitroom_xdp_attached",
+        "gauge",
+        "1 when the XDP program is attached.",
+    );
+    let _ = writeln!(
+        out,
+        "waitroom_xdp_attached {}",
+        u8::from(node.xdp.lock().is_some())
+    );
     crate::upstream::status::render_metrics(&mut out, node.rooms.iter().map(|r| &*r.upstream));
     if let Some(gossip) = node.gossip.get() {
         gossip
@@ -221,7 +316,8 @@ fn status(node: &Node) -> serde_json::Value {
         .map(|(i, room)| {
             let c = node.room_counters(i);
             let state = room.state.load();
-            let cfg = room.spec.engine.config();
+            let live = room.live.load();
+            let cfg = live.engine.config();
             serde_json::json!({
                 "id": room.spec.id,
                 "host": room.spec.host,

@@ -10,7 +10,11 @@
 //! - [`xdp`]: the embedded XDP program and its loader.
 //! - [`demo_origin`]: a small origin for the demo and the tests.
 //! - [`shutdown`]: stop accepting, drain, exit.
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::Context as _;
 
@@ -34,6 +38,7 @@ pub mod tls;
 pub mod upstream;
 pub mod wire;
 pub mod xdp;
+pub mod xdp_signal;
 
 pub use config::ConfigError;
 
@@ -44,6 +49,8 @@ pub struct EdgeConfig {
     pub rooms: Vec<rooms::RoomSpec>,
     /// The `[aggregator]` table; without it the node is the whole world.
     pub aggregator: Option<gossip::GossipConfig>,
+    /// The `[xdp]` table; without it the node runs without its XDP program.
+    pub xdp: Option<xdp::XdpConfig>,
 }
 
 impl EdgeConfig {
@@ -57,6 +64,8 @@ impl EdgeConfig {
             rooms: Vec<toml::Table>,
             #[serde(default)]
             aggregator: Option<gossip::GossipConfig>,
+            #[serde(default)]
+            xdp: Option<xdp::XdpConfig>,
         }
         let raw: Raw = toml::from_str(text).map_err(|source| ConfigError::Syntax {
             path: path.to_owned(),
@@ -100,6 +109,7 @@ impl EdgeConfig {
             node: raw.node,
             rooms,
             aggregator: raw.aggregator,
+            xdp: raw.xdp,
         })
     }
 }
@@ -129,15 +139,48 @@ impl Settings {
 /// One room at run time: its spec, the engine's room, its page and metrics.
 #[derive(Debug)]
 pub struct RoomRuntime {
+    /// Where the room applies and where its origin is, as started (a change of
+    /// these needs a restart; see [`Node::reload`]).
     pub spec: rooms::RoomSpec,
+    /// What a reload (SIGHUP) may change while requests flow: limits, method,
+    /// template, queue status. Loaded once per request.
+    pub live: arc_swap::ArcSwap<RoomLive>,
     /// Name of this room's cookie.
     pub cookie_name: String,
-    pub page: queue_page::QueuePage,
     pub metrics: metrics::RoomMetrics,
     /// The latest global state; the request path only loads it.
     pub state: arc_swap::ArcSwap<waitroom_common::state::GlobalState>,
     /// The room's origin pools and their health (shared with the checker).
     pub upstream: Arc<upstream::Upstream>,
+}
+
+/// The parts of a room a reload replaces.
+#[derive(Debug)]
+pub struct RoomLive {
+    /// The engine's room: limits, queueing method, cookie attributes.
+    pub engine: waitroom_common::room::Room,
+    pub page: queue_page::QueuePage,
+    /// HTTP status of the queue page.
+    pub queue_status: u16,
+}
+
+impl RoomLive {
+    fn from_spec(spec: &rooms::RoomSpec) -> anyhow::Result<Self> {
+        let page = match &spec.queue_page {
+            Some(path) => {
+                let source = std::fs::read_to_string(path).with_context(|| {
+                    format!("room {}: reading queue_page {}", spec.id, path.display())
+                })?;
+                queue_page::QueuePage::from_source(&path.display().to_string(), source)?
+            }
+            None => queue_page::QueuePage::builtin(),
+        };
+        Ok(Self {
+            engine: spec.engine.clone(),
+            page,
+            queue_status: spec.queue_status,
+        })
+    }
 }
 
 /// Everything the workers share: settings, rooms, counters, keys, metrics.
@@ -147,12 +190,17 @@ pub struct Node {
     pub routes: rooms::RoomTable,
     pub rooms: Vec<RoomRuntime>,
     pub counters: counters::SharedCounters,
-    pub keys: cookie::CookieKeys,
+    /// Cookie keys; a reload may rotate them.
+    pub keys: arc_swap::ArcSwap<cookie::CookieKeys>,
     pub metrics: metrics::NodeMetrics,
     pub id: String,
     pub colo: String,
     /// The gossip client, once started (`[aggregator]` configured).
     pub gossip: std::sync::OnceLock<gossip::GossipHandle>,
+    /// The attached XDP program (admin deny list, detached on shutdown).
+    pub xdp: parking_lot::Mutex<Option<Arc<xdp::XdpGuard>>>,
+    /// Its telemetry, read every second off the request path.
+    pub xdp_telemetry: std::sync::OnceLock<xdp_signal::Telemetry>,
     /// Trust and server names for `tls = true` origin pools.
     pub origin_tls: upstream::tls::OriginTls,
 }
@@ -165,19 +213,10 @@ impl Node {
         let now = clock::now();
         let mut rooms = Vec::with_capacity(config.rooms.len());
         for spec in &config.rooms {
-            let page = match &spec.queue_page {
-                Some(path) => {
-                    let source = std::fs::read_to_string(path).with_context(|| {
-                        format!("room {}: reading queue_page {}", spec.id, path.display())
-                    })?;
-                    queue_page::QueuePage::from_source(&path.display().to_string(), source)?
-                }
-                None => queue_page::QueuePage::builtin(),
-            };
             rooms.push(RoomRuntime {
                 cookie_name: cookie::cookie_name(&spec.id),
+                live: arc_swap::ArcSwap::from_pointee(RoomLive::from_spec(spec)?),
                 spec: spec.clone(),
-                page,
                 metrics: metrics::RoomMetrics::default(),
                 state: arc_swap::ArcSwap::from_pointee(waitroom_common::state::GlobalState::empty(
                     now,
@@ -190,11 +229,13 @@ impl Node {
             routes: rooms::RoomTable::new(&config.rooms),
             rooms,
             counters,
-            keys,
+            keys: arc_swap::ArcSwap::from_pointee(keys),
             metrics: metrics::NodeMetrics::default(),
             id: config.node.id.clone(),
             colo: config.node.colo.clone(),
             gossip: std::sync::OnceLock::new(),
+            xdp: parking_lot::Mutex::new(None),
+            xdp_telemetry: std::sync::OnceLock::new(),
             origin_tls: upstream::tls::OriginTls::new(
                 config.rooms.iter().map(|r| (r.id.as_str(), &r.upstream)),
             )?,
@@ -233,7 +274,7 @@ impl Node {
             match view {
                 Some(view) if fresh => room.state.store(Arc::clone(&view.state)),
                 _ => room.state.store(Arc::new(gossip::world::local_only_state(
-                    &room.spec.engine,
+                    &room.live.load().engine,
                     self.room_counters(i),
                     &mut rates[i],
                     view.and_then(|v| v.share),
@@ -249,13 +290,93 @@ impl Node {
         let now = clock::now();
         for (i, room) in self.rooms.iter().enumerate() {
             let state = waitroom_common::state::GlobalState::standalone(
-                &room.spec.engine,
+                &room.live.load().engine,
                 self.room_counters(i),
                 &mut rates[i],
                 now,
             );
             room.state.store(Arc::new(state));
         }
+    }
+}
+
+/// Why a reload was refused (the old configuration stays in force).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{path}: rooms changed ({what}); adding, removing or re-routing rooms needs a restart")]
+    Rooms { path: PathBuf, what: String },
+    #[error("{path}: {source:#}")]
+    Room {
+        path: PathBuf,
+        source: anyhow::Error,
+    },
+}
+
+impl Node {
+    /// Applies a new configuration read from `path` to the running node: room
+    /// limits, queueing methods, templates, queue status and cookie keys change
+    /// at once; connections, counters and visitors' tickets are untouched.
+    ///
+    /// Anything invalid refuses the whole reload, naming the file and field, and
+    /// the old configuration stays. Changes that need new sockets or routes
+    /// (listeners, rooms added, removed or re-routed, origins) are refused too:
+    /// those need a restart, which keeps counters and cookies as well.
+    pub fn reload(&self, path: &Path) -> Result<Vec<String>, ReloadError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let new = EdgeConfig::parse(path, &text)?;
+        if new.rooms.len() != self.rooms.len() {
+            return Err(ReloadError::Rooms {
+                path: path.to_owned(),
+                what: format!("{} rooms instead of {}", new.rooms.len(), self.rooms.len()),
+            });
+        }
+        let mut lives = Vec::with_capacity(new.rooms.len());
+        for (old, spec) in self.rooms.iter().zip(&new.rooms) {
+            let o = &old.spec;
+            if o.id != spec.id
+                || o.host != spec.host
+                || o.path != spec.path
+                || o.upstream != spec.upstream
+            {
+                return Err(ReloadError::Rooms {
+                    path: path.to_owned(),
+                    what: format!("room {} (id, host, path or origins)", spec.id),
+                });
+            }
+            lives.push(
+                RoomLive::from_spec(spec).map_err(|source| ReloadError::Room {
+                    path: path.to_owned(),
+                    source,
+                })?,
+            );
+        }
+        let keys = if new.node.cookie_keys.is_empty() {
+            None
+        } else {
+            Some(load_keys(&new.node).map_err(|source| ReloadError::Room {
+                path: path.to_owned(),
+                source,
+            })?)
+        };
+        // Everything is valid: apply.
+        let mut changes = Vec::new();
+        for (room, live) in self.rooms.iter().zip(lives) {
+            let before = room.live.load();
+            if before.engine.config() != live.engine.config() {
+                changes.push(format!("room {}: limits or method", room.spec.id));
+            }
+            room.live.store(Arc::new(live));
+        }
+        if let Some(keys) = keys {
+            changes.push(format!("cookie keys: {keys:?}"));
+            self.keys.store(Arc::new(keys));
+        }
+        Ok(changes)
     }
 }
 
@@ -298,8 +419,9 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(tmp, path)
 }
 
-/// Runs a node until SIGTERM or SIGINT; returns after draining.
-pub fn run(config: EdgeConfig) -> anyhow::Result<()> {
+/// Runs a node until SIGTERM or SIGINT; returns after draining. SIGHUP re-reads
+/// `config_path` (see [`Node::reload`]).
+pub fn run(config: EdgeConfig, config_path: &Path) -> anyhow::Result<()> {
     let node = Arc::new(Node::new(&config)?);
     let (trigger, shutdown) = shutdown::channel();
 
@@ -314,7 +436,25 @@ pub fn run(config: EdgeConfig) -> anyhow::Result<()> {
     } else {
         config.node.workers
     };
-    let listeners = vec![(first, plain.clone())];
+    let mut listeners = vec![(first, plain.clone())];
+    let mut https_addr = None;
+    if let Some(tls) = &config.node.tls {
+        let server = tls::https_server_config(&tls.cert, &tls.key).with_context(|| {
+            format!(
+                "node.tls: loading {} and {}",
+                tls.cert.display(),
+                tls.key.display()
+            )
+        })?;
+        let spec = http::ListenerSpec {
+            addr: tls.listen,
+            tls: Some(tokio_rustls::TlsAcceptor::from(Arc::new(server))),
+        };
+        let (first, spec) = http::resolve(&spec)
+            .with_context(|| format!("binding node.tls.listen {}", tls.listen))?;
+        https_addr = Some(spec.addr);
+        listeners.push((first, spec));
+    }
 
     // The control runtime: signals, admin listener, background tasks. Small and
     // separate, so nothing on it can delay a request.
@@ -322,13 +462,38 @@ pub fn run(config: EdgeConfig) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the control runtime")?;
+    // The XDP program sees every packet first; without it (not root, no BPF)
+    // the node serves on with userspace telemetry, saying so once.
+    if let Some(xdp_config) = &config.xdp {
+        match xdp::XdpGuard::attach(xdp_config) {
+            Ok(guard) => {
+                let guard = Arc::new(guard);
+                tracing::info!(interface = %xdp_config.interface, mode = ?guard.attach_mode(), "XDP program attached");
+                let rx = control.block_on(async {
+                    xdp::spawn_telemetry(Arc::clone(&guard), Duration::from_secs(1))
+                });
+                let _ = node.xdp_telemetry.set(xdp_signal::Telemetry::new(rx));
+                *node.xdp.lock() = Some(guard);
+            }
+            Err(err) => tracing::warn!(
+                %err,
+                interface = %xdp_config.interface,
+                "XDP program not attached; serving on with userspace telemetry (distinct visitors counted from tickets)"
+            ),
+        }
+    }
     // Gossip with the aggregator, when configured: reports every interval,
     // answers land in a WorldView that the refresh loop below reads.
     if let Some(gossip_config) = &config.aggregator {
         let reporter_node = Arc::clone(&node);
         let reporter = move |now| {
+            let traffic = reporter_node
+                .xdp_telemetry
+                .get()
+                .filter(|_| reporter_node.rooms.len() == 1)
+                .map(|t| t as &dyn gossip::TrafficSignal);
             (0..reporter_node.rooms.len())
-                .map(|i| gossip::room_report(reporter_node.room_counters(i), now, None))
+                .map(|i| gossip::room_report(reporter_node.room_counters(i), now, traffic))
                 .collect::<Vec<_>>()
         };
         let identity = gossip::NodeIdentity {
@@ -398,22 +563,81 @@ pub fn run(config: EdgeConfig) -> anyhow::Result<()> {
         .context("starting worker threads")?;
     // One machine-readable line that tests and scripts wait for.
     println!(
-        "waitroom-edge ready: http={} admin={} workers={workers}",
+        "waitroom-edge ready: http={} https={} admin={} workers={workers}",
         plain.addr,
+        https_addr.map_or_else(|| "-".to_owned(), |a| a.to_string()),
         admin_addr.map_or_else(|| "-".to_owned(), |a| a.to_string()),
     );
     tracing::info!(http = %plain.addr, workers, "node serving");
+    systemd::ready(&control);
+
+    // SIGHUP: re-read the config; a bad one is refused and the old one stays.
+    {
+        let node = Arc::clone(&node);
+        let path = config_path.to_owned();
+        let mut shutdown = shutdown.clone();
+        control.spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let Ok(mut hup) = signal(SignalKind::hangup()) else {
+                tracing::error!("cannot listen for SIGHUP; reloads will not work");
+                return;
+            };
+            loop {
+                tokio::select! {
+                    _ = hup.recv() => match node.reload(&path) {
+                        Ok(changes) => tracing::info!(file = %path.display(), ?changes, "configuration reloaded"),
+                        Err(err) => tracing::error!(
+                            "reload refused, the old configuration stays in force: {err}"
+                        ),
+                    },
+                    () = shutdown.requested() => return,
+                }
+            }
+        });
+    }
 
     control.block_on(async {
         wait_for_signal().await;
         tracing::info!("stopping: no new connections, draining in-flight requests");
+        systemd::stopping();
         trigger.fire();
     });
     for h in handles {
         let _ = h.join();
     }
+    // Background tasks end with their runtime; then the XDP program is detached.
+    drop(control);
+    drop(node.xdp.lock().take());
     tracing::info!("stopped");
     Ok(())
+}
+
+/// systemd's notify protocol: READY once serving, watchdog keep-alives while
+/// the control runtime runs, STOPPING on the way out. Without systemd
+/// (`NOTIFY_SOCKET` unset) these do nothing.
+mod systemd {
+    use std::time::Duration;
+
+    pub fn ready(control: &tokio::runtime::Runtime) {
+        if let Err(err) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+            tracing::warn!(%err, "could not notify systemd");
+        }
+        let mut usec = 0;
+        if sd_notify::watchdog_enabled(false, &mut usec) && usec > 0 {
+            let every = Duration::from_micros(usec / 2);
+            control.spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+                }
+            });
+        }
+    }
+
+    pub fn stopping() {
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    }
 }
 
 async fn wait_for_signal() {

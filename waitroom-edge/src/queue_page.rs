@@ -206,7 +206,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.render(&view(true)), "10/fifo/");
-        assert!(QueuePage::from_source("bad.html", "{{#open}} never closed {{/other}}".into()).is_err());
+        assert!(
+            QueuePage::from_source("bad.html", "{{#open}} never closed {{/other}}".into()).is_err()
+        );
         assert!(QueuePage::from_source("bad.html", "{{waitTime".into()).is_err());
     }
 

@@ -112,6 +112,27 @@ fn roots(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
 }
 
 /// Checks that the three files load (what `--check` runs).
+/// The visitors' TLS listener: certificate chain and key from PEM files,
+/// ALPN `h2` then `http/1.1`.
+pub fn https_server_config(cert: &Path, key_path: &Path) -> Result<rustls::ServerConfig, TlsError> {
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|source| TlsError::CertKey {
+            cert: cert.to_owned(),
+            key: key_path.to_owned(),
+            source,
+        })?
+        .with_no_client_auth()
+        .with_single_cert(certs(cert)?, key(key_path)?)
+        .map_err(|source| TlsError::CertKey {
+            cert: cert.to_owned(),
+            key: key_path.to_owned(),
+            source,
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
 pub fn check(files: &TlsFiles) -> Result<(), TlsError> {
     roots(&files.ca)?;
     certs(&files.cert)?;

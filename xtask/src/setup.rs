@@ -18,6 +18,7 @@ pub const TEST_PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip netns / veth for the XDP tests"),
     ("chromium", "the real-browser test of the queue page"),
     ("ca-certificates", "TLS roots for apt and cargo"),
+    ("curl", "HTTP/2 over TLS checks of the node's TLS listener"),
 ];
 
 pub fn run() -> Result<()> {

@@ -101,7 +101,7 @@ async fn run(args: Args) -> Result<serde_json::Value> {
             };
             let mut sender = None;
             while Instant::now() < end {
-                if let Some(iv) = interval {
+                if interval.is_some() {
                     tokio::time::sleep_until(next.into()).await;
                     if next >= end {
                         break;
@@ -179,7 +179,7 @@ async fn run(args: Args) -> Result<serde_json::Value> {
         "errors": shared.errors.load(Ordering::Relaxed),
         "non_2xx": shared.non_2xx.load(Ordering::Relaxed),
         "rps": ok as f64 / secs,
-        "mean_body_bytes": if ok > 0 { shared.bytes.load(Ordering::Relaxed) / ok } else { 0 },
+        "mean_body_bytes": shared.bytes.load(Ordering::Relaxed).checked_div(ok).unwrap_or(0),
         "p50_us": hist.value_at_quantile(0.50),
         "p99_us": hist.value_at_quantile(0.99),
         "p999_us": hist.value_at_quantile(0.999),

@@ -75,7 +75,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
-            waitroom_edge::run(config)
+            waitroom_edge::run(config, &cli.config)
         }
     }
 }

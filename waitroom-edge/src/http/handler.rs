@@ -11,13 +11,13 @@ use hyper::body::Incoming;
 use waitroom_common::{
     engine::{self, Decision, Visitor},
     estimate::WaitEstimate,
-    room::{CookieSameSite, CookieSecure, QueueingMethod},
+    room::{CookieSameSite, CookieSecure, QueueingMethod, Room},
     ticket::Ticket,
     time::UnixMillis,
 };
 
 use crate::{
-    Node, RoomRuntime, clock, cookie,
+    Node, RoomLive, RoomRuntime, clock, cookie,
     http::{Body, full},
     metrics::CookieFailure,
     proxy,
@@ -60,12 +60,13 @@ pub async fn handle(
         return not_covered();
     };
     let room = &node.rooms[index];
-    let engine_room = &room.spec.engine;
+    let live = room.live.load_full();
+    let engine_room = &live.engine;
 
     // 2. The ticket: whatever does not open is a new visitor, counted by why.
     let started = Instant::now();
     let now = clock::now();
-    let ticket = open_ticket(node, room, req.headers());
+    let ticket = open_ticket(node, room, engine_room, req.headers());
 
     // 3. The decision.
     let state = room.state.load();
@@ -77,7 +78,7 @@ pub async fn handle(
         now,
         rand::random(),
     );
-    let set_cookie = set_cookie_header(node, room, decision.ticket(), scheme);
+    let set_cookie = set_cookie_header(node, room, engine_room, decision.ticket(), scheme);
     room.metrics.decision_latency.observe(started.elapsed());
 
     // 4. The answer.
@@ -111,7 +112,7 @@ pub async fn handle(
         } => {
             room.metrics.queued.fetch_add(1, Relaxed);
             let wants_json = wants_json(req.headers());
-            queue_response(room, &ticket, &estimate, now, wants_json, set_cookie)
+            queue_response(room, &live, &ticket, &estimate, now, wants_json, set_cookie)
         }
         Decision::Reject { .. } => {
             room.metrics.rejected.fetch_add(1, Relaxed);
@@ -121,9 +122,14 @@ pub async fn handle(
 }
 
 /// Opens the room's cookie into a ticket, counting every failure.
-fn open_ticket(node: &Node, room: &RoomRuntime, headers: &HeaderMap) -> Option<Ticket> {
+fn open_ticket(
+    node: &Node,
+    room: &RoomRuntime,
+    engine_room: &Room,
+    headers: &HeaderMap,
+) -> Option<Ticket> {
     let value = cookie::find(headers, &room.cookie_name)?;
-    let bytes = match node.keys.open(&room.spec.id, value) {
+    let bytes = match node.keys.load().open(&room.spec.id, value) {
         Ok(b) => b,
         Err(why) => {
             room.metrics.cookie_failure(why);
@@ -137,12 +143,11 @@ fn open_ticket(node: &Node, room: &RoomRuntime, headers: &HeaderMap) -> Option<T
             return None;
         }
     };
-    if ticket.room != room.spec.engine.id() {
+    if ticket.room != engine_room.id() {
         room.metrics.cookie_failure(CookieFailure::OtherRoom);
         return None;
     }
     // A session that ended makes a new visitor in the engine; count it here.
-    let engine_room = &room.spec.engine;
     if let Some(end) =
         ticket.session_end(engine_room.session_minutes(), engine_room.session_renewal())
         && clock::now() >= end
@@ -156,12 +161,13 @@ fn open_ticket(node: &Node, room: &RoomRuntime, headers: &HeaderMap) -> Option<T
 fn set_cookie_header(
     node: &Node,
     room: &RoomRuntime,
+    engine_room: &Room,
     ticket: &Ticket,
     scheme: &str,
 ) -> Option<HeaderValue> {
     let bytes = postcard::to_allocvec(ticket).ok()?;
-    let value = node.keys.seal(&room.spec.id, &bytes);
-    let config = room.spec.engine.config();
+    let value = node.keys.load().seal(&room.spec.id, &bytes);
+    let config = engine_room.config();
     let https = scheme == "https";
     let secure = match config.cookie_secure {
         CookieSecure::Always => true,
@@ -202,20 +208,21 @@ fn wants_json(headers: &HeaderMap) -> bool {
 /// The queue page (or JSON) for a queued visitor.
 fn queue_response(
     room: &RoomRuntime,
+    live: &RoomLive,
     ticket: &Ticket,
     estimate: &WaitEstimate,
     now: UnixMillis,
     json: bool,
     set_cookie: Option<HeaderValue>,
 ) -> Response<Body> {
-    let view = queue_view(room, ticket, estimate, now);
+    let view = queue_view(room, live, ticket, estimate, now);
     let (body, content_type) = if json {
         (queue_page::json(&view), "application/json")
     } else {
-        (room.page.render(&view), "text/html; charset=utf-8")
+        (live.page.render(&view), "text/html; charset=utf-8")
     };
     let mut resp = Response::new(full(body));
-    *resp.status_mut() = StatusCode::from_u16(room.spec.queue_status).unwrap_or(StatusCode::OK);
+    *resp.status_mut() = StatusCode::from_u16(live.queue_status).unwrap_or(StatusCode::OK);
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -232,11 +239,12 @@ fn queue_response(
 /// What the template and the JSON say, from the engine's estimate.
 pub fn queue_view(
     room: &RoomRuntime,
+    live: &RoomLive,
     ticket: &Ticket,
     estimate: &WaitEstimate,
     now: UnixMillis,
 ) -> QueueView {
-    let method = room.spec.engine.queueing_method();
+    let method = live.engine.queueing_method();
     let fifo = method != QueueingMethod::Random;
     let [p25, p50, p75] = estimate.whole_percentiles().map(u64::from);
     let minutes = u64::from(estimate.whole_minutes());
@@ -261,7 +269,7 @@ pub fn queue_view(
             estimate.queue_is_full,
         ),
         queue_is_full: estimate.queue_is_full,
-        queue_all: room.spec.engine.queue_all(),
+        queue_all: live.engine.queue_all(),
         last_updated: rfc3339(now),
         refresh_interval_seconds: u64::from(ticket.refresh_interval_secs),
         queueing_method: match method {
