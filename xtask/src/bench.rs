@@ -35,6 +35,12 @@ pub struct Args {
     /// Skip `cargo xtask setup` (nginx must be installed).
     #[arg(long)]
     no_setup: bool,
+    /// Skip the XDP overhead runs (they need root).
+    #[arg(long)]
+    no_xdp: bool,
+    /// Only the XDP overhead runs.
+    #[arg(long)]
+    xdp_only: bool,
 }
 
 /// A server process stopped on drop.
@@ -171,7 +177,20 @@ pub fn run(args: &Args) -> Result<()> {
     ];
 
     let mut results = Vec::new();
-    for s in &scenarios {
+    let xdp = if args.no_xdp {
+        None
+    } else if !cmd::is_root() {
+        println!("    skipping the XDP overhead runs: they need root (a veth pair in a namespace)");
+        None
+    } else {
+        Some(xdp_overhead(&bin, &out, origin_port, args)?)
+    };
+    let scenarios = if args.xdp_only {
+        &scenarios[..0]
+    } else {
+        &scenarios[..]
+    };
+    for s in scenarios {
         cmd::step(&format!("scenario {}", s.title));
         let w_sat = load(
             &bin,
@@ -226,11 +245,15 @@ pub fn run(args: &Args) -> Result<()> {
         "seconds": args.seconds,
         "pinning": if server_cpu.is_some() { "servers on CPU 0, load generator on CPU 1" } else { "none (one core)" },
         "results": results,
+        "xdp_overhead": xdp,
     });
     let path = out.join("results.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
     println!();
     println!("{}", markdown(&report));
+    if let Some(x) = report.get("xdp_overhead").filter(|x| !x.is_null()) {
+        println!("{}", xdp_markdown(x));
+    }
     println!("JSON: {}", path.display());
     Ok(())
 }
@@ -458,5 +481,155 @@ http {{
     }}
 }}
 "#
+    )
+}
+
+/// A veth pair into a namespace of the benchmark's own, removed on drop.
+struct BenchNetns;
+
+const NS: &str = "wr-bench";
+const HOST_IF: &str = "wrb0";
+const PEER_IF: &str = "wrb1";
+const HOST_ADDR: &str = "198.18.100.1";
+const PEER_ADDR: &str = "198.18.100.2";
+
+impl BenchNetns {
+    fn new() -> Result<Self> {
+        let _ = Command::new("ip").args(["netns", "del", NS]).output();
+        let _ = Command::new("ip").args(["link", "del", HOST_IF]).output();
+        let this = Self;
+        for args in [
+            vec!["netns", "add", NS],
+            vec![
+                "link", "add", HOST_IF, "type", "veth", "peer", "name", PEER_IF,
+            ],
+            vec!["link", "set", PEER_IF, "netns", NS],
+            vec!["addr", "add", &format!("{HOST_ADDR}/30"), "dev", HOST_IF],
+            vec!["link", "set", HOST_IF, "up"],
+            vec![
+                "netns",
+                "exec",
+                NS,
+                "ip",
+                "addr",
+                "add",
+                &format!("{PEER_ADDR}/30"),
+                "dev",
+                PEER_IF,
+            ],
+            vec!["netns", "exec", NS, "ip", "link", "set", PEER_IF, "up"],
+            vec!["netns", "exec", NS, "ip", "link", "set", "lo", "up"],
+        ] {
+            let out = Command::new("ip").args(&args).output()?;
+            if !out.status.success() {
+                bail!(
+                    "ip {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        Ok(this)
+    }
+}
+
+impl Drop for BenchNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", HOST_IF]).output();
+        let _ = Command::new("ip").args(["netns", "del", NS]).output();
+    }
+}
+
+/// Requests per second and latency through a veth pair, with the node's XDP
+/// program attached to the receiving end and without it (issue 6's cost figure).
+fn xdp_overhead(bin: &Path, out: &Path, origin_port: u16, args: &Args) -> Result<Value> {
+    cmd::step("XDP overhead: the node behind a veth pair, program attached vs detached");
+    let _ns = BenchNetns::new()?;
+    let mut runs = serde_json::Map::new();
+    for attached in [false, true] {
+        let port = free_port()?;
+        let mut cfg = edge_config(out, port, origin_port).replace(
+            &format!("listen = \"127.0.0.1:{port}\""),
+            &format!("listen = \"{HOST_ADDR}:{port}\""),
+        );
+        if attached {
+            cfg.push_str(&format!(
+                "\n[xdp]\ninterface = \"{HOST_IF}\"\nports = [{port}]\n"
+            ));
+        }
+        let path = out.join(format!("edge-xdp-{attached}.toml"));
+        std::fs::write(&path, cfg)?;
+        let _ = std::fs::remove_file(out.join("counters.shm"));
+        let _edge = start(
+            "waitroom-edge (veth)",
+            Command::new(bin.join("waitroom-edge"))
+                .arg("--config")
+                .arg(&path)
+                .env("RUST_LOG", "warn"),
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect((HOST_ADDR, port)).is_err() {
+            if Instant::now() > deadline {
+                bail!("the node did not listen on {HOST_ADDR}:{port}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if attached {
+            let link = cmd::output(Command::new("ip").args(["link", "show", "dev", HOST_IF]))
+                .unwrap_or_default();
+            if !link.contains("xdp") {
+                bail!("the node did not attach its XDP program to {HOST_IF}");
+            }
+        }
+        let url = format!("http://{HOST_ADDR}:{port}/queue/page");
+        let run = |rate: f64| -> Result<Value> {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", NS])
+                .arg(bin.join("waitroom-loadgen"));
+            c.args(["--url", &url])
+                .args(["--connections", &args.connections.to_string()])
+                .args(["--duration", &args.seconds.to_string()])
+                .args(["--rate", &format!("{rate:.0}")]);
+            let o = c.stderr(Stdio::inherit()).output()?;
+            if !o.status.success() {
+                bail!("waitroom-loadgen in the namespace failed: {}", o.status);
+            }
+            Ok(serde_json::from_slice(&o.stdout)?)
+        };
+        let sat = run(0.0)?;
+        println!(
+            "    XDP {}: {:>9.0} req/s at saturation",
+            if attached { "attached" } else { "detached" },
+            sat["rps"].as_f64().unwrap_or(0.0)
+        );
+        runs.insert(
+            if attached { "attached" } else { "detached" }.into(),
+            json!({"saturation": sat}),
+        );
+    }
+    Ok(Value::Object(runs))
+}
+
+fn xdp_markdown(x: &Value) -> String {
+    let rps = |k: &str| x[k]["saturation"]["rps"].as_f64().unwrap_or(0.0);
+    let p = |k: &str, q: &str| x[k]["saturation"][q].as_u64().unwrap_or(0);
+    format!(
+        "XDP overhead (queue page through a veth pair, load from inside a namespace):\n\n\
+         | XDP program | req/s | p50/p99/p99.9 µs (saturation) |\n|---|---:|---|\n\
+         | detached | {:.0} | {}/{}/{} |\n| attached | {:.0} | {}/{}/{} |\n\
+         | attached ÷ detached | {:.3} | |\n",
+        rps("detached"),
+        p("detached", "p50_us"),
+        p("detached", "p99_us"),
+        p("detached", "p999_us"),
+        rps("attached"),
+        p("attached", "p50_us"),
+        p("attached", "p99_us"),
+        p("attached", "p999_us"),
+        if rps("detached") > 0.0 {
+            rps("attached") / rps("detached")
+        } else {
+            0.0
+        },
     )
 }

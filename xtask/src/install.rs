@@ -22,18 +22,35 @@ pub struct Args {
     /// Stage everything under this directory instead of `/`.
     #[arg(long, default_value = "/")]
     root: PathBuf,
-    /// Skip building (use the release binaries already in target/).
+    /// Skip building (use the binaries already in target/).
     #[arg(long)]
     no_build: bool,
+    /// Install the debug binaries (for the test that checks a staged install).
+    #[arg(long)]
+    debug: bool,
+}
+
+/// A staged install of the debug binaries under `root`, checked with
+/// `systemd-analyze verify` (what `cargo xtask test` runs).
+pub fn staged_check(root: &Path) -> Result<()> {
+    run(&Args {
+        prefix: PathBuf::from("/usr/local"),
+        root: root.to_owned(),
+        no_build: true,
+        debug: true,
+    })
 }
 
 pub fn run(args: &Args) -> Result<()> {
     let ws = cmd::workspace_root();
+    let profile = if args.debug { "debug" } else { "release" };
     if !args.no_build {
-        cmd::run(
-            "building release binaries",
-            cmd::cargo().args(["build", "--release", "--package", "waitroom-edge", "--bins"]),
-        )?;
+        let mut build = cmd::cargo();
+        build.args(["build", "--package", "waitroom-edge", "--bins"]);
+        if !args.debug {
+            build.arg("--release");
+        }
+        cmd::run(&format!("building {profile} binaries"), &mut build)?;
     }
     let root = absolute(&args.root)?;
     let prefix = &args.prefix;

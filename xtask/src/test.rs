@@ -51,23 +51,63 @@ pub fn run(args: &Args) -> Result<()> {
         "building the binaries the integration tests start",
         cmd::cargo().args(["build", "--workspace", "--bins"]),
     )?;
+    let staged = cmd::workspace_root().join("target/install-check");
+    let _ = std::fs::remove_dir_all(&staged);
+    cmd::step("staged install (target/install-check) and systemd-analyze verify of the units");
+    crate::install::staged_check(&staged)?;
     if !cmd::is_root() {
         println!(
             "    note: not root, so the privileged tests (XDP, network namespaces) will skip and say why"
         );
     }
-    cmd::run(
-        "cargo test (unit, integration and privileged tests)",
-        cmd::cargo()
-            .args(["test", "--workspace", "--no-fail-fast"])
-            .arg("--")
-            .args(&args.test_args),
-    )?;
-    println!(
-        "==> all checks passed in {:.0}s",
-        started.elapsed().as_secs_f64()
-    );
+    let (passed, failed, ignored) = cargo_test(&args.test_args)?;
+    if failed == 0 {
+        println!(
+            "==> all checks passed in {:.0}s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    // One plain closing line, last, for whoever reads the end of the log.
+    println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
+    if failed > 0 {
+        anyhow::bail!("{failed} tests failed");
+    }
     Ok(())
+}
+
+/// Runs `cargo test` over the workspace, echoing its output, and adds up the
+/// `test result:` lines of every test binary.
+fn cargo_test(extra: &[String]) -> Result<(u64, u64, u64)> {
+    use std::io::{BufRead as _, BufReader};
+    cmd::step("cargo test (unit, integration and privileged tests)");
+    let mut child = cmd::cargo()
+        .args(["test", "--workspace", "--no-fail-fast", "--"])
+        .args(extra)
+        .current_dir(cmd::workspace_root())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let (mut passed, mut failed, mut ignored) = (0, 0, 0);
+    let stdout = child.stdout.take().expect("piped stdout");
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let count = |word: &str| {
+                rest.split(';')
+                    .find_map(|part| part.trim().strip_suffix(word))
+                    .and_then(|n| n.trim().rsplit(' ').next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            passed += count(" passed");
+            failed += count(" failed");
+            ignored += count(" ignored");
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() && failed == 0 {
+        anyhow::bail!("cargo test failed ({status}) before any test failed: see above");
+    }
+    Ok((passed, failed, ignored))
 }
 
 /// Clippy for the eBPF crate needs nightly and `-Z build-std=core`, like its build.

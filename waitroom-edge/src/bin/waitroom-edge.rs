@@ -67,6 +67,15 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Run) | None => {
             let config = waitroom_edge::config::load(&cli.config)?;
             if cli.check {
+                // The files the config names must load too, not just parse.
+                if let Some(gossip) = &config.aggregator {
+                    waitroom_edge::tls::check(&gossip.tls_files())
+                        .with_context(|| format!("{}: [aggregator]", cli.config.display()))?;
+                }
+                if let Some(tls) = &config.node.tls {
+                    waitroom_edge::tls::https_server_config(&tls.cert, &tls.key)
+                        .with_context(|| format!("{}: node.tls", cli.config.display()))?;
+                }
                 println!(
                     "{}: ok ({} room{})",
                     cli.config.display(),
