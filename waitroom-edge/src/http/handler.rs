@@ -67,6 +67,7 @@ pub async fn handle(
     let started = Instant::now();
     let now = clock::now();
     let ticket = open_ticket(node, room, engine_room, req.headers());
+    let presented = ticket;
 
     // 3. The decision.
     let state = room.state.load();
@@ -78,7 +79,11 @@ pub async fn handle(
         now,
         rand::random(),
     );
-    let set_cookie = set_cookie_header(node, room, engine_room, decision.ticket(), scheme);
+    let set_cookie = if cookie_still_good(presented.as_ref(), &decision) {
+        None
+    } else {
+        set_cookie_header(node, room, engine_room, decision.ticket(), scheme)
+    };
     room.metrics.decision_latency.observe(started.elapsed());
 
     // 4. The answer.
@@ -155,6 +160,32 @@ fn open_ticket(
         room.metrics.cookie_failure(CookieFailure::Expired);
     }
     Some(ticket)
+}
+
+/// How stale a browsing visitor's cookie may get before it is sealed anew.
+const RESEAL_AFTER_MS: u64 = 30_000;
+
+/// A returning admitted visitor's cookie needs no new seal while its session
+/// is counted in the same expiry minute and it was sealed less than
+/// [`RESEAL_AFTER_MS`] ago: the counters are already right (the engine's move
+/// of the expiry was a no-op) and the session it proves ends at most that much
+/// earlier than the renewed one. Saves an AEAD seal and a header on most
+/// requests of a visitor who is browsing.
+fn cookie_still_good(presented: Option<&Ticket>, decision: &Decision) -> bool {
+    let (
+        Some(old),
+        Decision::Admit {
+            ticket: new,
+            visitor: Visitor::Admitted,
+            ..
+        },
+    ) = (presented, decision)
+    else {
+        return false;
+    };
+    old.counted_expiry == new.counted_expiry
+        && old.accepted_at == new.accepted_at
+        && new.last_check_in.0.saturating_sub(old.last_check_in.0) < RESEAL_AFTER_MS
 }
 
 /// `Set-Cookie` for the visitor's updated ticket.
@@ -339,6 +370,36 @@ fn not_covered() -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_browsing_visitors_cookie_is_resealed_only_when_it_matters() {
+        use waitroom_common::{engine::AdmitReason, room::RoomId, time::Minute};
+        let now = UnixMillis(1_800_000_000_000);
+        let mut old = Ticket::new_visitor(RoomId(1), now, 20);
+        old.accepted_at = Some(now);
+        old.counted_expiry = Some(Minute(100));
+        let admit = |t: Ticket| Decision::Admit {
+            ticket: t,
+            visitor: Visitor::Admitted,
+            reason: AdmitReason::SessionValid,
+        };
+        let mut same = old;
+        same.last_check_in = UnixMillis(now.0 + 10_000);
+        assert!(cookie_still_good(Some(&old), &admit(same)));
+        let mut later = old;
+        later.last_check_in = UnixMillis(now.0 + RESEAL_AFTER_MS);
+        assert!(!cookie_still_good(Some(&old), &admit(later)), "too old");
+        let mut moved = same;
+        moved.counted_expiry = Some(Minute(101));
+        assert!(
+            !cookie_still_good(Some(&old), &admit(moved)),
+            "expiry moved"
+        );
+        assert!(
+            !cookie_still_good(None, &admit(same)),
+            "new visitors always get a cookie"
+        );
+    }
 
     #[test]
     fn rfc3339_matches_known_instants() {
