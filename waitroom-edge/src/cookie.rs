@@ -7,10 +7,7 @@
 //! configured key seals, every configured key opens. Whatever fails to open makes
 //! a new visitor (the caller counts why); it is never an error page.
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
-use chacha20poly1305::{
-    ChaCha20Poly1305, KeyInit as _, Nonce,
-    aead::{Aead as _, Payload},
-};
+use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
 
 use crate::metrics::CookieFailure;
 
@@ -19,12 +16,15 @@ const FORMAT: u8 = 1;
 /// Largest cookie value we try to open; longer ones are refused unread.
 pub const MAX_COOKIE_LEN: usize = 512;
 const HEADER: usize = 2 + 12;
+/// Poly1305 tag length.
+const TAG: usize = 16;
 
-/// Keys that seal and open cookies.
-#[derive(Clone)]
+/// Keys that seal and open cookies (ChaCha20-Poly1305 from `ring`: its
+/// assembly is about ten times faster on a 60-byte ticket than a portable
+/// implementation, and the cookie is on every request's path).
 pub struct CookieKeys {
-    /// `(id, cipher)`; the first seals.
-    keys: Vec<(u8, ChaCha20Poly1305)>,
+    /// `(id, key)`; the first seals.
+    keys: Vec<(u8, LessSafeKey)>,
 }
 
 impl std::fmt::Debug for CookieKeys {
@@ -55,12 +55,14 @@ impl CookieKeys {
         if keys.is_empty() {
             return Err(KeyError::Empty);
         }
-        let mut out: Vec<(u8, ChaCha20Poly1305)> = Vec::with_capacity(keys.len());
+        let mut out: Vec<(u8, LessSafeKey)> = Vec::with_capacity(keys.len());
         for (id, secret) in keys {
             if out.iter().any(|(i, _)| i == id) {
                 return Err(KeyError::DuplicateId { id: *id });
             }
-            out.push((*id, ChaCha20Poly1305::new(secret.into())));
+            let key = UnboundKey::new(&CHACHA20_POLY1305, secret)
+                .map_err(|_| KeyError::BadSecret { id: *id })?;
+            out.push((*id, LessSafeKey::new(key)));
         }
         Ok(Self { keys: out })
     }
@@ -80,23 +82,23 @@ impl CookieKeys {
 
     /// Seals `plain` for `room`; returns the cookie value.
     pub fn seal(&self, room: &str, plain: &[u8]) -> String {
-        let (id, cipher) = &self.keys[0];
+        let (id, key) = &self.keys[0];
         let nonce_bytes: [u8; 12] = rand::random();
-        let aad = aad(room);
-        let sealed = cipher
-            .encrypt(
-                Nonce::from_slice(&nonce_bytes),
-                Payload {
-                    msg: plain,
-                    aad: &aad,
-                },
-            )
-            .unwrap_or_default();
-        let mut raw = Vec::with_capacity(HEADER + sealed.len());
+        let mut raw = Vec::with_capacity(HEADER + plain.len() + TAG);
         raw.push(FORMAT);
         raw.push(*id);
         raw.extend_from_slice(&nonce_bytes);
-        raw.extend_from_slice(&sealed);
+        raw.extend_from_slice(plain);
+        let tag = key.seal_in_place_separate_tag(
+            Nonce::assume_unique_for_key(nonce_bytes),
+            Aad::from(aad(room)),
+            &mut raw[HEADER..],
+        );
+        match tag {
+            Ok(tag) => raw.extend_from_slice(tag.as_ref()),
+            // Sealing fails only for messages of gigabytes; a ticket is not one.
+            Err(_) => return String::new(),
+        }
         URL_SAFE_NO_PAD.encode(raw)
     }
 
@@ -105,30 +107,32 @@ impl CookieKeys {
         if value.len() > MAX_COOKIE_LEN {
             return Err(CookieFailure::TooLarge);
         }
-        let raw = URL_SAFE_NO_PAD
+        let mut raw = URL_SAFE_NO_PAD
             .decode(value.trim())
             .map_err(|_| CookieFailure::Malformed)?;
-        if raw.len() < HEADER + 16 || raw[0] != FORMAT {
+        if raw.len() < HEADER + TAG || raw[0] != FORMAT {
             return Err(CookieFailure::Malformed);
         }
         let id = raw[1];
-        let Some((_, cipher)) = self.keys.iter().find(|(i, _)| *i == id) else {
+        let Some((_, key)) = self.keys.iter().find(|(i, _)| *i == id) else {
             return Err(CookieFailure::UnknownKey);
         };
-        let aad = aad(room);
-        cipher
-            .decrypt(
-                Nonce::from_slice(&raw[2..HEADER]),
-                Payload {
-                    msg: &raw[HEADER..],
-                    aad: &aad,
-                },
+        let nonce: [u8; 12] = raw[2..HEADER]
+            .try_into()
+            .map_err(|_| CookieFailure::Malformed)?;
+        // A cookie that opens under another room's AAD is a stray, not an attack;
+        // we cannot tell which room without trying them all, so call it tampered.
+        let plain_len = key
+            .open_in_place(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad(room)),
+                &mut raw[HEADER..],
             )
-            .map_err(|_| {
-                // A cookie that opens under another room's AAD is a stray, not an attack;
-                // we cannot tell which room without trying them all, so call it tampered.
-                CookieFailure::Tampered
-            })
+            .map_err(|_| CookieFailure::Tampered)?
+            .len();
+        raw.truncate(HEADER + plain_len);
+        raw.drain(..HEADER);
+        Ok(raw)
     }
 }
 
