@@ -83,3 +83,25 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
         })
         .and_then(|v| v.trim().parse().ok())
 }
+
+/// What the demo origin's pages say (the visitor reached the site).
+pub const SITE: &str = "Demo Shop";
+/// What the queue page says.
+pub const QUEUE: &str = "You are in line";
+
+/// GET with `agent`: the status and the body.
+pub fn get(agent: &ureq::Agent, url: &str) -> (u16, String) {
+    let mut resp = agent.get(url).call().expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.body_mut().read_to_string().unwrap_or_default())
+}
+
+/// GET with a fresh client: the body, or empty on any failure.
+pub fn get_text(url: &str) -> String {
+    client()
+        .get(url)
+        .call()
+        .ok()
+        .and_then(|mut r| r.body_mut().read_to_string().ok())
+        .unwrap_or_default()
+}

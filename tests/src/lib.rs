@@ -8,6 +8,7 @@
 pub mod browser;
 pub mod cluster;
 pub mod edge;
+pub mod minutes;
 pub mod netns;
 pub mod procs;
 

@@ -8,7 +8,8 @@ use std::{
 };
 
 use waitroom_tests::{
-    edge::{Edge, client, metric},
+    edge::{Edge, QUEUE, SITE, client, get, metric},
+    minutes::early_in_a_minute,
     procs::{TempDir, binary, free_port, start_origin},
 };
 
@@ -37,34 +38,8 @@ origin_timeout_ms = 2000
     )
 }
 
-const SITE: &str = "Demo Shop";
-const QUEUE: &str = "You are in line";
-
-fn get(agent: &ureq::Agent, url: &str) -> (u16, String) {
-    let mut resp = agent.get(url).call().expect("request");
-    let status = resp.status().as_u16();
-    (status, resp.body_mut().read_to_string().unwrap_or_default())
-}
-
 fn metrics(edge: &Edge) -> String {
     get(&client(), &edge.admin_url("/metrics")).1
-}
-
-/// Seconds left in the current minute of the wall clock.
-fn seconds_left_in_minute() -> u64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    60 - now % 60
-}
-
-/// Tests that count admissions within one minute start early in a minute, so a
-/// minute boundary (which resets new-users-per-minute) cannot fall inside them.
-fn start_of_a_minute(needed_secs: u64) {
-    if seconds_left_in_minute() < needed_secs {
-        std::thread::sleep(Duration::from_secs(seconds_left_in_minute() + 1));
-    }
 }
 
 #[test]
@@ -81,7 +56,7 @@ fn admits_up_to_the_limit_then_queues_and_keeps_sessions() {
         ),
     )
     .unwrap();
-    start_of_a_minute(20);
+    early_in_a_minute(20);
     let visitors: Vec<ureq::Agent> = (0..5).map(|_| client()).collect();
     let mut admitted = 0;
     let mut queued = 0;
@@ -140,7 +115,7 @@ fn queued_apps_get_json_with_the_template_fields_and_a_refresh() {
         &config(&dir, origin, "total_active_users = 1\nnew_users_per_minute = 1\nqueue_status = 429\nrefresh_interval = 30"),
     )
     .unwrap();
-    start_of_a_minute(10);
+    early_in_a_minute(10);
     let first = client();
     assert!(get(&first, &edge.url("/")).1.contains(SITE));
     let app = client();
@@ -328,7 +303,7 @@ fn counters_and_cookies_survive_a_restart() {
         origin,
         "total_active_users = 2\nnew_users_per_minute = 2\nsession_duration = 10",
     );
-    start_of_a_minute(25);
+    early_in_a_minute(25);
     let mut edge = Edge::start(dir.path(), "edge", &cfg).unwrap();
     let a = client();
     let b = client();
@@ -453,7 +428,7 @@ fn sighup_applies_new_limits_and_refuses_a_bad_config() {
         // An idle keep-alive connection must outlive the test's pauses.
         .replace("header_read_timeout_ms = 500", "header_read_timeout_ms = 60000")
     };
-    start_of_a_minute(30);
+    early_in_a_minute(30);
     let edge = Edge::start(dir.path(), "edge", &room(1, 1)).unwrap();
     let first = client();
     let second = client();

@@ -21,7 +21,7 @@
 //!   aggregator says it refused it.
 use std::{
     net::SocketAddr,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use waitroom_tests::{
@@ -85,18 +85,6 @@ fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(100));
     }
     check()
-}
-
-/// Waits for the next minute when fewer than `needed` seconds are left in this one.
-fn start_of_a_minute(needed: u64) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let left = 60 - now % 60;
-    if left < needed {
-        std::thread::sleep(Duration::from_secs(left + 1));
-    }
 }
 
 /// Every node's global active users, the sum of their own, and the aggregator's.
@@ -177,7 +165,7 @@ fn three_nodes_in_two_colos_converge_stay_within_limits_and_survive_the_aggregat
     std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 200));
 
     // --- Traffic through both colos, within one minute: the limit holds across nodes.
-    start_of_a_minute(35);
+    waitroom_tests::minutes::early_in_a_minute(35);
     let mut admitted = [0_u64; 3];
     for _round in 0..8 {
         for (i, edge) in edges.iter().enumerate() {

@@ -6,17 +6,15 @@
 //! minutes), so each takes one to two minutes; they run in parallel.
 use std::{
     net::SocketAddr,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use waitroom_tests::{
     browser::{Browser, chromium_path},
-    edge::{Edge, client, metric},
+    edge::{Edge, QUEUE, SITE, client, metric},
+    minutes::{early_in_a_minute, sleep_into_next_minute},
     procs::{TempDir, start_origin},
 };
-
-const SITE: &str = "Demo Shop";
-const QUEUE: &str = "You are in line";
 
 fn config(dir: &TempDir, origin: SocketAddr, room: &str) -> String {
     format!(
@@ -38,29 +36,7 @@ refresh_interval = 5
 }
 
 fn get(agent: &ureq::Agent, url: &str) -> String {
-    let mut resp = agent.get(url).call().expect("request");
-    resp.body_mut().read_to_string().unwrap_or_default()
-}
-
-fn unix_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// Sleeps until `secs` seconds into the next minute.
-fn sleep_into_next_minute(secs: u64) {
-    let now = unix_secs();
-    let target = (now / 60 + 1) * 60 + secs;
-    std::thread::sleep(Duration::from_secs(target - now));
-}
-
-/// Makes sure at least `needed` seconds are left in the current minute.
-fn early_in_a_minute(needed: u64) {
-    if 60 - unix_secs() % 60 < needed {
-        sleep_into_next_minute(1);
-    }
+    waitroom_tests::edge::get(agent, url).1
 }
 
 /// Checks in (respecting the refresh interval) until `pred` holds on the body.

@@ -13,7 +13,7 @@ use std::{
 };
 
 use waitroom_tests::{
-    edge::{Edge, client, metric},
+    edge::{Edge, client, get_text, metric},
     netns::NetNs,
     procs::{TempDir, free_port, start_origin},
     require_root,
@@ -148,13 +148,4 @@ new_users_per_minute = 100
         !xdp_attached_on(ns.host_if()),
         "the program outlived the node"
     );
-}
-
-fn get_text(url: &str) -> String {
-    client()
-        .get(url)
-        .call()
-        .ok()
-        .and_then(|mut r| r.body_mut().read_to_string().ok())
-        .unwrap_or_default()
 }

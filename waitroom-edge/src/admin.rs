@@ -15,8 +15,26 @@ use crate::{
     shutdown::Shutdown,
 };
 
-/// Serves the admin endpoints until shutdown.
-pub async fn serve(listener: TcpListener, node: Arc<Node>, mut shutdown: Shutdown) {
+/// Serves the node's admin endpoints until shutdown.
+pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: Shutdown) {
+    serve_with(listener, node, shutdown, |node, req| async move {
+        route(&node, req).await
+    })
+    .await;
+}
+
+/// An operators' HTTP listener (the node's and the aggregator's): every
+/// connection is served by `route` with the shared `state`, until shutdown.
+pub async fn serve_with<S, F, Fut>(
+    listener: TcpListener,
+    state: Arc<S>,
+    mut shutdown: Shutdown,
+    route: F,
+) where
+    S: Send + Sync + 'static,
+    F: Fn(Arc<S>, Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
+{
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -25,11 +43,12 @@ pub async fn serve(listener: TcpListener, node: Arc<Node>, mut shutdown: Shutdow
             },
             () = shutdown.requested() => return,
         };
-        let node = Arc::clone(&node);
+        let state = Arc::clone(&state);
+        let route = route.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
-                let node = Arc::clone(&node);
-                async move { Ok::<_, Infallible>(route(&node, req).await) }
+                let fut = route(Arc::clone(&state), req);
+                async move { Ok::<_, Infallible>(fut.await) }
             });
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), svc)

@@ -42,6 +42,18 @@ pub mod xdp_signal;
 
 pub use config::ConfigError;
 
+/// Structured logs on stderr, filtered by `RUST_LOG` (default `info`): what
+/// both binaries set up first.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
 /// The whole validated configuration of a node.
 #[derive(Debug, Clone)]
 pub struct EdgeConfig {

@@ -1,10 +1,9 @@
 //! The aggregator's admin listener: `/status` (JSON per room and per node),
 //! `/metrics` (Prometheus text) and `/healthz`. Bind it to loopback.
-use std::{convert::Infallible, fmt::Write as _, sync::Arc, sync::atomic::Ordering::Relaxed};
+use std::{fmt::Write as _, sync::Arc, sync::atomic::Ordering::Relaxed};
 
 use http::{HeaderValue, Request, Response, StatusCode, header};
-use hyper::{body::Incoming, service::service_fn};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
 use super::server::Shared;
@@ -15,26 +14,14 @@ use crate::{
 };
 
 /// Serves the admin endpoints until shutdown.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: Shutdown) {
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(err) => { tracing::warn!(%err, "admin accept failed"); continue; }
-            },
-            () = shutdown.requested() => return,
-        };
-        let shared = Arc::clone(&shared);
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<Incoming>| {
-                let shared = Arc::clone(&shared);
-                async move { Ok::<_, Infallible>(route(&shared, req.uri().path())) }
-            });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Shutdown) {
+    crate::admin::serve_with(
+        listener,
+        shared,
+        shutdown,
+        |shared, req: Request<Incoming>| async move { route(&shared, req.uri().path()) },
+    )
+    .await;
 }
 
 fn route(shared: &Shared, path: &str) -> Response<Body> {

@@ -38,13 +38,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    waitroom_edge::init_logging();
     let cli = Cli::parse();
     match cli.command {
         Some(Command::DemoOrigin { listen, delay_ms }) => {
