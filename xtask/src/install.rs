@@ -66,11 +66,12 @@ pub fn run(args: &Args) -> Result<()> {
 
     cmd::step(&format!("installing into {}", root.display()));
     for bin in ["waitroom-edge", "waitroom-aggregator"] {
-        let from = ws.join("target/release").join(bin);
+        let from = ws.join("target").join(profile).join(bin);
         if !from.exists() {
             bail!(
-                "{} is missing: build with `cargo build --release -p waitroom-edge --bins`",
-                from.display()
+                "{} is missing: build with `cargo build{} -p waitroom-edge --bins`",
+                from.display(),
+                if args.debug { "" } else { " --release" }
             );
         }
         replace(&staged(&bindir.join(bin)), &std::fs::read(&from)?, 0o755)?;
