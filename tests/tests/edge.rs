@@ -562,3 +562,43 @@ fn without_xdp_the_node_serves_on_and_says_so_once() {
     let (status, _) = get(&client(), &edge.admin_url("/deny"));
     assert_eq!(status, 503);
 }
+
+#[test]
+fn oversized_request_heads_are_refused_and_the_node_serves_on() {
+    let dir = TempDir::new("big-heads");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let text = config(
+        &dir,
+        origin,
+        "total_active_users = 100\nnew_users_per_minute = 100",
+    )
+    .replace(
+        "[[rooms]]",
+        "max_headers = 32\nmax_header_bytes = 8192\n\n[[rooms]]",
+    );
+    let edge = Edge::start(dir.path(), "edge", &text).unwrap();
+    let send = |head: String| {
+        let mut s = TcpStream::connect(edge.http).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    let many: String = (0..100).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let answer = send(format!("GET / HTTP/1.1\r\nHost: x\r\n{many}\r\n"));
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+        "too many headers: {answer:.80}"
+    );
+    let huge = "a".repeat(20_000);
+    let answer = send(format!(
+        "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {huge}\r\n\r\n"
+    ));
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+        "too large a head: {answer:.80}"
+    );
+    let ok = send("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".into());
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok:.80}");
+}
