@@ -70,7 +70,12 @@ fn admits_up_to_the_limit_then_queues_and_keeps_sessions() {
             queued += 1;
         }
     }
-    assert_eq!((admitted, queued), (3, 2), "3 slots → 3 admitted, 2 queued");
+    assert_eq!(
+        (admitted, queued),
+        (3, 2),
+        "3 slots → 3 admitted, 2 queued; status: {}",
+        get(&client(), &edge.admin_url("/status")).1
+    );
     // The first three keep their sessions: they go straight to the site.
     for v in &visitors[..3] {
         let (_, body) = get(v, &edge.url("/product/1"));

@@ -70,18 +70,31 @@ impl RoomCounters {
     pub fn report(&self, now: UnixMillis) -> RoomReport {
         let minute = now.minute();
         let recent = (0..RECENT_MINUTES as u64).map(|back| minute.minus(back));
+        // Admits, sessions, admits again, as in `admits_and_active`: an
+        // admission in flight may show as a session without its admit, never
+        // the other way, so the aggregate never hands out a slot too many.
+        let mut expiries;
+        let mut current = self.admits(minute);
+        let mut tries = 0;
+        loop {
+            expiries = self.expiries(minute).collect::<BTreeMap<_, _>>();
+            let after = self.admits(minute);
+            tries += 1;
+            // Still racing after a few tries: report the earlier admits, which
+            // only errs towards fewer slots.
+            if after == current || tries >= 8 {
+                break;
+            }
+            current = after;
+        }
         RoomReport {
             room: self.room().unwrap_or_default(),
-            expiries: self
-                .expiries(minute)
-                .collect::<BTreeMap<_, _>>()
-                .into_iter()
-                .collect(),
+            expiries: expiries.into_iter().collect(),
             admits: recent
                 .clone()
                 .map(|m| MinuteAdmits {
                     minute: m,
-                    admits: self.admits(m),
+                    admits: if m == minute { current } else { self.admits(m) },
                 })
                 .filter(|a| a.admits != PoolCounts::default())
                 .collect(),

@@ -468,6 +468,35 @@ impl RoomCounters {
         })
     }
 
+    /// This minute's admits and the active sessions, as one consistent pair.
+    ///
+    /// The engine counts a session before it takes the admit ticket, so reading
+    /// the admits, then the sessions, then the admits again — and retrying while
+    /// the two admit readings differ — can count an admission in flight as
+    /// active without its admit, never its admit without the session. The slots
+    /// computed from the pair may then be one too few for a moment, never one
+    /// too many.
+    #[must_use]
+    pub fn admits_and_active(&self, now: Minute) -> (PoolCounts, i64) {
+        let mut before = self.admits(now);
+        for _ in 0..8 {
+            let active = self.active_users(now);
+            let after = self.admits(now);
+            if after == before {
+                return (after, active);
+            }
+            before = after;
+        }
+        // Admissions kept racing the reads: count the latest admits as active too.
+        let active = self.active_users(now);
+        let after = self.admits(now);
+        let raced = after.total().saturating_sub(before.total());
+        (
+            after,
+            active.saturating_add(i64::try_from(raced).unwrap_or(i64::MAX)),
+        )
+    }
+
     /// Sessions this node counts as active at minute `now` (may be negative
     /// on one node; the sum over nodes is not).
     #[must_use]

@@ -144,15 +144,18 @@ pub fn decide(
     // 2. Methods that do not queue.
     match room.queueing_method() {
         QueueingMethod::Passthrough => {
-            counters.count_admit(Pool::Uncapped, minute);
-            return admit(
+            // Session first, then the admit count (see step 5).
+            let decision = admit(
                 room,
                 counters,
                 ticket,
                 visitor,
                 now,
                 AdmitReason::Passthrough,
+                None,
             );
+            counters.count_admit(Pool::Uncapped, minute);
+            return decision;
         }
         QueueingMethod::Reject => return Decision::Reject { ticket, visitor },
         QueueingMethod::Fifo | QueueingMethod::Random => {}
@@ -185,7 +188,14 @@ pub fn decide(
         );
     }
 
-    // 5. A slot, or the queue.
+    // 5. A slot, or the queue. The session is counted *before* the ticket is
+    // taken (and uncounted if none is left): a snapshot of the counters taken
+    // meanwhile (`GlobalState::standalone`, `RoomCounters::report`, which read
+    // admits, then sessions, then admits again) may then count one visitor too
+    // many as active, never one too few, so the slots it hands out never
+    // exceed the limits.
+    let expiry = now.plus_minutes(room.session_minutes()).minute();
+    counters.start_session(expiry);
     match take_slot(room, global, counters, ticket.bucket, visitor, now) {
         Ok(pool) => admit(
             room,
@@ -194,8 +204,12 @@ pub fn decide(
             visitor,
             now,
             AdmitReason::Slot(pool),
+            Some(expiry),
         ),
-        Err(reason) => queue(room, global, counters, ticket, visitor, now, rng, reason),
+        Err(reason) => {
+            counters.end_session(expiry);
+            queue(room, global, counters, ticket, visitor, now, rng, reason)
+        }
     }
 }
 
@@ -278,6 +292,8 @@ fn take_slot(
         .ok_or(QueueReason::NoSlotLeft)
 }
 
+/// Admits the visitor; `started` is the expiry minute when the session was
+/// already counted (see step 5 of [`decide`]).
 fn admit(
     room: &Room,
     counters: &RoomCounters,
@@ -285,11 +301,18 @@ fn admit(
     visitor: Visitor,
     now: UnixMillis,
     reason: AdmitReason,
+    started: Option<Minute>,
 ) -> Decision {
     let minute = now.minute();
     counters.move_waiting(ticket.bucket, ticket.counted_waiting, None, minute);
-    let expiry = now.plus_minutes(room.session_minutes()).minute();
-    counters.start_session(expiry);
+    let expiry = match started {
+        Some(expiry) => expiry,
+        None => {
+            let expiry = now.plus_minutes(room.session_minutes()).minute();
+            counters.start_session(expiry);
+            expiry
+        }
+    };
     ticket.accepted_at = Some(now);
     ticket.last_check_in = now;
     ticket.counted_expiry = Some(expiry);
@@ -519,6 +542,55 @@ mod tests {
         assert_eq!(admitted, 100);
         assert_eq!(counters.active_users(now.minute()), 100);
         assert_eq!(counters.waiting(now.minute(), now.minute()), 700);
+    }
+
+    /// A snapshot taken while admissions race it never sees an admit without
+    /// its session: that is what keeps the slots computed from it within the
+    /// limits (this failed when the ticket was taken before the session).
+    #[test]
+    fn snapshots_racing_admissions_never_count_an_admit_without_its_session() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let room = room(1_000_000, 1_000_000);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let now = at(11, 0, 0);
+        let global = open(now, 1_000_000);
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let deciders: Vec<_> = (0..2)
+                .map(|w| {
+                    let (room, global, counters) = (&room, &global, &counters);
+                    scope.spawn(move || {
+                        for i in 0..20_000 {
+                            decide(room, global, counters, None, now, w * 100_000 + i);
+                        }
+                    })
+                })
+                .collect();
+            let (counters, done_ref) = (&counters, &done);
+            let watcher = scope.spawn(move || {
+                let mut snapshots = 0;
+                while !done_ref.load(Ordering::Relaxed) {
+                    let (admits, active) = counters.admits_and_active(now.minute());
+                    assert!(
+                        active >= i64::try_from(admits.total()).unwrap(),
+                        "{} admits but only {active} sessions",
+                        admits.total()
+                    );
+                    let report = counters.report(now);
+                    let reported_active: i64 = report.expiries.iter().map(|(_, n)| n).sum();
+                    let reported_admits: u64 = report.admits.iter().map(|a| a.admits.total()).sum();
+                    assert!(reported_active >= i64::try_from(reported_admits).unwrap());
+                    snapshots += 1;
+                }
+                snapshots
+            });
+            for d in deciders {
+                d.join().unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+            assert!(watcher.join().unwrap() > 0);
+        });
+        assert_eq!(counters.active_users(now.minute()), 40_000);
     }
 
     #[test]

@@ -160,7 +160,8 @@ impl GlobalState {
     ) -> Self {
         let minute = now.minute();
         rate.fold_until(minute, |m| counters.admits(m).total());
-        let used = counters.admits(minute);
+        let (used, active) = counters.admits_and_active(minute);
+        let active = u64::try_from(active).unwrap_or(0);
         let waiting: Vec<(Minute, u64)> = counters
             .waiting_buckets(minute)
             .filter_map(|(bucket, n)| {
@@ -170,7 +171,6 @@ impl GlobalState {
                     .map(|n| (bucket, n))
             })
             .collect();
-        let active = u64::try_from(counters.active_users(minute)).unwrap_or(0);
         let me = [ColoWeight {
             colo: String::new(),
             weight: 1,
