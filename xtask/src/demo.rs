@@ -93,6 +93,17 @@ pub fn run(args: &Args) -> Result<()> {
 
     let dir = root.join("target").join("demo");
     std::fs::create_dir_all(&dir).context("creating target/demo")?;
+    // A demo starts empty: counters and snapshots of an earlier run would still
+    // hold that run's visitors (they survive restarts on purpose).
+    for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path
+            .extension()
+            .is_some_and(|e| e == "counters" || e == "snapshot")
+        {
+            let _ = std::fs::remove_file(path);
+        }
+    }
     let p = Ports::from_base(args.port);
     let nodes: Vec<(&str, &str, u16, u16)> = if args.single {
         vec![("demo-ams-1", "ams", p.node_a, p.admin_a)]
