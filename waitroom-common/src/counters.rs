@@ -545,6 +545,13 @@ impl RoomCounters {
             .sum()
     }
 
+    /// Visitors this node counts as waiting at minute `now`, all buckets
+    /// (negative rows — visitors who moved here from another node — count 0).
+    #[must_use]
+    pub fn total_waiting(&self, now: Minute) -> i64 {
+        self.waiting_buckets(now).map(|(_, n)| n.max(0)).sum()
+    }
+
     /// Non-zero waiting counts per bucket at minute `now`, oldest bucket first.
     pub fn waiting_buckets(&self, now: Minute) -> impl Iterator<Item = (Minute, i64)> + '_ {
         // Row r holds the one bucket b ≡ r (mod WAITING_BUCKETS) in (now - WAITING_BUCKETS, now];

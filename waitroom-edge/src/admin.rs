@@ -246,7 +246,7 @@ fn render_rooms(out: &mut String, node: &Node) {
         let c = node.room_counters(i);
         let state = room.state.load();
         let id = &room.spec.id;
-        let local_waiting: i64 = c.waiting_buckets(minute).map(|(_, n)| n.max(0)).sum();
+        let local_waiting = c.total_waiting(minute);
         let _ = writeln!(
             out,
             "waitroom_active_users{{room=\"{id}\",scope=\"node\"}} {}",
@@ -347,7 +347,7 @@ fn status(node: &Node) -> serde_json::Value {
                 "new_users_per_minute": cfg.new_users_per_minute,
                 "node_active_users": c.active_users(minute),
                 "node_admitted_this_minute": c.admits(minute).total(),
-                "node_waiting": c.waiting_buckets(minute).map(|(_, n)| n.max(0)).sum::<i64>(),
+                "node_waiting": c.total_waiting(minute),
                 "global_active_users": state.active_users,
                 "global_waiting": state.total_waiting,
                 "global_admitted_this_minute": state.admitted_this_minute,

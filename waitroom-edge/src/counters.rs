@@ -230,7 +230,18 @@ impl SharedCounters {
 
     /// The counters of `room`, if it is configured.
     pub fn room(&self, room: RoomId) -> Option<&RoomCounters> {
-        self.index.get(&room).map(|i| &self.slots()[*i])
+        self.slot_of(room).map(|i| self.slot(i))
+    }
+
+    /// Where `room`'s counters are: resolve once, then use [`Self::slot`]
+    /// on the request path (no lookup per request).
+    pub fn slot_of(&self, room: RoomId) -> Option<usize> {
+        self.index.get(&room).copied()
+    }
+
+    /// The counters in slot `i` (from [`Self::slot_of`]).
+    pub fn slot(&self, i: usize) -> &RoomCounters {
+        &self.slots()[i]
     }
 }
 

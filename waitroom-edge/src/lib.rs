@@ -159,6 +159,8 @@ pub struct RoomRuntime {
     pub live: arc_swap::ArcSwap<RoomLive>,
     /// Name of this room's cookie.
     pub cookie_name: String,
+    /// This room's slot in the node counters file.
+    pub counters_slot: usize,
     pub metrics: metrics::RoomMetrics,
     /// The latest global state; the request path only loads it.
     pub state: arc_swap::ArcSwap<waitroom_common::state::GlobalState>,
@@ -227,6 +229,9 @@ impl Node {
         for spec in &config.rooms {
             rooms.push(RoomRuntime {
                 cookie_name: cookie::cookie_name(&spec.id),
+                counters_slot: counters
+                    .slot_of(spec.engine.id())
+                    .expect("SharedCounters::open assigned every configured room"),
                 live: arc_swap::ArcSwap::from_pointee(RoomLive::from_spec(spec)?),
                 spec: spec.clone(),
                 metrics: metrics::RoomMetrics::default(),
@@ -256,9 +261,7 @@ impl Node {
 
     /// The counters of room `index` (claimed at start, so always there).
     pub fn room_counters(&self, index: usize) -> &waitroom_common::counters::RoomCounters {
-        self.counters
-            .room(self.rooms[index].spec.engine.id())
-            .expect("every configured room has a counters slot")
+        self.counters.slot(self.rooms[index].counters_slot)
     }
 
     /// Recomputes every room's state: from the gossiped world when an

@@ -71,6 +71,16 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Maps a rustls refusal of `cert`/`key` to the error naming both files.
+fn cert_key_error(cert: &Path, key: &Path) -> impl Fn(rustls::Error) -> TlsError {
+    let (cert, key) = (cert.to_owned(), key.to_owned());
+    move |source| TlsError::CertKey {
+        cert: cert.clone(),
+        key: key.clone(),
+        source,
+    }
+}
+
 fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = |source| TlsError::Pem {
         path: path.to_owned(),
@@ -117,18 +127,10 @@ fn roots(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
 pub fn https_server_config(cert: &Path, key_path: &Path) -> Result<rustls::ServerConfig, TlsError> {
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|source| TlsError::CertKey {
-            cert: cert.to_owned(),
-            key: key_path.to_owned(),
-            source,
-        })?
+        .map_err(cert_key_error(cert, key_path))?
         .with_no_client_auth()
         .with_single_cert(certs(cert)?, key(key_path)?)
-        .map_err(|source| TlsError::CertKey {
-            cert: cert.to_owned(),
-            key: key_path.to_owned(),
-            source,
-        })?;
+        .map_err(cert_key_error(cert, key_path))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }
@@ -163,18 +165,10 @@ pub fn server_config(files: &TlsFiles) -> Result<quinn::ServerConfig, TlsError> 
         .map_err(|source| TlsError::Verifier { source })?;
     let mut crypto = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|source| TlsError::CertKey {
-            cert: files.cert.clone(),
-            key: files.key.clone(),
-            source,
-        })?
+        .map_err(cert_key_error(&files.cert, &files.key))?
         .with_client_cert_verifier(verifier)
         .with_single_cert(certs(&files.cert)?, key(&files.key)?)
-        .map_err(|source| TlsError::CertKey {
-            cert: files.cert.clone(),
-            key: files.key.clone(),
-            source,
-        })?;
+        .map_err(cert_key_error(&files.cert, &files.key))?;
     crypto.alpn_protocols = vec![ALPN.to_vec()];
     let quic = quinn::crypto::rustls::QuicServerConfig::try_from(crypto)
         .map_err(|_| TlsError::NoQuicSuite)?;
@@ -187,18 +181,10 @@ pub fn server_config(files: &TlsFiles) -> Result<quinn::ServerConfig, TlsError> 
 pub fn client_config(files: &TlsFiles) -> Result<quinn::ClientConfig, TlsError> {
     let mut crypto = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|source| TlsError::CertKey {
-            cert: files.cert.clone(),
-            key: files.key.clone(),
-            source,
-        })?
+        .map_err(cert_key_error(&files.cert, &files.key))?
         .with_root_certificates(roots(&files.ca)?)
         .with_client_auth_cert(certs(&files.cert)?, key(&files.key)?)
-        .map_err(|source| TlsError::CertKey {
-            cert: files.cert.clone(),
-            key: files.key.clone(),
-            source,
-        })?;
+        .map_err(cert_key_error(&files.cert, &files.key))?;
     crypto.alpn_protocols = vec![ALPN.to_vec()];
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
         .map_err(|_| TlsError::NoQuicSuite)?;

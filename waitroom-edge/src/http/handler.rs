@@ -66,7 +66,7 @@ pub async fn handle(
     // 2. The ticket: whatever does not open is a new visitor, counted by why.
     let started = Instant::now();
     let now = clock::now();
-    let ticket = open_ticket(node, room, engine_room, req.headers());
+    let ticket = open_ticket(node, room, engine_room, req.headers(), now);
     let presented = ticket;
 
     // 3. The decision.
@@ -132,6 +132,7 @@ fn open_ticket(
     room: &RoomRuntime,
     engine_room: &Room,
     headers: &HeaderMap,
+    now: UnixMillis,
 ) -> Option<Ticket> {
     let value = cookie::find(headers, &room.cookie_name)?;
     let bytes = match node.keys.load().open(&room.spec.id, value) {
@@ -155,7 +156,7 @@ fn open_ticket(
     // A session that ended makes a new visitor in the engine; count it here.
     if let Some(end) =
         ticket.session_end(engine_room.session_minutes(), engine_room.session_renewal())
-        && clock::now() >= end
+        && now >= end
     {
         room.metrics.cookie_failure(CookieFailure::Expired);
     }
