@@ -10,7 +10,7 @@ use std::{
 use waitroom_tests::{
     edge::{Edge, QUEUE, SITE, client, get, metric},
     minutes::early_in_a_minute,
-    procs::{TempDir, binary, free_port, start_origin},
+    procs::{Proc, TempDir, binary, free_port, start_origin},
 };
 
 /// A node config with one room in front of `origin`; `room` adds or overrides keys.
@@ -38,24 +38,24 @@ origin_timeout_ms = 2000
     )
 }
 
+/// A scratch dir, the demo origin and a node in front of it with `room`'s keys.
+fn node(tag: &str, room: &str) -> (TempDir, Proc, Edge) {
+    let dir = TempDir::new(tag);
+    let (origin_proc, origin) = start_origin(dir.path(), "origin").unwrap();
+    let edge = Edge::start(dir.path(), "edge", &config(&dir, origin, room)).unwrap();
+    (dir, origin_proc, edge)
+}
+
 fn metrics(edge: &Edge) -> String {
     get(&client(), &edge.admin_url("/metrics")).1
 }
 
 #[test]
 fn admits_up_to_the_limit_then_queues_and_keeps_sessions() {
-    let dir = TempDir::new("limits");
-    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
-    let edge = Edge::start(
-        dir.path(),
-        "edge",
-        &config(
-            &dir,
-            origin,
-            "total_active_users = 3\nnew_users_per_minute = 3\nsession_duration = 5",
-        ),
-    )
-    .unwrap();
+    let (_dir, _origin, edge) = node(
+        "limits",
+        "total_active_users = 3\nnew_users_per_minute = 3\nsession_duration = 5",
+    );
     early_in_a_minute(20);
     let visitors: Vec<ureq::Agent> = (0..5).map(|_| client()).collect();
     let mut admitted = 0;
@@ -112,14 +112,10 @@ fn admits_up_to_the_limit_then_queues_and_keeps_sessions() {
 
 #[test]
 fn queued_apps_get_json_with_the_template_fields_and_a_refresh() {
-    let dir = TempDir::new("json");
-    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
-    let edge = Edge::start(
-        dir.path(),
-        "edge",
-        &config(&dir, origin, "total_active_users = 1\nnew_users_per_minute = 1\nqueue_status = 429\nrefresh_interval = 30"),
-    )
-    .unwrap();
+    let (_dir, _origin, edge) = node(
+        "json",
+        "total_active_users = 1\nnew_users_per_minute = 1\nqueue_status = 429\nrefresh_interval = 30",
+    );
     early_in_a_minute(10);
     let first = client();
     assert!(get(&first, &edge.url("/")).1.contains(SITE));
@@ -162,18 +158,10 @@ fn queued_apps_get_json_with_the_template_fields_and_a_refresh() {
 
 #[test]
 fn tampered_and_foreign_cookies_make_new_visitors_never_errors() {
-    let dir = TempDir::new("tamper");
-    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
-    let edge = Edge::start(
-        dir.path(),
-        "edge",
-        &config(
-            &dir,
-            origin,
-            "total_active_users = 100\nnew_users_per_minute = 100",
-        ),
-    )
-    .unwrap();
+    let (_dir, _origin, edge) = node(
+        "tamper",
+        "total_active_users = 100\nnew_users_per_minute = 100",
+    );
     let agent = client();
     let resp = agent.get(&edge.url("/")).call().unwrap();
     let set_cookie = resp.headers()["set-cookie"].to_str().unwrap().to_owned();
@@ -258,18 +246,10 @@ fn an_unreachable_origin_answers_a_clear_502_quickly() {
 
 #[test]
 fn a_slow_headers_client_is_cut_off_and_others_are_served() {
-    let dir = TempDir::new("slowloris");
-    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
-    let edge = Edge::start(
-        dir.path(),
-        "edge",
-        &config(
-            &dir,
-            origin,
-            "total_active_users = 100\nnew_users_per_minute = 100",
-        ),
-    )
-    .unwrap();
+    let (_dir, _origin, edge) = node(
+        "slowloris",
+        "total_active_users = 100\nnew_users_per_minute = 100",
+    );
     let mut slow: Vec<TcpStream> = (0..20)
         .map(|_| {
             let mut s = TcpStream::connect(edge.http).unwrap();
@@ -395,18 +375,10 @@ fn check_names_the_file_and_the_field() {
 
 #[test]
 fn sigterm_drains_in_flight_requests() {
-    let dir = TempDir::new("drain");
-    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
-    let mut edge = Edge::start(
-        dir.path(),
-        "edge",
-        &config(
-            &dir,
-            origin,
-            "total_active_users = 100\nnew_users_per_minute = 100",
-        ),
-    )
-    .unwrap();
+    let (_dir, _origin, mut edge) = node(
+        "drain",
+        "total_active_users = 100\nnew_users_per_minute = 100",
+    );
     let url = edge.url("/slow?ms=1500");
     let inflight = std::thread::spawn(move || get(&client(), &url));
     std::thread::sleep(Duration::from_millis(300));

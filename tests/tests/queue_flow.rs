@@ -13,7 +13,7 @@ use waitroom_tests::{
     browser::{Browser, chromium_path},
     edge::{Edge, QUEUE, SITE, client, metric},
     minutes::{early_in_a_minute, sleep_into_next_minute},
-    procs::{TempDir, start_origin},
+    procs::{Proc, TempDir, start_origin},
 };
 
 fn config(dir: &TempDir, origin: SocketAddr, room: &str) -> String {
@@ -33,6 +33,14 @@ refresh_interval = 5
 "#,
         counters = dir.path().join("counters.shm").display()
     )
+}
+
+/// A scratch dir, the demo origin and a node in front of it with `room`'s keys.
+fn node(tag: &str, room: &str) -> (TempDir, Proc, Edge) {
+    let dir = TempDir::new(tag);
+    let (origin_proc, origin) = start_origin(dir.path(), "origin").unwrap();
+    let edge = Edge::start(dir.path(), "edge", &config(&dir, origin, room)).unwrap();
+    (dir, origin_proc, edge)
 }
 
 fn get(agent: &ureq::Agent, url: &str) -> String {
@@ -59,18 +67,10 @@ fn check_in_until(
 
 #[test]
 fn fifo_lets_the_oldest_bucket_in_first() {
-    let dir = TempDir::new("fifo");
-    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
-    let edge = Edge::start(
-        dir.path(),
-        "edge",
-        &config(
-            &dir,
-            origin,
-            "total_active_users = 50\nnew_users_per_minute = 1\nsession_duration = 5",
-        ),
-    )
-    .unwrap();
+    let (_dir, _origin, edge) = node(
+        "fifo",
+        "total_active_users = 50\nnew_users_per_minute = 1\nsession_duration = 5",
+    );
     early_in_a_minute(20);
     let v1 = client();
     let older = client();
@@ -110,18 +110,10 @@ fn fifo_lets_the_oldest_bucket_in_first() {
 
 #[test]
 fn random_queueing_can_admit_a_newer_bucket_first() {
-    let dir = TempDir::new("random");
-    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
-    let edge = Edge::start(
-        dir.path(),
-        "edge",
-        &config(
-            &dir,
-            origin,
-            "total_active_users = 50\nnew_users_per_minute = 1\nsession_duration = 5\nqueueing_method = \"random\"",
-        ),
-    )
-    .unwrap();
+    let (_dir, _origin, edge) = node(
+        "random",
+        "total_active_users = 50\nnew_users_per_minute = 1\nsession_duration = 5\nqueueing_method = \"random\"",
+    );
     early_in_a_minute(20);
     let v1 = client();
     let older = client();
@@ -146,18 +138,10 @@ fn random_queueing_can_admit_a_newer_bucket_first() {
 
 #[test]
 fn an_ended_session_frees_its_slot_for_the_queue() {
-    let dir = TempDir::new("expiry");
-    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
-    let edge = Edge::start(
-        dir.path(),
-        "edge",
-        &config(
-            &dir,
-            origin,
-            "total_active_users = 1\nnew_users_per_minute = 1\nsession_duration = 1",
-        ),
-    )
-    .unwrap();
+    let (_dir, _origin, edge) = node(
+        "expiry",
+        "total_active_users = 1\nnew_users_per_minute = 1\nsession_duration = 1",
+    );
     let first = client();
     let waiting = client();
     assert!(get(&first, &edge.url("/")).contains(SITE));
@@ -183,18 +167,10 @@ fn a_real_browser_waits_on_the_queue_page_and_lands_on_the_site() {
         eprintln!("skipping: chromium is not installed (cargo xtask setup installs it)");
         return;
     }
-    let dir = TempDir::new("browser");
-    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
-    let edge = Edge::start(
-        dir.path(),
-        "edge",
-        &config(
-            &dir,
-            origin,
-            "total_active_users = 1\nnew_users_per_minute = 1\nsession_duration = 1",
-        ),
-    )
-    .unwrap();
+    let (dir, _origin, edge) = node(
+        "browser",
+        "total_active_users = 1\nnew_users_per_minute = 1\nsession_duration = 1",
+    );
     let holder = client();
     assert!(
         get(&holder, &edge.url("/")).contains(SITE),
