@@ -2,11 +2,18 @@
 //! binaries, and the privileged ones build network namespaces for XDP.
 //!
 //! # Layout
+//! - [`demo_origin`]: the demo shop, a real HTTP origin (binary
+//!   `waitroom-demo-origin`, also used by `cargo xtask demo` and `bench`).
+//! - [`procs`]: starting the real binaries, stopping them in `Drop`.
+//! - [`edge`], [`cluster`]: a node, an aggregator with nodes, as processes.
+//! - [`browser`]: headless Chromium over the DevTools protocol.
+//! - [`minutes`]: waiting for minute boundaries in the real-minute tests.
 //! - [`netns`]: a namespace + veth pair guard for XDP tests.
 //! - [`require_root`]: the skip check of privileged tests.
 
 pub mod browser;
 pub mod cluster;
+pub mod demo_origin;
 pub mod edge;
 pub mod minutes;
 pub mod netns;

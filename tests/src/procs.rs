@@ -30,7 +30,7 @@ pub fn binary(name: &str) -> PathBuf {
     let mut built = BUILD.lock().unwrap_or_else(|e| e.into_inner());
     if !path.exists() && !*built {
         let status = Command::new(env!("CARGO"))
-            .args(["build", "--package", "waitroom-edge", "--bins"])
+            .args(["build", "--workspace", "--bins"])
             .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap())
             .status()
             .expect("running cargo build");
@@ -211,8 +211,8 @@ pub fn ready_field(line: &str, key: &str) -> Result<String> {
 pub fn start_origin(dir: &Path, name: &str) -> Result<(Proc, SocketAddr)> {
     let port = free_port()?;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-    let mut cmd = Command::new(binary("waitroom-edge"));
-    cmd.args(["demo-origin", "--listen", &addr.to_string()]);
+    let mut cmd = Command::new(binary("waitroom-demo-origin"));
+    cmd.args(["--listen", &addr.to_string()]);
     let proc = Proc::spawn(name, cmd, dir)?;
     wait_connectable(addr, Duration::from_secs(10))?;
     Ok((proc, addr))

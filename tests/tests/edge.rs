@@ -479,7 +479,7 @@ fn tls_listener_speaks_http2_and_http1_with_its_certificate() {
     let dir = TempDir::new("tls");
     let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
     let certs = dir.path().join("certs");
-    waitroom_edge::devcerts::write(&certs, &[]).unwrap();
+    waitroom_runtime::devcerts::write(&certs, &[]).unwrap();
     let text = config(
         &dir,
         origin,

@@ -15,9 +15,8 @@ use waitroom_tests::{
 
 /// A demo origin on `addr`, each response `delay_ms` late.
 fn origin(dir: &TempDir, name: &str, addr: SocketAddr, delay_ms: u64) -> Proc {
-    let mut cmd = Command::new(binary("waitroom-edge"));
+    let mut cmd = Command::new(binary("waitroom-demo-origin"));
     cmd.args([
-        "demo-origin",
         "--listen",
         &addr.to_string(),
         "--delay-ms",

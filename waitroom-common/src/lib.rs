@@ -3,7 +3,10 @@
 //! Without features this crate is `#![no_std]` and holds only the `#[repr(C)]`
 //! types shared with the kernel program in `waitroom-ebpf`. The `user` feature
 //! implements [`aya::Pod`] for them so userspace can read the maps; the `std`
-//! feature adds the room model, the admission engine and the gossip protocol.
+//! feature adds every pure rule the node, the aggregator and the simulator
+//! agree on: the room model, the admission engine, the aggregation and the
+//! cluster's lease ledger, the local-only share, and the gossip messages with
+//! their frame codec. Time is always passed in.
 //!
 //! # The admission engine
 //! Pure functions from (room, global state, node counters, ticket, now,
@@ -21,12 +24,19 @@
 //! - `state`: [`GlobalState`](state::GlobalState), what a node decides with.
 //! - `aggregate`: [`NodeReport`](aggregate::NodeReport) and [`aggregate`](aggregate::aggregate).
 //! - `engine`: [`decide`](engine::decide), one request's decision.
+//! - `share`: the local-only share a node decides with when its news is stale.
+//! - `cluster`: [`Cluster`](cluster::Cluster), the aggregator's memory: reports,
+//!   departed nodes and the Anywhere lease ledger (the merge around `aggregate`).
+//! - `wire`: the gossip [`Message`](wire::Message)s and their frame codec
+//!   (the QUIC transport is in `waitroom-runtime`).
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod xdp;
 
 #[cfg(feature = "std")]
 pub mod aggregate;
+#[cfg(feature = "std")]
+pub mod cluster;
 #[cfg(feature = "std")]
 pub mod counters;
 #[cfg(feature = "std")]
@@ -36,6 +46,8 @@ pub mod estimate;
 #[cfg(feature = "std")]
 pub mod room;
 #[cfg(feature = "std")]
+pub mod share;
+#[cfg(feature = "std")]
 pub mod slots;
 #[cfg(feature = "std")]
 pub mod state;
@@ -43,3 +55,5 @@ pub mod state;
 pub mod ticket;
 #[cfg(feature = "std")]
 pub mod time;
+#[cfg(feature = "std")]
+pub mod wire;

@@ -1,19 +1,18 @@
 //! The admin listener: Prometheus metrics and status, for operators only.
 //!
 //! Bind it to loopback; it is not meant to face visitors.
-use std::{convert::Infallible, fmt::Write as _, sync::Arc, sync::atomic::Ordering::Relaxed};
+use std::{fmt::Write as _, sync::Arc, sync::atomic::Ordering::Relaxed};
 
-use http::{HeaderValue, Request, Response, StatusCode, header};
-use hyper::{body::Incoming, service::service_fn};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
 use tokio::net::TcpListener;
-
-use crate::{
-    Node,
-    http::{Body, full},
-    metrics,
+use waitroom_runtime::{
+    admin::{family, serve_with, text},
+    body::Body,
     shutdown::Shutdown,
 };
+
+use crate::{metrics, node::Node};
 
 /// Serves the node's admin endpoints until shutdown.
 pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: Shutdown) {
@@ -21,40 +20,6 @@ pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: Shutdown) {
         route(&node, req).await
     })
     .await;
-}
-
-/// An operators' HTTP listener (the node's and the aggregator's): every
-/// connection is served by `route` with the shared `state`, until shutdown.
-pub async fn serve_with<S, F, Fut>(
-    listener: TcpListener,
-    state: Arc<S>,
-    mut shutdown: Shutdown,
-    route: F,
-) where
-    S: Send + Sync + 'static,
-    F: Fn(Arc<S>, Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
-{
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(err) => { tracing::warn!(%err, "admin accept failed"); continue; }
-            },
-            () = shutdown.requested() => return,
-        };
-        let state = Arc::clone(&state);
-        let route = route.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| {
-                let fut = route(Arc::clone(&state), req);
-                async move { Ok::<_, Infallible>(fut.await) }
-            });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
 }
 
 async fn route(node: &Node, req: Request<Incoming>) -> Response<Body> {
@@ -78,7 +43,7 @@ async fn route(node: &Node, req: Request<Incoming>) -> Response<Body> {
 /// The XDP deny list: `GET /deny` lists prefixes with their drop counts,
 /// `POST /deny?prefix=P` adds one, `DELETE /deny?prefix=P` removes one.
 fn deny(node: &Node, req: &Request<Incoming>) -> Response<Body> {
-    let guard = node.xdp.lock().clone();
+    let guard = node.xdp.as_ref().map(|x| Arc::clone(&x.guard));
     let Some(guard) = guard else {
         return text(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -158,7 +123,7 @@ fn deny(node: &Node, req: &Request<Incoming>) -> Response<Body> {
 fn render_metrics(node: &Node) -> String {
     let mut out = String::with_capacity(8192);
     let m = &node.metrics;
-    metrics::family(
+    family(
         &mut out,
         "waitroom_connections_open",
         "gauge",
@@ -169,7 +134,7 @@ fn render_metrics(node: &Node) -> String {
         "waitroom_connections_open {}",
         m.connections_open.load(Relaxed)
     );
-    metrics::family(
+    family(
         &mut out,
         "waitroom_connections_total",
         "counter",
@@ -180,7 +145,7 @@ fn render_metrics(node: &Node) -> String {
         "waitroom_connections_total {}",
         m.connections_total.load(Relaxed)
     );
-    metrics::family(
+    family(
         &mut out,
         "waitroom_requests_unmatched_total",
         "counter",
@@ -192,10 +157,10 @@ fn render_metrics(node: &Node) -> String {
         m.requests_unmatched.load(Relaxed)
     );
     render_rooms(&mut out, node);
-    if let Some(t) = node.xdp_telemetry.get() {
+    if let Some(t) = node.xdp.as_ref().map(|x| &x.telemetry) {
         t.render(&mut out);
     }
-    metrics::family(
+    family(
         &mut out,
         "waitroom_xdp_attached",
         "gauge",
@@ -204,39 +169,39 @@ fn render_metrics(node: &Node) -> String {
     let _ = writeln!(
         out,
         "waitroom_xdp_attached {}",
-        u8::from(node.xdp.lock().is_some())
+        u8::from(node.xdp.is_some())
     );
     crate::upstream::status::render_metrics(&mut out, node.rooms.iter().map(|r| &*r.upstream));
-    if let Some(gossip) = node.gossip.get() {
+    if let Some(gossip) = node.gossip.as_ref() {
         gossip
             .status
-            .render(&mut out, &gossip.world, crate::clock::now());
+            .render(&mut out, &gossip.world, node.clock.now());
     }
     out
 }
 
 fn render_rooms(out: &mut String, node: &Node) {
-    let now = crate::clock::now();
+    let now = node.clock.now();
     let minute = now.minute();
-    metrics::family(
+    family(
         out,
         "waitroom_active_users",
         "gauge",
         "Visitors with a live session: this node's count and the global view.",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_waiting",
         "gauge",
         "Visitors waiting in the queue: this node's count and the global view.",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_admitted_this_minute",
         "gauge",
         "Admissions in the current minute, this node.",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_admits_per_minute",
         "gauge",
@@ -277,43 +242,43 @@ fn render_rooms(out: &mut String, node: &Node) {
             state.admits_per_minute
         );
     }
-    metrics::family(
+    family(
         out,
         "waitroom_admitted_total",
         "counter",
         "Visitors sent to the origin.",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_queued_total",
         "counter",
         "Queue pages and JSON answers served.",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_rejected_total",
         "counter",
         "Visitors refused (queueing method reject).",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_proxy_errors_total",
         "counter",
         "Origin requests that failed (502).",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_cookie_failures_total",
         "counter",
         "Cookies that could not be used; each made a new visitor.",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_decision_seconds",
         "histogram",
         "Time to open the cookie, decide and seal the new cookie.",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_proxy_seconds",
         "histogram",
@@ -326,7 +291,7 @@ fn render_rooms(out: &mut String, node: &Node) {
 
 /// Per-room status for operators and tests.
 fn status(node: &Node) -> serde_json::Value {
-    let now = crate::clock::now();
+    let now = node.clock.now();
     let minute = now.minute();
     let rooms: Vec<serde_json::Value> = node
         .rooms
@@ -357,7 +322,7 @@ fn status(node: &Node) -> serde_json::Value {
             })
         })
         .collect();
-    let gossip = node.gossip.get().map(|g| {
+    let gossip = node.gossip.as_ref().map(|g| {
         let freshness = g.world.freshness(now);
         serde_json::json!({
             "connected": g.status.connected.load(Relaxed),
@@ -368,12 +333,4 @@ fn status(node: &Node) -> serde_json::Value {
         })
     });
     serde_json::json!({ "node": node.id, "colo": node.colo, "rooms": rooms, "gossip": gossip })
-}
-
-fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
-    let mut resp = Response::new(full(body));
-    *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    resp
 }

@@ -131,10 +131,86 @@ fn default_grace_ms() -> u64 {
 }
 
 /// Reads and validates `path`.
-pub fn load(path: &Path) -> Result<crate::EdgeConfig, ConfigError> {
+pub fn load(path: &Path) -> Result<EdgeConfig, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
         source,
     })?;
-    crate::EdgeConfig::parse(path, &text)
+    EdgeConfig::parse(path, &text)
+}
+
+/// The whole validated configuration of a node.
+#[derive(Debug, Clone)]
+pub struct EdgeConfig {
+    pub node: NodeSection,
+    pub rooms: Vec<crate::rooms::RoomSpec>,
+    /// The `[aggregator]` table; without it the node is the whole world.
+    pub aggregator: Option<crate::gossip::GossipConfig>,
+    /// The `[xdp]` table; without it the node runs without its XDP program.
+    pub xdp: Option<crate::xdp::XdpConfig>,
+}
+
+impl EdgeConfig {
+    /// Parses and validates a configuration read from `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            node: NodeSection,
+            #[serde(default)]
+            rooms: Vec<toml::Table>,
+            #[serde(default)]
+            aggregator: Option<crate::gossip::GossipConfig>,
+            #[serde(default)]
+            xdp: Option<crate::xdp::XdpConfig>,
+        }
+        let raw: Raw = toml::from_str(text).map_err(|source| ConfigError::Syntax {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })?;
+        if raw.rooms.is_empty() {
+            return Err(ConfigError::Field {
+                path: path.to_owned(),
+                field: "rooms".into(),
+                problem: "at least one [[rooms]] table is required".into(),
+            });
+        }
+        let mut rooms = Vec::with_capacity(raw.rooms.len());
+        for (index, table) in raw.rooms.into_iter().enumerate() {
+            let spec =
+                crate::rooms::RoomSpec::from_table(table).map_err(|e| ConfigError::Room {
+                    path: path.to_owned(),
+                    index,
+                    room: e.room,
+                    field: e.field,
+                    problem: e.problem,
+                })?;
+            if let Some(prev) = rooms
+                .iter()
+                .position(|r: &crate::rooms::RoomSpec| r.id == spec.id)
+            {
+                return Err(ConfigError::Room {
+                    path: path.to_owned(),
+                    index,
+                    room: spec.id.clone(),
+                    field: "id".into(),
+                    problem: format!("duplicate room id (also rooms[{prev}])"),
+                });
+            }
+            rooms.push(spec);
+        }
+        if let Some(gossip) = &raw.aggregator {
+            gossip.validate().map_err(|e| ConfigError::Field {
+                path: path.to_owned(),
+                field: format!("aggregator.{}", e.field),
+                problem: e.problem,
+            })?;
+        }
+        Ok(Self {
+            node: raw.node,
+            rooms,
+            aggregator: raw.aggregator,
+            xdp: raw.xdp,
+        })
+    }
 }

@@ -153,12 +153,6 @@ impl NodeMetrics {
     }
 }
 
-/// Appends one metric family header.
-pub fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
 /// Renders a room's counters and histograms.
 pub fn render_room(out: &mut String, room: &str, m: &RoomMetrics) {
     let l = format!("room=\"{room}\"");

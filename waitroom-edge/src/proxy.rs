@@ -18,12 +18,11 @@ use http_body_util::{BodyExt as _, Empty};
 use hyper::body::{Body as _, Incoming};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 
-use crate::{
-    http::{Body, BoxError, full},
-    upstream::{
-        OriginChoice, Upstream,
-        tls::{OriginConnector, OriginTls},
-    },
+use waitroom_runtime::body::{Body, BoxError, full};
+
+use crate::upstream::{
+    OriginChoice, Upstream,
+    tls::{OriginConnector, OriginTls},
 };
 
 /// The pooled client a worker uses to reach origins (HTTP, or TLS for

@@ -6,7 +6,9 @@ use std::fmt::Write as _;
 
 use anyhow::Context as _;
 
-use crate::{EdgeConfig, clock, counters::SharedCounters};
+use waitroom_runtime::clock;
+
+use crate::{config::EdgeConfig, counters::SharedCounters};
 
 /// A table of every configured room's counters for the current minute.
 pub fn render(config: &EdgeConfig) -> anyhow::Result<String> {

@@ -15,7 +15,9 @@ use std::{
 use tokio::sync::watch;
 use waitroom_common::{room::RoomId, time::Minute};
 
-use crate::{gossip::TrafficSignal, metrics, xdp::TelemetrySnapshot};
+use waitroom_runtime::admin::family;
+
+use crate::{gossip::TrafficSignal, xdp::TelemetrySnapshot};
 
 /// The latest XDP snapshot, published every second by the telemetry task.
 #[derive(Debug)]
@@ -64,10 +66,10 @@ impl Telemetry {
                 t.syn_budget_dropped,
             ),
         ] {
-            metrics::family(out, name, "counter", help);
+            family(out, name, "counter", help);
             let _ = writeln!(out, "{name} {value}");
         }
-        metrics::family(
+        family(
             out,
             "waitroom_xdp_port_syns_total",
             "counter",
@@ -80,7 +82,7 @@ impl Telemetry {
                 c.syns
             );
         }
-        metrics::family(
+        family(
             out,
             "waitroom_xdp_port_packets_total",
             "counter",
@@ -93,7 +95,7 @@ impl Telemetry {
                 c.packets
             );
         }
-        metrics::family(
+        family(
             out,
             "waitroom_xdp_distinct_sources",
             "gauge",

@@ -80,7 +80,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let root = cmd::workspace_root();
     cmd::run(
-        "building release binaries (waitroom-edge, waitroom-loadgen)",
+        "building release binaries (waitroom-edge, waitroom-loadgen, waitroom-demo-origin)",
         cmd::cargo().args([
             "build",
             "--release",
@@ -92,6 +92,8 @@ pub fn run(args: &Args) -> Result<()> {
             "waitroom-tests",
             "--bin",
             "waitroom-loadgen",
+            "--bin",
+            "waitroom-demo-origin",
         ]),
     )?;
     let bin = root.join("target/release");
@@ -109,11 +111,8 @@ pub fn run(args: &Args) -> Result<()> {
     let nginx_port = free_port()?;
     let _origin = start(
         "origin",
-        pinned(server_cpu, &bin.join("waitroom-edge")).args([
-            "demo-origin",
-            "--listen",
-            &format!("127.0.0.1:{origin_port}"),
-        ]),
+        pinned(server_cpu, &bin.join("waitroom-demo-origin"))
+            .args(["--listen", &format!("127.0.0.1:{origin_port}")]),
     )?;
     wait_port(origin_port)?;
     let edge_cfg = out.join("edge.toml");

@@ -38,7 +38,7 @@ pub fn run(args: &Args) -> Result<()> {
                 "run",
                 "--quiet",
                 "--package",
-                "waitroom-edge",
+                "waitroom-aggregator",
                 "--bin",
                 "waitroom-aggregator",
                 "--",

@@ -80,16 +80,21 @@ impl Drop for Service {
 pub fn run(args: &Args) -> Result<()> {
     let root = cmd::workspace_root();
     let mut build = cmd::cargo();
-    build.args(["build", "--package", "waitroom-edge", "--bins"]);
+    // The same build as `cargo xtask test` runs, so neither rebuilds for the other.
+    build.args(["build", "--workspace", "--bins"]);
     if args.release {
         build.arg("--release");
     }
-    cmd::run("building waitroom-edge and waitroom-aggregator", &mut build)?;
+    cmd::run(
+        "building waitroom-edge, waitroom-aggregator and the demo origin",
+        &mut build,
+    )?;
     let bin_dir = root
         .join("target")
         .join(if args.release { "release" } else { "debug" });
     let edge = bin_dir.join("waitroom-edge");
     let aggregator = bin_dir.join("waitroom-aggregator");
+    let origin = bin_dir.join("waitroom-demo-origin");
 
     let dir = root.join("target").join("demo");
     std::fs::create_dir_all(&dir).context("creating target/demo")?;
@@ -133,12 +138,8 @@ pub fn run(args: &Args) -> Result<()> {
     cmd::step("starting the demo origin, the aggregator and the edge nodes");
     let mut services = vec![Service::start(
         "demo origin",
-        Command::new(&edge)
-            .args([
-                "demo-origin",
-                "--listen",
-                &format!("127.0.0.1:{}", p.origin),
-            ])
+        Command::new(&origin)
+            .args(["--listen", &format!("127.0.0.1:{}", p.origin)])
             .stderr(log_file(&dir, "origin")?),
     )?];
     if !args.single {

@@ -46,7 +46,14 @@ pub fn run(args: &Args) -> Result<()> {
     let profile = if args.debug { "debug" } else { "release" };
     if !args.no_build {
         let mut build = cmd::cargo();
-        build.args(["build", "--package", "waitroom-edge", "--bins"]);
+        build.args([
+            "build",
+            "--package",
+            "waitroom-edge",
+            "--package",
+            "waitroom-aggregator",
+            "--bins",
+        ]);
         if !args.debug {
             build.arg("--release");
         }
@@ -69,7 +76,7 @@ pub fn run(args: &Args) -> Result<()> {
         let from = ws.join("target").join(profile).join(bin);
         if !from.exists() {
             bail!(
-                "{} is missing: build with `cargo build{} -p waitroom-edge --bins`",
+                "{} is missing: build with `cargo build{} -p waitroom-edge -p waitroom-aggregator --bins`",
                 from.display(),
                 if args.debug { "" } else { " --release" }
             );

@@ -27,32 +27,12 @@ enum Command {
     Run,
     /// Print this node's counters (from shared memory; the node need not run).
     Stats,
-    /// Serve the built-in demo origin (a small shop) for demos and tests.
-    DemoOrigin {
-        #[arg(long, default_value = "127.0.0.1:8081")]
-        listen: std::net::SocketAddr,
-        /// Delay every response by this many milliseconds (a slow origin for tests).
-        #[arg(long, default_value_t = 0)]
-        delay_ms: u64,
-    },
 }
 
 fn main() -> anyhow::Result<()> {
-    waitroom_edge::init_logging();
+    waitroom_runtime::logging::init();
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::DemoOrigin { listen, delay_ms }) => {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .context("starting the runtime")?
-                .block_on(waitroom_edge::demo_origin::serve_with(
-                    listen,
-                    std::time::Duration::from_millis(delay_ms),
-                ))
-                .context("demo origin")
-        }
         Some(Command::Stats) => {
             let config = waitroom_edge::config::load(&cli.config)?;
             print!("{}", waitroom_edge::stats::render(&config)?);
@@ -63,11 +43,11 @@ fn main() -> anyhow::Result<()> {
             if cli.check {
                 // The files the config names must load too, not just parse.
                 if let Some(gossip) = &config.aggregator {
-                    waitroom_edge::tls::check(&gossip.tls_files())
+                    waitroom_runtime::tls::check(&gossip.tls_files())
                         .with_context(|| format!("{}: [aggregator]", cli.config.display()))?;
                 }
                 if let Some(tls) = &config.node.tls {
-                    waitroom_edge::tls::https_server_config(&tls.cert, &tls.key)
+                    waitroom_runtime::tls::https_server_config(&tls.cert, &tls.key)
                         .with_context(|| format!("{}: node.tls", cli.config.display()))?;
                 }
                 println!(
@@ -78,7 +58,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
-            waitroom_edge::run(config, &cli.config)
+            waitroom_edge::start::run(config, &cli.config)
         }
     }
 }

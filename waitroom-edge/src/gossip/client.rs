@@ -5,18 +5,20 @@ use std::{sync::Arc, sync::atomic::Ordering::Relaxed, time::Duration};
 use tracing::Instrument as _;
 use waitroom_common::{
     aggregate::{NodeReport, RoomReport},
+    share::{observed_share, smooth_share},
     time::UnixMillis,
+    wire::{self, AnswerFrame, Message, RefusalReason, ReportFrame},
+};
+use waitroom_runtime::{
+    clock::Clock,
+    frames::{self, FrameError},
+    shutdown::Shutdown,
 };
 
 use super::{
     GossipConfig, NodeIdentity, Reporter,
     status::GossipStatus,
-    world::{RoomView, World, WorldView, observed_share, smooth_share},
-};
-use crate::{
-    clock,
-    shutdown::Shutdown,
-    wire::{self, AnswerFrame, Message, RefusalReason, ReportFrame},
+    world::{RoomView, World, WorldView},
 };
 
 /// First reconnect delay; doubles per failed attempt up to [`BACKOFF_CAP`].
@@ -75,7 +77,7 @@ pub enum ExchangeError {
     #[error("connection: {source}")]
     Connection { source: quinn::ConnectionError },
     #[error("{source}")]
-    Wire { source: wire::WireError },
+    Wire { source: FrameError },
     #[error("aggregator refused the report ({reason:?}): {detail}")]
     Refused {
         reason: RefusalReason,
@@ -97,6 +99,8 @@ pub(super) struct Client {
     pub world: Arc<WorldView>,
     pub status: Arc<GossipStatus>,
     pub endpoint: quinn::Endpoint,
+    /// The node's clock: report times and answer ages.
+    pub clock: Clock,
 }
 
 impl Client {
@@ -187,7 +191,7 @@ impl Client {
         loop {
             tick.tick().await;
             *seq += 1;
-            let now = clock::now();
+            let now = self.clock.now();
             let rooms = self.reporter.report(now);
             let report = NodeReport {
                 node: self.identity.node.clone(),
@@ -242,7 +246,7 @@ impl Client {
     /// Swaps in a world built from `answer`, carrying each room's share over.
     fn store(&self, report: &NodeReport, answer: AnswerFrame) {
         let previous = self.world.load_full();
-        let received_at = clock::now();
+        let received_at = self.clock.now();
         let rooms = answer
             .rooms
             .into_iter()
@@ -302,10 +306,10 @@ async fn exchange(
         report: report.clone(),
         pools,
     });
-    wire::write(&mut send, &message)
+    frames::write(&mut send, &message)
         .await
         .map_err(|source| ExchangeError::Wire { source })?;
-    match wire::read(&mut recv).await {
+    match frames::read(&mut recv).await {
         Ok(Message::Answer(answer)) if answer.seq == seq => Ok(answer),
         Ok(Message::Answer(answer)) => Err(ExchangeError::WrongAnswer {
             got: answer.seq,

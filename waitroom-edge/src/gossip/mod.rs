@@ -5,14 +5,14 @@
 //! [`spawn`] starts one task on the node's control runtime. Every
 //! `interval_ms` it asks the [`Reporter`] for this node's counts (read from
 //! the shared-memory counters, off the request path), sends them on a fresh
-//! stream of one long-lived connection (see [`crate::wire`]), and swaps the
+//! stream of one long-lived connection (see [`waitroom_common::wire`]), and swaps the
 //! answer into the [`WorldView`]. The request path only ever `load()`s that
 //! view: it never waits on the network, and a lost aggregator only makes the
 //! view older.
 //!
 //! When answers stop, the view goes stale after `stale_after_ms`
 //! ([`WorldView::freshness`]); the node then decides with
-//! [`world::local_only_state`], its last known share of the room's limits,
+//! [`waitroom_common::share::local_only_state`], its last known share of the room's limits,
 //! and goes back to the global state with the first new answer.
 //!
 //! # Anywhere leases
@@ -21,7 +21,7 @@
 //! the node's ticket counter (`RoomCounters::take_ticket` with
 //! `Pool::Anywhere`) enforces the cap exactly. Leases are per minute: the
 //! per-minute ticket counters start again at zero, and the next answer
-//! replaces the lease (see [`crate::aggregator::cluster`] for the ledger that
+//! replaces the lease (see [`waitroom_common::cluster`] for the ledger that
 //! keeps the leases out within the pool).
 //!
 //! # Layout
@@ -37,7 +37,7 @@ use waitroom_common::{
     time::{Minute, UnixMillis},
 };
 
-use crate::{shutdown::Shutdown, tls};
+use waitroom_runtime::{clock::Clock, shutdown::Shutdown, tls};
 
 pub mod client;
 pub mod status;
@@ -72,7 +72,7 @@ pub struct GossipConfig {
 
 /// The name in the development aggregator certificate (`cargo xtask certs`).
 fn default_server_name() -> String {
-    crate::devcerts::AGGREGATOR_NAME.to_owned()
+    tls::DEV_AGGREGATOR_NAME.to_owned()
 }
 fn default_interval_ms() -> u64 {
     1_000
@@ -143,7 +143,7 @@ pub trait Reporter: Send + Sync + 'static {
     fn report(&self, now: UnixMillis) -> Vec<RoomReport>;
 
     /// This node's opinion of its rooms' origin pools (none by default).
-    fn pools(&self) -> Vec<crate::wire::PoolOpinion> {
+    fn pools(&self) -> Vec<waitroom_common::wire::PoolOpinion> {
         Vec::new()
     }
 }
@@ -229,6 +229,7 @@ pub fn spawn(
     config: GossipConfig,
     identity: NodeIdentity,
     reporter: Arc<dyn Reporter>,
+    clock: Clock,
     shutdown: Shutdown,
 ) -> Result<GossipHandle, GossipError> {
     config.validate()?;
@@ -252,6 +253,7 @@ pub fn spawn(
         world: Arc::clone(&world),
         status: Arc::clone(&status),
         endpoint,
+        clock,
     };
     let task = runtime.spawn(client.run(shutdown));
     Ok(GossipHandle {

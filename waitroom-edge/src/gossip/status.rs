@@ -7,7 +7,7 @@ use std::{
 use waitroom_common::time::UnixMillis;
 
 use super::world::WorldView;
-use crate::metrics::family;
+use waitroom_runtime::admin::family;
 
 /// Updated by the gossip task, read by `/metrics` and `/status`.
 #[derive(Debug, Default)]

@@ -10,19 +10,7 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use waitroom_common::{
-    counters::RoomCounters,
-    room::{Room, RoomConfig, RoomId},
-    state::{AdmitRate, GlobalState},
-    time::UnixMillis,
-};
-
-/// Weight of the newest observation in a room's share of the cluster.
-const SHARE_ALPHA: f64 = 0.3;
-
-/// Below this many users (active + admitted this minute) in the whole room a
-/// share says little; the previous one is kept.
-const SHARE_MIN_SAMPLE: u64 = 10;
+use waitroom_common::{room::RoomId, state::GlobalState, time::UnixMillis};
 
 /// The world as of the last answer from the aggregator.
 #[derive(Debug, Clone, Default)]
@@ -154,68 +142,8 @@ pub fn freshness(world: &World, now: UnixMillis, stale_after_ms: u64) -> Freshne
     }
 }
 
-/// This node's part of the room at the moment of `state`, given its own
-/// active users and admits this minute; `None` when the room is too empty for
-/// the ratio to mean anything.
-#[must_use]
-pub fn observed_share(state: &GlobalState, own_active: i64, own_admitted: u64) -> Option<f64> {
-    let total = state.active_users + state.admitted_this_minute;
-    if total < SHARE_MIN_SAMPLE {
-        return None;
-    }
-    let own = u64::try_from(own_active).unwrap_or(0) + own_admitted;
-    Some((own as f64 / total as f64).clamp(0.0, 1.0))
-}
-
-/// Folds an observation into the smoothed share.
-#[must_use]
-pub fn smooth_share(previous: Option<f64>, observed: Option<f64>) -> Option<f64> {
-    match (previous, observed) {
-        (Some(p), Some(o)) => Some(SHARE_ALPHA * o + (1.0 - SHARE_ALPHA) * p),
-        (p, o) => o.or(p),
-    }
-}
-
-/// The local-only state: the node decides alone with its last known share of
-/// the room's limits (the seeds' "data center limit" without fresh news).
-///
-/// With no share known (the node never heard from the aggregator) it takes the
-/// whole room, as a single node would; an operator who must never exceed the
-/// limits before the first answer sets the room to `queue_all` at start.
-#[must_use]
-pub fn local_only_state(
-    room: &Room,
-    counters: &RoomCounters,
-    rate: &mut AdmitRate,
-    share: Option<f64>,
-    now: UnixMillis,
-) -> GlobalState {
-    let scaled;
-    let room = match share {
-        Some(share) => {
-            let scale = |limit: u64| ((limit as f64 * share).floor() as u64).max(1);
-            let config = room.config();
-            let total = scale(config.total_active_users);
-            let config = RoomConfig {
-                total_active_users: total,
-                new_users_per_minute: scale(config.new_users_per_minute).min(total),
-                ..config.clone()
-            };
-            scaled = config
-                .validate()
-                .map(|r| r.with_id(room.id()))
-                .unwrap_or_else(|_| room.clone());
-            &scaled
-        }
-        None => room,
-    };
-    GlobalState::standalone(room, counters, rate, now)
-}
-
 #[cfg(test)]
 mod tests {
-    use waitroom_common::room::{CookieSameSite, CookieSecure, QueueingMethod};
-
     use super::*;
 
     #[test]
@@ -239,53 +167,5 @@ mod tests {
             ..World::default()
         });
         assert!(view.freshness(UnixMillis(11_600)).is_fresh());
-    }
-
-    #[test]
-    fn share_needs_a_sample_and_is_smoothed() {
-        let mut state = GlobalState::empty(UnixMillis(0));
-        state.active_users = 5;
-        assert_eq!(observed_share(&state, 5, 0), None);
-        state.active_users = 90;
-        state.admitted_this_minute = 10;
-        assert_eq!(observed_share(&state, 20, 5), Some(0.25));
-        assert_eq!(observed_share(&state, -3, 0), Some(0.0));
-        assert_eq!(smooth_share(None, Some(0.5)), Some(0.5));
-        assert_eq!(smooth_share(Some(0.5), None), Some(0.5));
-        let s = smooth_share(Some(0.5), Some(1.0)).unwrap();
-        assert!((s - 0.65).abs() < 1e-9);
-    }
-
-    #[test]
-    fn local_only_uses_the_share_of_the_limits() {
-        let room = RoomConfig {
-            total_active_users: 100,
-            new_users_per_minute: 40,
-            session_duration: 5,
-            disable_session_renewal: false,
-            queueing_method: QueueingMethod::Fifo,
-            queue_all: false,
-            refresh_interval: 20,
-            cookie_same_site: CookieSameSite::Auto,
-            cookie_secure: CookieSecure::Auto,
-        }
-        .validate()
-        .unwrap()
-        .named("shop");
-        let counters = RoomCounters::new_boxed(room.id());
-        let now = UnixMillis(1_622_073_600_000);
-        let mut rate = AdmitRate::default();
-        let state = local_only_state(&room, &counters, &mut rate, Some(0.25), now);
-        assert_eq!(
-            state.slots_available, 10,
-            "a quarter of 40 new users per minute"
-        );
-        let alone = local_only_state(&room, &counters, &mut rate, None, now);
-        assert_eq!(alone.slots_available, 40);
-        let tiny = local_only_state(&room, &counters, &mut rate, Some(0.0), now);
-        assert_eq!(
-            tiny.slots_available, 1,
-            "never a limit of zero (the config would be invalid)"
-        );
     }
 }

@@ -16,10 +16,12 @@ use waitroom_common::{
     time::UnixMillis,
 };
 
+use waitroom_runtime::body::{Body, full};
+
 use crate::{
-    Node, RoomLive, RoomRuntime, clock, cookie,
-    http::{Body, full},
+    cookie,
     metrics::CookieFailure,
+    node::{Node, RoomLive, RoomRuntime},
     proxy,
     queue_page::{self, QueueView},
 };
@@ -65,7 +67,7 @@ pub async fn handle(
 
     // 2. The ticket: whatever does not open is a new visitor, counted by why.
     let started = Instant::now();
-    let now = clock::now();
+    let now = node.clock.now();
     let ticket = open_ticket(node, room, engine_room, req.headers(), now);
     let presented = ticket;
 

@@ -13,8 +13,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full, combinators::UnsyncBoxBody};
 use hyper::service::service_fn;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
@@ -24,21 +22,11 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::{net::TcpListener, sync::Semaphore};
 use tracing::Instrument as _;
 
-use crate::{Node, shutdown::Shutdown};
+use waitroom_runtime::shutdown::Shutdown;
+
+use crate::node::Node;
 
 pub mod handler;
-
-/// Errors carried inside response bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// Every response body the node sends: local pages and streamed origin bodies.
-pub type Body = UnsyncBoxBody<Bytes, BoxError>;
-
-/// A complete in-memory body.
-pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into())
-        .map_err(|never: Infallible| match never {})
-        .boxed_unsync()
-}
 
 /// Binds a non-blocking TCP listener with `SO_REUSEPORT`, so every worker can
 /// bind the same address.
@@ -270,7 +258,7 @@ async fn accept_loop(
 }
 
 /// HTTP/1.1 and HTTP/2 with the limits that keep hostile clients cheap.
-fn connection_builder(settings: &crate::Settings) -> auto::Builder<TokioExecutor> {
+fn connection_builder(settings: &crate::node::Settings) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

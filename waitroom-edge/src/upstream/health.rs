@@ -16,7 +16,7 @@ use http_body_util::Empty;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 
 use super::{HealthSpec, Upstream, tls::OriginConnector};
-use crate::shutdown::Shutdown;
+use waitroom_runtime::shutdown::Shutdown;
 
 type ProbeClient = Client<OriginConnector, Empty<Bytes>>;
 

@@ -5,17 +5,20 @@ use std::{fmt::Write as _, sync::atomic::Ordering::Relaxed};
 use waitroom_common::{aggregate::RoomReport, time::UnixMillis};
 
 use super::{Steering, Upstream};
-use crate::{gossip::Reporter, metrics, wire::PoolOpinion};
+use waitroom_common::wire::PoolOpinion;
+use waitroom_runtime::admin::family;
+
+use crate::gossip::Reporter;
 
 /// Writes the pool and origin families for every room's upstream.
 pub fn render_metrics<'a>(out: &mut String, upstreams: impl Iterator<Item = &'a Upstream> + Clone) {
-    metrics::family(
+    family(
         out,
         "waitroom_pool_up",
         "gauge",
         "1 while at least one origin of the pool is up on this node.",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_pool_rtt_ewma_seconds",
         "gauge",
@@ -30,31 +33,31 @@ pub fn render_metrics<'a>(out: &mut String, upstreams: impl Iterator<Item = &'a 
             }
         }
     }
-    metrics::family(
+    family(
         out,
         "waitroom_origin_up",
         "gauge",
         "1 while the origin is up (fall/rise of health checks and failed connections).",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_origin_requests_total",
         "counter",
         "Requests the origin answered.",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_origin_connection_failures_total",
         "counter",
         "Requests that could not reach the origin (each counts against its health).",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_origin_probe_failures_total",
         "counter",
         "Health checks the origin failed.",
     );
-    metrics::family(
+    family(
         out,
         "waitroom_origin_probe_rtt_seconds",
         "gauge",

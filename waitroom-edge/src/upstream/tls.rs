@@ -140,11 +140,11 @@ mod tests {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     use super::*;
-    use crate::devcerts;
+    use waitroom_runtime::devcerts;
 
     /// A TLS origin on loopback with the dev certificate (names: localhost,
     /// 127.0.0.1, ::1, `devcerts::AGGREGATOR_NAME`), answering 204 to anything.
-    async fn tls_origin(files: &crate::tls::TlsFiles) -> std::net::SocketAddr {
+    async fn tls_origin(files: &waitroom_runtime::tls::TlsFiles) -> std::net::SocketAddr {
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
             .unwrap()
             .collect::<Result<_, _>>()

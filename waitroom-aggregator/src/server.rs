@@ -14,8 +14,11 @@ use std::{
 use tokio::sync::Semaphore;
 use tracing::Instrument as _;
 
-use super::cluster::Cluster;
-use crate::wire::{self, Message, Refusal, RefusalReason, WireError};
+use waitroom_common::{
+    cluster::Cluster,
+    wire::{self, Message, Refusal, RefusalReason, WireError},
+};
+use waitroom_runtime::frames::{self, FrameError};
 
 /// Most node connections served at once; more are refused (a cluster has
 /// tens to hundreds of nodes, so this only stops a flood).
@@ -134,7 +137,7 @@ async fn serve_stream(
     mut recv: quinn::RecvStream,
     shared: &Shared,
 ) {
-    let message = match tokio::time::timeout(READ_TIMEOUT, wire::read(&mut recv)).await {
+    let message = match tokio::time::timeout(READ_TIMEOUT, frames::read(&mut recv)).await {
         Ok(Ok(message)) => message,
         Ok(Err(err)) => {
             refuse(connection, &mut send, &mut recv, &err, shared).await;
@@ -154,7 +157,7 @@ async fn serve_stream(
             let span = tracing::Span::current();
             span.record("node", frame.report.node.as_str());
             let seq = frame.seq;
-            let now = crate::clock::now();
+            let now = waitroom_runtime::clock::now();
             shared
                 .pools
                 .lock()
@@ -184,7 +187,7 @@ async fn serve_stream(
             })
         }
     };
-    if let Err(err) = wire::write(&mut send, &answer).await {
+    if let Err(err) = frames::write(&mut send, &answer).await {
         tracing::debug!(%err, "could not send the answer");
     }
 }
@@ -195,7 +198,7 @@ async fn refuse(
     connection: &quinn::Connection,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
-    err: &WireError,
+    err: &FrameError,
     shared: &Shared,
 ) {
     let Some(refusal) = err.refusal() else {
@@ -206,8 +209,8 @@ async fn refuse(
     tracing::warn!(%err, "refusing frame");
     // Whatever else the peer was sending on this stream is not wanted.
     let _ = recv.stop(err.close_code().into());
-    let _ = wire::write(send, &Message::Refused(refusal)).await;
-    if matches!(err, WireError::UnsupportedVersion { .. }) {
+    let _ = frames::write(send, &Message::Refused(refusal)).await;
+    if matches!(err, FrameError::Wire(WireError::UnsupportedVersion { .. })) {
         // Let the refusal reach the peer before the connection goes.
         let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
         connection.close(

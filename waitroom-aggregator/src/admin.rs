@@ -2,20 +2,22 @@
 //! `/metrics` (Prometheus text) and `/healthz`. Bind it to loopback.
 use std::{fmt::Write as _, sync::Arc, sync::atomic::Ordering::Relaxed};
 
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
-use super::server::Shared;
-use crate::{
-    http::{Body, full},
-    metrics::family,
+use waitroom_runtime::{
+    admin::{family, text},
+    body::Body,
+    clock,
     shutdown::Shutdown,
 };
 
+use crate::server::Shared;
+
 /// Serves the admin endpoints until shutdown.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Shutdown) {
-    crate::admin::serve_with(
+    waitroom_runtime::admin::serve_with(
         listener,
         shared,
         shutdown,
@@ -27,7 +29,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Shutdow
 fn route(shared: &Shared, path: &str) -> Response<Body> {
     match path {
         "/status" => {
-            let now = crate::clock::now();
+            let now = clock::now();
             let status = shared.cluster().status(now);
             let mut status = serde_json::to_value(&status).unwrap_or_default();
             if let Some(object) = status.as_object_mut() {
@@ -71,7 +73,7 @@ fn pool_opinions(shared: &Shared, now: waitroom_common::time::UnixMillis) -> ser
 
 /// Prometheus text for the server counters and every room.
 pub fn render_metrics(shared: &Shared) -> String {
-    let now = crate::clock::now();
+    let now = clock::now();
     let status = shared.cluster().status(now);
     let m = &shared.metrics;
     let mut out = String::with_capacity(4096);
@@ -153,7 +155,7 @@ pub fn render_metrics(shared: &Shared) -> String {
         "waitroom_aggregator_nodes{{state=\"departed\"}} {departed}"
     );
 
-    type Field = fn(&super::cluster::RoomStatus) -> f64;
+    type Field = fn(&waitroom_common::cluster::RoomStatus) -> f64;
     let per_room: [(&str, &str, Field); 5] = [
         (
             "waitroom_aggregator_active_users",
@@ -203,12 +205,4 @@ pub fn render_metrics(shared: &Shared) -> String {
         );
     }
     out
-}
-
-fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
-    let mut resp = Response::new(full(body));
-    *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    resp
 }

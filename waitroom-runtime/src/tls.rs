@@ -26,6 +26,12 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
 /// it fail the handshake instead of exchanging frames they cannot read.
 pub const ALPN: &[u8] = b"waitroom-gossip/1";
 
+/// DNS name in the development aggregator certificate besides `localhost`
+/// and `127.0.0.1` (`cargo xtask certs`), and the node's default
+/// `server_name`: nodes use it to reach an aggregator by address on a
+/// private network.
+pub const DEV_AGGREGATOR_NAME: &str = "aggregator.waitroom.internal";
+
 /// Where a peer's PEM files are.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]

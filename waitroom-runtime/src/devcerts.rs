@@ -18,10 +18,7 @@ use rcgen::{
 
 use crate::tls::TlsFiles;
 
-/// DNS name in the aggregator certificate besides `localhost` and
-/// `127.0.0.1`; nodes configured with `server_name` use it to reach an
-/// aggregator by address on a private network.
-pub const AGGREGATOR_NAME: &str = "aggregator.waitroom.internal";
+pub use crate::tls::DEV_AGGREGATOR_NAME as AGGREGATOR_NAME;
 
 /// Why certificates could not be made or written.
 #[derive(Debug, thiserror::Error)]

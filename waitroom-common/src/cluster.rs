@@ -3,7 +3,7 @@
 //!
 //! [`Cluster::apply`] takes one node's report and returns that node's state
 //! per room. The merge itself is the engine's
-//! [`aggregate`](waitroom_common::aggregate::aggregate); this module only
+//! [`aggregate`](crate::aggregate::aggregate); this module only
 //! decides *which* reports take part (live nodes, and what is left of departed
 //! ones) and keeps the Anywhere ledger honest across rounds.
 //!
@@ -26,13 +26,13 @@
 //! `stale_after_ms` on the node).
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
-use waitroom_common::{
+use crate::{
     aggregate::{AggregateHistory, NodeReport, RoomReport, aggregate, totals},
     room::{Room, RoomId},
     state::GlobalState,
     time::{Minute, UnixMillis},
 };
+use serde::{Deserialize, Serialize};
 
 use crate::wire::RoomAnswer;
 
@@ -459,7 +459,7 @@ fn clamp_anywhere(
 
 #[cfg(test)]
 mod tests {
-    use waitroom_common::{
+    use crate::{
         aggregate::MinuteAdmits,
         counters::PoolCounts,
         room::{CookieSameSite, CookieSecure, QueueingMethod, RoomConfig},

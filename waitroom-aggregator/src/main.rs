@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use waitroom_edge::aggregator::{Aggregator, AggregatorConfig};
+use waitroom_aggregator::{Aggregator, AggregatorConfig};
+use waitroom_runtime::{devcerts, logging, signals, tls};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -41,7 +42,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    waitroom_edge::init_logging();
+    logging::init();
     let cli = Cli::parse();
     match cli.command {
         Some(Command::GenCerts { out, nodes, names }) => {
@@ -50,7 +51,7 @@ fn main() -> anyhow::Result<()> {
             } else {
                 names
             };
-            let written = waitroom_edge::devcerts::write(&out, &names)?;
+            let written = devcerts::write(&out, &names)?;
             println!("CA:         {}", written.ca.display());
             println!(
                 "aggregator: {} {}",
@@ -65,7 +66,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Run) | None => {
             let config = AggregatorConfig::load(&cli.config)?;
             if cli.check {
-                waitroom_edge::tls::check(&config.tls)
+                tls::check(&config.tls)
                     .with_context(|| format!("{}: ca/cert/key", cli.config.display()))?;
                 println!(
                     "{}: ok ({} room{})",
@@ -96,24 +97,9 @@ fn run(config: AggregatorConfig) -> anyhow::Result<()> {
                 .admin_addr()
                 .map_or_else(|| "-".to_owned(), |a| a.to_string()),
         );
-        wait_for_signal().await;
+        signals::terminate().await;
         tracing::info!("stopping: closing node connections, writing a last snapshot");
         aggregator.stop().await;
         Ok(())
     })
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot listen for SIGTERM/SIGINT; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

@@ -2,7 +2,7 @@
 //!
 //! # Transport
 //! One long-lived QUIC connection per node (mutual TLS, ALPN
-//! [`crate::tls::ALPN`]). Each report is one bidirectional stream: the node
+//! `waitroom-gossip/1`; the transport lives in `waitroom-runtime`). Each report is one bidirectional stream: the node
 //! writes one [`Message::Report`] frame and finishes its side; the aggregator
 //! answers with one [`Message::Answer`] (or [`Message::Refused`]) frame and
 //! finishes. A stream per exchange costs nothing in QUIC, keeps a slow or lost
@@ -25,8 +25,8 @@
 //! any change to a type carried here (including the engine's `NodeReport` and
 //! `GlobalState`) changes the bytes, which the golden test below catches, and
 //! must bump the version.
+use crate::{aggregate::NodeReport, room::RoomId, state::GlobalState, time::UnixMillis};
 use serde::{Deserialize, Serialize};
-use waitroom_common::{aggregate::NodeReport, room::RoomId, state::GlobalState, time::UnixMillis};
 
 /// Marks a gossip frame; anything else on the stream is refused at once.
 pub const MAGIC: [u8; 4] = *b"WRGP";
@@ -146,18 +146,12 @@ pub enum WireError {
     Payload { source: postcard::Error },
     #[error("{extra} bytes after the message")]
     TrailingBytes { extra: usize },
-    #[error("stream ended early: {source}")]
-    Read { source: quinn::ReadExactError },
-    #[error("writing the frame: {source}")]
-    Write { source: quinn::WriteError },
-    #[error("stream closed: {source}")]
-    Closed { source: quinn::ClosedStream },
 }
 
 impl WireError {
-    /// The refusal to send back for this error, if the peer is to be told.
+    /// The refusal to send back to the peer whose bytes these were.
     #[must_use]
-    pub fn refusal(&self) -> Option<Refusal> {
+    pub fn refusal(&self) -> Refusal {
         let reason = match self {
             Self::UnsupportedVersion { .. } => {
                 RefusalReason::UnsupportedVersion { supported: VERSION }
@@ -170,12 +164,11 @@ impl WireError {
             | Self::LengthMismatch { .. }
             | Self::Payload { .. }
             | Self::TrailingBytes { .. } => RefusalReason::Malformed,
-            Self::Read { .. } | Self::Write { .. } | Self::Closed { .. } => return None,
         };
-        Some(Refusal {
+        Refusal {
             reason,
             detail: self.to_string(),
-        })
+        }
     }
 
     /// The QUIC close code matching this error.
@@ -246,33 +239,9 @@ pub fn decode(frame: &[u8]) -> Result<Message, WireError> {
     decode_payload(payload)
 }
 
-/// Reads one frame from a stream: the header first, so a bad version or an
-/// oversized length is refused before a byte of payload is buffered.
-pub async fn read(recv: &mut quinn::RecvStream) -> Result<Message, WireError> {
-    let mut header = [0; HEADER_LEN];
-    recv.read_exact(&mut header)
-        .await
-        .map_err(|source| WireError::Read { source })?;
-    let len = decode_header(&header)?;
-    let mut payload = vec![0; len];
-    recv.read_exact(&mut payload)
-        .await
-        .map_err(|source| WireError::Read { source })?;
-    decode_payload(&payload)
-}
-
-/// Writes one frame and finishes the stream (one frame per stream direction).
-pub async fn write(send: &mut quinn::SendStream, message: &Message) -> Result<(), WireError> {
-    let frame = encode(message)?;
-    send.write_all(&frame)
-        .await
-        .map_err(|source| WireError::Write { source })?;
-    send.finish().map_err(|source| WireError::Closed { source })
-}
-
 #[cfg(test)]
 mod tests {
-    use waitroom_common::{
+    use crate::{
         aggregate::{MinuteAdmits, RoomReport},
         counters::PoolCounts,
         time::Minute,
@@ -376,7 +345,7 @@ mod tests {
         let err = decode(&future).unwrap_err();
         assert!(matches!(err, WireError::UnsupportedVersion { found: 3 }));
         assert_eq!(
-            err.refusal().unwrap().reason,
+            err.refusal().reason,
             RefusalReason::UnsupportedVersion { supported: 2 }
         );
         assert_eq!(err.close_code(), close::UNSUPPORTED_VERSION);
@@ -386,7 +355,7 @@ mod tests {
         let err = decode(&huge).unwrap_err();
         assert!(matches!(err, WireError::TooLarge { .. }));
         assert_eq!(
-            err.refusal().unwrap().reason,
+            err.refusal().reason,
             RefusalReason::TooLarge {
                 max: MAX_FRAME_BYTES as u32
             }
@@ -413,7 +382,7 @@ mod tests {
         garbage.extend([0x7f, 0xff, 0xff]);
         let err = decode(&garbage).unwrap_err();
         assert!(matches!(err, WireError::Payload { .. }), "{err}");
-        assert_eq!(err.refusal().unwrap().reason, RefusalReason::Malformed);
+        assert_eq!(err.refusal().reason, RefusalReason::Malformed);
     }
 
     #[test]

@@ -1,10 +1,15 @@
 //! The aggregator: receives every node's report over QUIC, merges them with
 //! the engine's aggregation, and answers each node with its global state.
 //!
+//! It links no XDP loader and no HTTP proxy: the rules it applies are in
+//! `waitroom-common` (the merge and lease ledger in
+//! [`waitroom_common::cluster`], the frames in [`waitroom_common::wire`]), and
+//! the plumbing it shares with the node (TLS, QUIC frames, the admin loop,
+//! signals, systemd) is in `waitroom-runtime`. The binary (`main.rs`) only
+//! parses the command line and calls [`Aggregator::start`].
+//!
 //! # Layout
 //! - [`config`]: the TOML file.
-//! - [`cluster`]: what it remembers (reports, departed nodes, Anywhere leases)
-//!   and the call into the engine.
 //! - [`server`]: the QUIC accept loop, one task per node and per report.
 //! - [`snapshot`]: the state on disk, so a restart loses nothing that matters.
 //! - [`admin`]: `/status` and `/metrics`.
@@ -14,11 +19,11 @@
 //! departed nodes' sessions, the admit-rate history and the leases out.
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use crate::{clock::now, shutdown, tls};
 use tokio::task::JoinHandle;
+use waitroom_common::cluster;
+use waitroom_runtime::{clock::now, shutdown, tls};
 
 pub mod admin;
-pub mod cluster;
 pub mod config;
 pub mod server;
 pub mod snapshot;
@@ -128,6 +133,18 @@ impl Aggregator {
         self.quic_addr
     }
 
+    /// The cluster's status at `now`: what `/status` serves.
+    #[must_use]
+    pub fn status(&self, now: waitroom_common::time::UnixMillis) -> cluster::Status {
+        self.shared.cluster().status(now)
+    }
+
+    /// The QUIC server's counters (handshakes, frames refused, ...).
+    #[must_use]
+    pub fn metrics(&self) -> &server::ServerMetrics {
+        &self.shared.metrics
+    }
+
     /// The bound admin address, if configured.
     #[must_use]
     pub fn admin_addr(&self) -> Option<SocketAddr> {
@@ -138,8 +155,10 @@ impl Aggregator {
     /// and writes a last snapshot.
     pub async fn stop(self) {
         self.trigger.fire();
-        self.endpoint
-            .close(crate::wire::close::DONE.into(), b"aggregator shutting down");
+        self.endpoint.close(
+            waitroom_common::wire::close::DONE.into(),
+            b"aggregator shutting down",
+        );
         for task in &self.tasks {
             task.abort();
         }
@@ -225,23 +244,15 @@ async fn write_snapshot(shared: &Arc<server::Shared>, path: &std::path::Path) {
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        path::Path,
-        time::{Duration, Instant},
-    };
+    use std::{path::Path, time::Duration};
 
     use waitroom_common::{
-        counters::RoomCounters,
-        room::{RoomConfig, RoomId},
+        room::RoomConfig,
+        wire::{self, Message, RefusalReason},
     };
+    use waitroom_runtime::{clock, devcerts, frames, tls::TlsFiles};
 
     use super::*;
-    use crate::{
-        devcerts,
-        gossip::{self, GossipConfig, GossipHandle, NodeIdentity},
-        tls::TlsFiles,
-        wire::{Message, RefusalReason},
-    };
 
     fn temp_dir(tag: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("wr-agg-{tag}-{}", std::process::id()));
@@ -270,188 +281,6 @@ mod tests {
         }
     }
 
-    /// A gossip client whose counters hold `sessions` active users.
-    fn node(
-        name: &str,
-        colo: &str,
-        files: &TlsFiles,
-        aggregator: SocketAddr,
-        sessions: usize,
-        shutdown: &shutdown::Shutdown,
-    ) -> GossipHandle {
-        let counters = RoomCounters::new_boxed(RoomId::from_name("shop"));
-        let expiry = crate::clock::now().minute().plus(5);
-        for _ in 0..sessions {
-            counters.start_session(expiry);
-        }
-        let reporter = move |now| vec![gossip::room_report(&counters, now, None)];
-        let config = GossipConfig {
-            address: aggregator,
-            server_name: "localhost".into(),
-            ca: files.ca.clone(),
-            cert: files.cert.clone(),
-            key: files.key.clone(),
-            interval_ms: 100,
-            stale_after_ms: 1_000,
-        };
-        let identity = NodeIdentity {
-            node: name.into(),
-            colo: colo.into(),
-        };
-        gossip::spawn(
-            &tokio::runtime::Handle::current(),
-            config,
-            identity,
-            Arc::new(reporter),
-            shutdown.clone(),
-        )
-        .unwrap()
-    }
-
-    /// Polls `check` every 50 ms for at most `limit`.
-    async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if check() {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        check()
-    }
-
-    fn active(handle: &GossipHandle) -> Option<u64> {
-        let world = handle.world.load();
-        let fresh = handle.world.freshness(crate::clock::now()).is_fresh();
-        fresh
-            .then(|| {
-                world
-                    .room(RoomId::from_name("shop"))
-                    .map(|r| r.state.active_users)
-            })
-            .flatten()
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn nodes_converge_survive_an_aggregator_restart_and_go_stale_without_it() {
-        let dir = temp_dir("converge");
-        let certs = devcerts::write(&dir, &["n1".into(), "n2".into()]).unwrap();
-        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let aggregator = Aggregator::start(config(&dir, certs.aggregator.clone(), loopback))
-            .await
-            .unwrap();
-        let addr = aggregator.quic_addr();
-        let (trigger, shutdown) = shutdown::channel();
-        let a = node("n1", "x", &certs.nodes[0].1, addr, 3, &shutdown);
-        let b = node("n2", "y", &certs.nodes[1].1, addr, 4, &shutdown);
-        assert!(
-            eventually(Duration::from_secs(5), || active(&a) == Some(7)
-                && active(&b) == Some(7))
-            .await,
-            "both nodes see 3 + 4 active users: {:?} {:?}",
-            active(&a),
-            active(&b)
-        );
-        assert!(
-            a.status
-                .connected
-                .load(std::sync::atomic::Ordering::Relaxed)
-        );
-
-        aggregator.stop().await;
-        assert!(
-            eventually(Duration::from_secs(5), || {
-                !a.world.freshness(crate::clock::now()).is_fresh()
-            })
-            .await,
-            "without the aggregator the view goes stale"
-        );
-        assert_eq!(
-            a.world
-                .load()
-                .room(RoomId::from_name("shop"))
-                .unwrap()
-                .state
-                .active_users,
-            7,
-            "the last state is kept"
-        );
-
-        // Same address: the nodes come back by themselves.
-        let mut restarted = None;
-        for _ in 0..20 {
-            match Aggregator::start(config(&dir, certs.aggregator.clone(), addr)).await {
-                Ok(agg) => {
-                    restarted = Some(agg);
-                    break;
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-        let restarted = restarted.expect("the aggregator rebinds its port");
-        assert_eq!(
-            restarted.shared.cluster().status(crate::clock::now()).rooms[0].active_users,
-            7,
-            "the snapshot written at stop brings the global state back at once"
-        );
-        assert!(
-            eventually(Duration::from_secs(10), || active(&a) == Some(7)
-                && active(&b) == Some(7))
-            .await,
-            "nodes reconnect and are fresh again"
-        );
-        trigger.fire();
-        restarted.stop().await;
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_node_with_a_certificate_from_another_ca_is_refused() {
-        let dir = temp_dir("rogue");
-        let certs = devcerts::write(&dir.join("cluster"), &["n1".into()]).unwrap();
-        let rogue = devcerts::write(&dir.join("rogue"), &["n1".into()]).unwrap();
-        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let aggregator = Aggregator::start(config(&dir, certs.aggregator.clone(), loopback))
-            .await
-            .unwrap();
-        // The rogue node trusts the real CA (it knows whom to call) but its own
-        // certificate comes from another CA.
-        let files = TlsFiles {
-            ca: certs.ca.clone(),
-            ..rogue.nodes[0].1.clone()
-        };
-        let (trigger, shutdown) = shutdown::channel();
-        let handle = node("n1", "x", &files, aggregator.quic_addr(), 1, &shutdown);
-        let refused = || {
-            aggregator
-                .shared
-                .metrics
-                .handshakes_refused_total
-                .load(std::sync::atomic::Ordering::Relaxed)
-        };
-        assert!(eventually(Duration::from_secs(5), || refused() >= 1).await);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        use std::sync::atomic::Ordering::Relaxed;
-        assert_eq!(handle.status.reports_total.load(Relaxed), 0);
-        assert!(!handle.status.connected.load(Relaxed));
-        assert!(handle.status.errors_total.load(Relaxed) >= 1);
-        assert_eq!(
-            handle.world.freshness(crate::clock::now()),
-            gossip::Freshness::Never
-        );
-        assert!(
-            aggregator
-                .shared
-                .cluster()
-                .status(crate::clock::now())
-                .nodes
-                .is_empty()
-        );
-        trigger.fire();
-        aggregator.stop().await;
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
     /// Raw frames on a real connection: refusals come back as frames, the
     /// aggregator keeps serving, and another version is disconnected.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -475,12 +304,12 @@ mod tests {
             let (mut send, mut recv) = connection.open_bi().await.unwrap();
             send.write_all(&bytes).await.unwrap();
             send.finish().unwrap();
-            crate::wire::read(&mut recv).await
+            frames::read(&mut recv).await
         };
         let connection = connect().await;
 
-        let mut garbage = crate::wire::MAGIC.to_vec();
-        garbage.extend(crate::wire::VERSION.to_be_bytes());
+        let mut garbage = wire::MAGIC.to_vec();
+        garbage.extend(wire::VERSION.to_be_bytes());
         garbage.extend(3_u32.to_be_bytes());
         garbage.extend([0xff, 0xff, 0xff]);
         let Message::Refused(refusal) = send_raw(connection.clone(), garbage).await.unwrap() else {
@@ -488,25 +317,25 @@ mod tests {
         };
         assert_eq!(refusal.reason, RefusalReason::Malformed);
 
-        let mut huge = crate::wire::MAGIC.to_vec();
-        huge.extend(crate::wire::VERSION.to_be_bytes());
+        let mut huge = wire::MAGIC.to_vec();
+        huge.extend(wire::VERSION.to_be_bytes());
         huge.extend(u32::MAX.to_be_bytes());
         let Message::Refused(refusal) = send_raw(connection.clone(), huge).await.unwrap() else {
             panic!("expected a refusal");
         };
         assert!(matches!(refusal.reason, RefusalReason::TooLarge { .. }));
 
-        let report = Message::Report(crate::wire::ReportFrame {
+        let report = Message::Report(wire::ReportFrame {
             seq: 1,
             report: waitroom_common::aggregate::NodeReport {
                 node: "n1".into(),
                 colo: "x".into(),
-                at: crate::clock::now(),
+                at: clock::now(),
                 rooms: vec![],
             },
             pools: vec![],
         });
-        let good = crate::wire::encode(&report).unwrap();
+        let good = wire::encode(&report).unwrap();
         let answer = send_raw(connection.clone(), good.clone()).await.unwrap();
         assert!(
             matches!(answer, Message::Answer(a) if a.seq == 1),
@@ -521,14 +350,14 @@ mod tests {
         assert_eq!(
             refusal.reason,
             RefusalReason::UnsupportedVersion {
-                supported: crate::wire::VERSION
+                supported: wire::VERSION
             }
         );
         let closed = tokio::time::timeout(Duration::from_secs(5), connection.closed())
             .await
             .unwrap();
         assert!(
-            matches!(&closed, quinn::ConnectionError::ApplicationClosed(c) if c.error_code == crate::wire::close::UNSUPPORTED_VERSION.into()),
+            matches!(&closed, quinn::ConnectionError::ApplicationClosed(c) if c.error_code == wire::close::UNSUPPORTED_VERSION.into()),
             "{closed:?}"
         );
         let metrics = &aggregator.shared.metrics;

@@ -9,7 +9,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::cluster::Snapshot;
+use waitroom_common::cluster::Snapshot;
 
 /// Why a snapshot could not be written or read.
 #[derive(Debug, thiserror::Error)]
@@ -76,7 +76,7 @@ mod tests {
     use waitroom_common::time::UnixMillis;
 
     use super::*;
-    use crate::aggregator::cluster::SNAPSHOT_VERSION;
+    use waitroom_common::cluster::SNAPSHOT_VERSION;
 
     #[test]
     fn written_snapshots_read_back_and_garbage_is_an_error() {

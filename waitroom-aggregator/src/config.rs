@@ -25,8 +25,8 @@ use std::{
 use serde::Deserialize;
 use waitroom_common::room::RoomConfig;
 
-use super::cluster::RoomDef;
-use crate::tls::TlsFiles;
+use waitroom_common::cluster::RoomDef;
+use waitroom_runtime::tls::TlsFiles;
 
 /// Keys of a node's `[[rooms]]` table that mean nothing to the aggregator.
 const NODE_ONLY_KEYS: [&str; 6] = [

@@ -1,0 +1,240 @@
+//! [`Node`]: everything the workers share, complete when constructed.
+//!
+//! Start-up ([`crate::start`]) opens the counters, loads the keys, builds the
+//! rooms, attaches XDP and starts gossip first, then hands the finished parts
+//! to [`Node::new`]; nothing is filled in later.
+use std::{sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use arc_swap::ArcSwap;
+use waitroom_common::{
+    counters::RoomCounters,
+    room::Room,
+    share::local_only_state,
+    state::{AdmitRate, GlobalState},
+};
+use waitroom_runtime::clock::Clock;
+
+use crate::{
+    config::{EdgeConfig, NodeSection},
+    cookie::{self, CookieKeys},
+    counters::SharedCounters,
+    gossip::{self, GossipHandle},
+    metrics, queue_page, rooms, upstream, xdp, xdp_signal,
+};
+
+/// Request-path settings derived from the config, read by every worker.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub max_connections_per_worker: usize,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    pub shutdown_grace: Duration,
+}
+
+impl Settings {
+    #[must_use]
+    pub fn from_node(n: &NodeSection) -> Self {
+        Self {
+            max_connections_per_worker: n.max_connections_per_worker.max(1),
+            header_read_timeout: Duration::from_millis(n.header_read_timeout_ms.max(1)),
+            max_header_bytes: n.max_header_bytes,
+            max_headers: n.max_headers,
+            shutdown_grace: Duration::from_millis(n.shutdown_grace_ms),
+        }
+    }
+}
+
+/// One room at run time: its spec, the engine's room, its page and metrics.
+#[derive(Debug)]
+pub struct RoomRuntime {
+    /// Where the room applies and where its origin is, as started (a change of
+    /// these needs a restart; see [`Node::reload`]).
+    pub spec: rooms::RoomSpec,
+    /// What a reload (SIGHUP) may change while requests flow: limits, method,
+    /// template, queue status. Loaded once per request.
+    pub live: ArcSwap<RoomLive>,
+    /// Name of this room's cookie.
+    pub cookie_name: String,
+    /// This room's slot in the node counters file.
+    pub counters_slot: usize,
+    pub metrics: metrics::RoomMetrics,
+    /// The latest global state; the request path only loads it.
+    pub state: ArcSwap<GlobalState>,
+    /// The room's origin pools and their health (shared with the checker).
+    pub upstream: Arc<upstream::Upstream>,
+}
+
+impl RoomRuntime {
+    /// Builds every configured room, each bound to its slot in `counters`.
+    pub fn build_all(
+        config: &EdgeConfig,
+        counters: &SharedCounters,
+        clock: &Clock,
+    ) -> anyhow::Result<Vec<Self>> {
+        let now = clock.now();
+        config
+            .rooms
+            .iter()
+            .map(|spec| {
+                Ok(Self {
+                    cookie_name: cookie::cookie_name(&spec.id),
+                    counters_slot: counters
+                        .slot_of(spec.engine.id())
+                        .context("the counters file has no slot for this room")?,
+                    live: ArcSwap::from_pointee(RoomLive::from_spec(spec)?),
+                    spec: spec.clone(),
+                    metrics: metrics::RoomMetrics::default(),
+                    state: ArcSwap::from_pointee(GlobalState::empty(now)),
+                    upstream: Arc::new(upstream::Upstream::new(&spec.id, &spec.upstream)),
+                })
+            })
+            .collect()
+    }
+}
+
+/// The parts of a room a reload replaces.
+#[derive(Debug)]
+pub struct RoomLive {
+    /// The engine's room: limits, queueing method, cookie attributes.
+    pub engine: Room,
+    pub page: queue_page::QueuePage,
+    /// HTTP status of the queue page.
+    pub queue_status: u16,
+}
+
+impl RoomLive {
+    pub fn from_spec(spec: &rooms::RoomSpec) -> anyhow::Result<Self> {
+        let page = match &spec.queue_page {
+            Some(path) => {
+                let source = std::fs::read_to_string(path).with_context(|| {
+                    format!("room {}: reading queue_page {}", spec.id, path.display())
+                })?;
+                queue_page::QueuePage::from_source(&path.display().to_string(), source)?
+            }
+            None => queue_page::QueuePage::builtin(),
+        };
+        Ok(Self {
+            engine: spec.engine.clone(),
+            page,
+            queue_status: spec.queue_status,
+        })
+    }
+}
+
+/// The attached XDP program and what it tells.
+#[derive(Debug)]
+pub struct NodeXdp {
+    /// The program: the admin deny list goes through it; dropping the last
+    /// reference detaches it.
+    pub guard: Arc<xdp::XdpGuard>,
+    /// Its telemetry, read every second off the request path.
+    pub telemetry: Arc<xdp_signal::Telemetry>,
+}
+
+/// Everything the workers share: settings, rooms, counters, keys, metrics.
+#[derive(Debug)]
+pub struct Node {
+    pub settings: Settings,
+    pub routes: rooms::RoomTable,
+    pub rooms: Vec<RoomRuntime>,
+    pub counters: Arc<SharedCounters>,
+    /// Cookie keys; a reload may rotate them.
+    pub keys: ArcSwap<CookieKeys>,
+    pub metrics: metrics::NodeMetrics,
+    pub id: String,
+    pub colo: String,
+    /// Where the request path and the refresh loop read the time.
+    pub clock: Clock,
+    /// The gossip client (`[aggregator]` configured), or `None`: the node is
+    /// the whole world.
+    pub gossip: Option<GossipHandle>,
+    /// The XDP program, if `[xdp]` is configured and it attached.
+    pub xdp: Option<NodeXdp>,
+    /// Trust and server names for `tls = true` origin pools.
+    pub origin_tls: upstream::tls::OriginTls,
+}
+
+/// What [`Node::new`] is built from: each part made by its own start-up step.
+#[derive(Debug)]
+pub struct NodeParts {
+    pub counters: Arc<SharedCounters>,
+    pub keys: CookieKeys,
+    pub rooms: Vec<RoomRuntime>,
+    pub clock: Clock,
+    pub gossip: Option<GossipHandle>,
+    pub xdp: Option<NodeXdp>,
+}
+
+impl Node {
+    pub fn new(config: &EdgeConfig, parts: NodeParts) -> anyhow::Result<Self> {
+        Ok(Self {
+            settings: Settings::from_node(&config.node),
+            routes: rooms::RoomTable::new(&config.rooms),
+            rooms: parts.rooms,
+            counters: parts.counters,
+            keys: ArcSwap::from_pointee(parts.keys),
+            metrics: metrics::NodeMetrics::default(),
+            id: config.node.id.clone(),
+            colo: config.node.colo.clone(),
+            clock: parts.clock,
+            gossip: parts.gossip,
+            xdp: parts.xdp,
+            origin_tls: upstream::tls::OriginTls::new(
+                config.rooms.iter().map(|r| (r.id.as_str(), &r.upstream)),
+            )?,
+        })
+    }
+
+    /// The counters of room `index` (claimed at start, so always there).
+    pub fn room_counters(&self, index: usize) -> &RoomCounters {
+        self.counters.slot(self.rooms[index].counters_slot)
+    }
+
+    /// Recomputes every room's state: from the gossiped world when an
+    /// aggregator is configured, else from this node's own counters.
+    pub fn refresh_states(&self, rates: &mut [AdmitRate]) {
+        match &self.gossip {
+            Some(gossip) => self.refresh_from_world(&gossip.world, rates),
+            None => self.refresh_standalone(rates),
+        }
+    }
+
+    /// Recomputes every room's state from the gossiped world: the aggregator's
+    /// answer while it is fresh, else the local-only state (this node's last
+    /// known share of the limits; the whole room if no answer ever came).
+    pub fn refresh_from_world(&self, world: &gossip::WorldView, rates: &mut [AdmitRate]) {
+        let now = self.clock.now();
+        let fresh = world.freshness(now).is_fresh();
+        let current = world.load();
+        for (i, room) in self.rooms.iter().enumerate() {
+            let view = current.room(room.spec.engine.id());
+            match view {
+                Some(view) if fresh => room.state.store(Arc::clone(&view.state)),
+                _ => room.state.store(Arc::new(local_only_state(
+                    &room.live.load().engine,
+                    self.room_counters(i),
+                    &mut rates[i],
+                    view.and_then(|v| v.share),
+                    now,
+                ))),
+            }
+        }
+    }
+
+    /// Recomputes every room's state from this node's own counters: the node as
+    /// the whole world (no aggregator).
+    pub fn refresh_standalone(&self, rates: &mut [AdmitRate]) {
+        let now = self.clock.now();
+        for (i, room) in self.rooms.iter().enumerate() {
+            let state = GlobalState::standalone(
+                &room.live.load().engine,
+                self.room_counters(i),
+                &mut rates[i],
+                now,
+            );
+            room.state.store(Arc::new(state));
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! Start-up as named steps, and the running node's lifetime.
+//!
+//! [`start`] goes: bind the listeners → open the counters → load the cookie
+//! keys → build the rooms → start the background services (XDP, gossip) →
+//! make the [`Node`] → start the control tasks (state refresh, health checks,
+//! admin, signals) → start the workers. Each step names what failed.
+//! [`run`] is what the binary calls: start, say ready, wait for SIGTERM, drain.
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, thread::JoinHandle, time::Duration};
+
+use anyhow::Context as _;
+use waitroom_common::{aggregate::RoomReport, state::AdmitRate, time::UnixMillis};
+use waitroom_runtime::{
+    clock::Clock,
+    shutdown::{self, Shutdown, Trigger},
+    signals, systemd, tls,
+};
+
+use crate::{
+    admin,
+    config::EdgeConfig,
+    counters::SharedCounters,
+    gossip::{self, GossipHandle},
+    http::{self, ListenerSpec},
+    keys,
+    node::{Node, NodeParts, NodeXdp, RoomRuntime},
+    upstream, xdp, xdp_signal,
+};
+
+/// How a node is started besides its configuration.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Where time is read: the system clock in production, a driven clock in
+    /// tests of minute boundaries and session expiry.
+    pub clock: Clock,
+    /// The file SIGHUP re-reads; `None`: no signal handling at all (a node
+    /// inside a test process is stopped with [`Running::stop`]).
+    pub signals_for: Option<PathBuf>,
+}
+
+/// Where a started node listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Addresses {
+    pub http: SocketAddr,
+    pub https: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+}
+
+/// A started node: its workers and control thread run until shutdown.
+#[derive(Debug)]
+pub struct Running {
+    pub node: Arc<Node>,
+    pub addresses: Addresses,
+    pub workers: usize,
+    trigger: Trigger,
+    /// Spawns onto the control runtime (run by `control`).
+    control_handle: tokio::runtime::Handle,
+    control: JoinHandle<()>,
+    worker_threads: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Asks the node to stop: no new connections, in-flight requests drain.
+    pub fn trigger(&self) -> Trigger {
+        self.trigger.clone()
+    }
+
+    /// Waits until shutdown was requested (by a signal or [`Running::trigger`])
+    /// and every worker has drained; then stops the background tasks and
+    /// detaches the XDP program.
+    pub fn wait(self) {
+        for h in self.worker_threads {
+            let _ = h.join();
+        }
+        let _ = self.control.join();
+        // The last reference to the node holds the XDP program: dropping it
+        // detaches the program from the interface.
+        if Arc::into_inner(self.node).is_none() {
+            tracing::warn!("node still referenced after shutdown; XDP detaches at exit");
+        }
+        tracing::info!("stopped");
+    }
+
+    /// Stops the node and waits for it (tests and embedders).
+    pub fn stop(self) {
+        self.trigger.fire();
+        self.wait();
+    }
+}
+
+/// Runs a node until SIGTERM or SIGINT; returns after draining. SIGHUP
+/// re-reads `config_path` (see [`Node::reload`]).
+pub fn run(config: EdgeConfig, config_path: &std::path::Path) -> anyhow::Result<()> {
+    let running = start(
+        config,
+        Options {
+            clock: Clock::system(),
+            signals_for: Some(config_path.to_owned()),
+        },
+    )?;
+    let a = running.addresses;
+    // One machine-readable line that tests and scripts wait for.
+    println!(
+        "waitroom-edge ready: http={} https={} admin={} workers={}",
+        a.http,
+        a.https.map_or_else(|| "-".to_owned(), |a| a.to_string()),
+        a.admin.map_or_else(|| "-".to_owned(), |a| a.to_string()),
+        running.workers,
+    );
+    tracing::info!(http = %a.http, workers = running.workers, "node serving");
+    systemd::ready(&running.control_handle);
+    running.wait();
+    Ok(())
+}
+
+/// Starts a node: see the module docs for the steps.
+pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
+    let clock = options.clock;
+    let (listeners, addresses) = bind_listeners(&config)?;
+    let counters = Arc::new(
+        SharedCounters::open(
+            &config.node.counters_path,
+            &config
+                .rooms
+                .iter()
+                .map(|r| r.engine.id())
+                .collect::<Vec<_>>(),
+        )
+        .with_context(|| {
+            format!(
+                "opening node.counters_path {}",
+                config.node.counters_path.display()
+            )
+        })?,
+    );
+    let keys = keys::load(&config.node)?;
+    let rooms = RoomRuntime::build_all(&config, &counters, &clock)?;
+
+    // The control runtime: signals, admin listener, background tasks. Small and
+    // separate, so nothing on it can delay a request.
+    let control = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the control runtime")?;
+    let (trigger, shutdown) = shutdown::channel();
+    let xdp = attach_xdp(&config, &control);
+    let gossip = start_gossip(
+        &config, &control, &counters, &rooms, &xdp, &clock, &shutdown,
+    )?;
+    let node = Arc::new(Node::new(
+        &config,
+        NodeParts {
+            counters,
+            keys,
+            rooms,
+            clock,
+            gossip,
+            xdp,
+        },
+    )?);
+
+    spawn_state_refresh(&control, &node, &shutdown);
+    upstream::health::spawn(
+        control.handle(),
+        &node
+            .rooms
+            .iter()
+            .map(|r| Arc::clone(&r.upstream))
+            .collect::<Vec<_>>(),
+        node.origin_tls.connector(Duration::from_secs(3)),
+        &shutdown,
+    );
+    let admin = match config.node.admin_listen {
+        Some(addr) => {
+            let listener = control
+                .block_on(tokio::net::TcpListener::bind(addr))
+                .with_context(|| format!("binding node.admin_listen {addr}"))?;
+            let bound = listener.local_addr()?;
+            control.spawn(admin::serve(listener, Arc::clone(&node), shutdown.clone()));
+            Some(bound)
+        }
+        None => None,
+    };
+    if let Some(path) = options.signals_for {
+        spawn_signal_handlers(&control, &node, path, &trigger, &shutdown)?;
+    }
+
+    let workers = match config.node.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let worker_threads =
+        http::spawn_workers(workers, Arc::clone(&node), listeners, shutdown.clone())
+            .context("starting worker threads")?;
+
+    let control_handle = control.handle().clone();
+    let control = {
+        let mut shutdown = shutdown.clone();
+        std::thread::Builder::new()
+            .name("waitroom-control".into())
+            .spawn(move || control.block_on(shutdown.requested()))
+            .context("starting the control thread")?
+    };
+    Ok(Running {
+        node,
+        addresses: Addresses { admin, ..addresses },
+        workers,
+        trigger,
+        control_handle,
+        control,
+        worker_threads,
+    })
+}
+
+/// Binds the plain listener and, with `[node.tls]`, the TLS one; port 0 is
+/// resolved once so every worker binds the same address.
+fn bind_listeners(
+    config: &EdgeConfig,
+) -> anyhow::Result<(Vec<(std::net::TcpListener, ListenerSpec)>, Addresses)> {
+    let plain = ListenerSpec {
+        addr: config.node.listen,
+        tls: None,
+    };
+    let (first, plain) = http::resolve(&plain)
+        .with_context(|| format!("binding node.listen {}", config.node.listen))?;
+    let mut addresses = Addresses {
+        http: plain.addr,
+        https: None,
+        admin: None,
+    };
+    let mut listeners = vec![(first, plain)];
+    if let Some(tls) = &config.node.tls {
+        let server = tls::https_server_config(&tls.cert, &tls.key).with_context(|| {
+            format!(
+                "node.tls: loading {} and {}",
+                tls.cert.display(),
+                tls.key.display()
+            )
+        })?;
+        let spec = ListenerSpec {
+            addr: tls.listen,
+            tls: Some(tokio_rustls::TlsAcceptor::from(Arc::new(server))),
+        };
+        let (first, spec) = http::resolve(&spec)
+            .with_context(|| format!("binding node.tls.listen {}", tls.listen))?;
+        addresses.https = Some(spec.addr);
+        listeners.push((first, spec));
+    }
+    Ok((listeners, addresses))
+}
+
+/// The XDP program sees every packet first; without it (no BPF, no
+/// capability, an interface that is not there) the node serves on with
+/// userspace telemetry, saying so once.
+fn attach_xdp(config: &EdgeConfig, control: &tokio::runtime::Runtime) -> Option<NodeXdp> {
+    let xdp_config = config.xdp.as_ref()?;
+    match xdp::XdpGuard::attach(xdp_config) {
+        Ok(guard) => {
+            let guard = Arc::new(guard);
+            tracing::info!(interface = %xdp_config.interface, mode = ?guard.attach_mode(), "XDP program attached");
+            let rx = control.block_on(async {
+                xdp::spawn_telemetry(Arc::clone(&guard), Duration::from_secs(1))
+            });
+            Some(NodeXdp {
+                guard,
+                telemetry: Arc::new(xdp_signal::Telemetry::new(rx)),
+            })
+        }
+        Err(err) => {
+            tracing::warn!(
+                %err,
+                interface = %xdp_config.interface,
+                "XDP program not attached; serving on with userspace telemetry (distinct visitors counted from tickets)"
+            );
+            None
+        }
+    }
+}
+
+/// This node's counts for the aggregator, read from the shared counters on
+/// the control runtime (never on the request path).
+#[derive(Debug)]
+struct CountersReporter {
+    counters: Arc<SharedCounters>,
+    /// Each room's slot in `counters`, in room order.
+    slots: Vec<usize>,
+    /// The XDP program's distinct-source sketch. It sees the node, not the
+    /// room, so it only stands for a room's traffic on a single-room node.
+    traffic: Option<Arc<xdp_signal::Telemetry>>,
+}
+
+impl gossip::Reporter for CountersReporter {
+    fn report(&self, now: UnixMillis) -> Vec<RoomReport> {
+        let traffic = self
+            .traffic
+            .as_deref()
+            .filter(|_| self.slots.len() == 1)
+            .map(|t| t as &dyn gossip::TrafficSignal);
+        self.slots
+            .iter()
+            .map(|&slot| gossip::room_report(self.counters.slot(slot), now, traffic))
+            .collect()
+    }
+}
+
+/// Gossip with the aggregator, when `[aggregator]` is configured: reports
+/// every interval, answers land in a `WorldView` that the refresh loop reads.
+fn start_gossip(
+    config: &EdgeConfig,
+    control: &tokio::runtime::Runtime,
+    counters: &Arc<SharedCounters>,
+    rooms: &[RoomRuntime],
+    xdp: &Option<NodeXdp>,
+    clock: &Clock,
+    shutdown: &Shutdown,
+) -> anyhow::Result<Option<GossipHandle>> {
+    let Some(gossip_config) = &config.aggregator else {
+        return Ok(None);
+    };
+    let reporter = CountersReporter {
+        counters: Arc::clone(counters),
+        slots: rooms.iter().map(|r| r.counters_slot).collect(),
+        traffic: xdp.as_ref().map(|x| Arc::clone(&x.telemetry)),
+    };
+    let identity = gossip::NodeIdentity {
+        node: config.node.id.clone(),
+        colo: config.node.colo.clone(),
+    };
+    let handle = gossip::spawn(
+        control.handle(),
+        gossip_config.clone(),
+        identity,
+        Arc::new(upstream::status::WithPools {
+            rooms: reporter,
+            upstreams: rooms.iter().map(|r| Arc::clone(&r.upstream)).collect(),
+        }),
+        clock.clone(),
+        shutdown.clone(),
+    )
+    .context("starting gossip with the aggregator")?;
+    Ok(Some(handle))
+}
+
+/// The rooms' states, refreshed often: from the gossiped world, or with no
+/// aggregator the node's own counters as the whole world.
+fn spawn_state_refresh(control: &tokio::runtime::Runtime, node: &Arc<Node>, shutdown: &Shutdown) {
+    let node = Arc::clone(node);
+    let mut shutdown = shutdown.clone();
+    let mut rates = vec![AdmitRate::default(); node.rooms.len()];
+    node.refresh_states(&mut rates);
+    control.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        let world = node.gossip.as_ref().map(|g| Arc::clone(&g.world));
+        let changed = async || match &world {
+            Some(world) => world.changed().await,
+            None => std::future::pending().await,
+        };
+        loop {
+            tokio::select! {
+                _ = tick.tick() => node.refresh_states(&mut rates),
+                () = changed() => node.refresh_states(&mut rates),
+                () = shutdown.requested() => return,
+            }
+        }
+    });
+}
+
+/// SIGTERM/SIGINT: stop accepting and drain. SIGHUP: re-read the config; a
+/// bad one is refused and the old one stays.
+fn spawn_signal_handlers(
+    control: &tokio::runtime::Runtime,
+    node: &Arc<Node>,
+    path: PathBuf,
+    trigger: &Trigger,
+    shutdown: &Shutdown,
+) -> anyhow::Result<()> {
+    let mut terminate = control
+        .block_on(async { signals::Terminate::listen() })
+        .context("listening for SIGTERM and SIGINT")?;
+    let trigger = trigger.clone();
+    control.spawn(async move {
+        terminate.recv().await;
+        tracing::info!("stopping: no new connections, draining in-flight requests");
+        systemd::stopping();
+        trigger.fire();
+    });
+    let hangups = control.block_on(async { signals::hangups() });
+    if let Some(mut hup) = hangups {
+        let node = Arc::clone(node);
+        let mut shutdown = shutdown.clone();
+        control.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = hup.recv() => match node.reload(&path) {
+                        Ok(changes) => tracing::info!(file = %path.display(), ?changes, "configuration reloaded"),
+                        Err(err) => tracing::error!(
+                            "reload refused, the old configuration stays in force: {err}"
+                        ),
+                    },
+                    () = shutdown.requested() => return,
+                }
+            }
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! The gossip transport: one [`Message`] frame per QUIC stream direction.
+//!
+//! The frame format and its codec are in [`waitroom_common::wire`]; this adds
+//! only the reading and writing on quinn streams, and the errors those add.
+use waitroom_common::wire::{self, HEADER_LEN, Message, Refusal, WireError};
+
+/// Why a frame could not be read from or written to a stream.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error("stream ended early: {source}")]
+    Read { source: quinn::ReadExactError },
+    #[error("writing the frame: {source}")]
+    Write { source: quinn::WriteError },
+    #[error("stream closed: {source}")]
+    Closed { source: quinn::ClosedStream },
+}
+
+impl FrameError {
+    /// The refusal to send back, when the peer's bytes were at fault (not
+    /// when the stream itself failed).
+    #[must_use]
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Self::Wire(err) => Some(err.refusal()),
+            Self::Read { .. } | Self::Write { .. } | Self::Closed { .. } => None,
+        }
+    }
+
+    /// The QUIC close code matching this error.
+    #[must_use]
+    pub fn close_code(&self) -> u32 {
+        match self {
+            Self::Wire(err) => err.close_code(),
+            _ => wire::close::MALFORMED,
+        }
+    }
+}
+
+/// Reads one frame from a stream: the header first, so a bad version or an
+/// oversized length is refused before a byte of payload is buffered.
+pub async fn read(recv: &mut quinn::RecvStream) -> Result<Message, FrameError> {
+    let mut header = [0; HEADER_LEN];
+    recv.read_exact(&mut header)
+        .await
+        .map_err(|source| FrameError::Read { source })?;
+    let len = wire::decode_header(&header)?;
+    let mut payload = vec![0; len];
+    recv.read_exact(&mut payload)
+        .await
+        .map_err(|source| FrameError::Read { source })?;
+    Ok(wire::decode_payload(&payload)?)
+}
+
+/// Writes one frame and finishes the stream (one frame per stream direction).
+pub async fn write(send: &mut quinn::SendStream, message: &Message) -> Result<(), FrameError> {
+    let frame = wire::encode(message)?;
+    send.write_all(&frame)
+        .await
+        .map_err(|source| FrameError::Write { source })?;
+    send.finish()
+        .map_err(|source| FrameError::Closed { source })
+}

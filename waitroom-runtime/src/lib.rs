@@ -1,0 +1,31 @@
+//! What both waitroom binaries need around their work, written once: the
+//! node (`waitroom-edge`) and the aggregator (`waitroom-aggregator`) depend on
+//! this crate and on `waitroom-common`, never on each other.
+//!
+//! Nothing here decides anything about visitors or rooms; the rules are in
+//! `waitroom-common`. This is I/O and process plumbing.
+//!
+//! # Layout
+//! - [`clock`]: the [`Clock`](clock::Clock) the binaries read time through
+//!   (the system clock in production, a driven one in tests).
+//! - [`shutdown`]: the stop signal every listener loop selects on.
+//! - [`signals`]: SIGTERM/SIGINT and SIGHUP as futures.
+//! - [`systemd`]: READY, watchdog keep-alives, STOPPING.
+//! - [`logging`]: the `tracing` subscriber both binaries install first.
+//! - [`tls`]: PEM files in, rustls and quinn configs out (gossip and HTTPS).
+//! - [`frames`]: one gossip frame per QUIC stream direction.
+//! - [`admin`]: the operators' HTTP listener loop and its small responses.
+//! - [`body`]: the response body type every local page and proxied body uses.
+//! - `devcerts` (feature `devcerts`): a development CA and certificates.
+
+pub mod admin;
+pub mod body;
+pub mod clock;
+#[cfg(any(test, feature = "devcerts"))]
+pub mod devcerts;
+pub mod frames;
+pub mod logging;
+pub mod shutdown;
+pub mod signals;
+pub mod systemd;
+pub mod tls;
