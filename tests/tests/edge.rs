@@ -579,3 +579,143 @@ fn oversized_request_heads_are_refused_and_the_node_serves_on() {
     let ok = send("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".into());
     assert!(ok.starts_with("HTTP/1.1 200"), "{ok:.80}");
 }
+
+/// Sends SIGHUP to the node and waits for its log to say `needle`.
+fn reload_and_wait(edge: &Edge, needle: &str, nth: usize) {
+    let pid = edge.proc.pid().unwrap() as libc::pid_t;
+    // SAFETY: kill(2) on our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if edge.proc.stderr().matches(needle).count() >= nth {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no {needle:?} in the node's log:\n{}", edge.proc.stderr());
+}
+
+#[test]
+fn sighup_refuses_what_needs_a_restart_naming_each_field() {
+    let dir = TempDir::new("reload-restart");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let good = config(
+        &dir,
+        origin,
+        "total_active_users = 10\nnew_users_per_minute = 10",
+    );
+    let edge = Edge::start(dir.path(), "edge", &good).unwrap();
+    assert_eq!(
+        metric(&metrics(&edge), "waitroom_config_reload_success"),
+        Some(1.0)
+    );
+
+    // A tired operator changes the worker count and a room's limit in one
+    // edit: the worker count needs a restart, so nothing is applied.
+    let both = good
+        .replace("workers = 2", "workers = 3")
+        .replace("total_active_users = 10", "total_active_users = 99");
+    std::fs::write(&edge.config, both).unwrap();
+    reload_and_wait(&edge, "reload refused", 1);
+    let log = edge.proc.stderr();
+    assert!(
+        log.contains("restart needed: node.workers changed"),
+        "{log}"
+    );
+    let m = metrics(&edge);
+    assert_eq!(metric(&m, "waitroom_config_reload_success"), Some(0.0));
+    assert_eq!(
+        metric(&m, "waitroom_config_reloads_total{result=\"refused\"}"),
+        Some(1.0)
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&client(), &edge.admin_url("/status")).1).unwrap();
+    assert_eq!(
+        status["rooms"][0]["total_active_users"], 10,
+        "the limit in the refused file was not applied either"
+    );
+
+    // The same file without the restart-only change is applied.
+    let before = metric(&m, "waitroom_config_last_reload_success_timestamp_seconds").unwrap();
+    std::fs::write(
+        &edge.config,
+        good.replace("total_active_users = 10", "total_active_users = 99"),
+    )
+    .unwrap();
+    reload_and_wait(&edge, "configuration reloaded", 1);
+    let m = metrics(&edge);
+    assert_eq!(metric(&m, "waitroom_config_reload_success"), Some(1.0));
+    assert!(metric(&m, "waitroom_config_last_reload_success_timestamp_seconds").unwrap() >= before);
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&client(), &edge.admin_url("/status")).1).unwrap();
+    assert_eq!(status["rooms"][0]["total_active_users"], 99);
+
+    // [xdp] and [aggregator] are named too.
+    std::fs::write(
+        &edge.config,
+        good.replace(
+            "[[rooms]]",
+            "[xdp]\ninterface = \"wr-nonexistent0\"\nports = [80]\n\n[[rooms]]",
+        ),
+    )
+    .unwrap();
+    reload_and_wait(&edge, "reload refused", 2);
+    assert!(edge.proc.stderr().contains("restart needed: xdp changed"));
+}
+
+#[test]
+fn sighup_reloads_the_tls_certificate() {
+    let dir = TempDir::new("tls-reload");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let old = dir.path().join("old");
+    let new = dir.path().join("new");
+    waitroom_runtime::devcerts::write(&old, &[]).unwrap();
+    waitroom_runtime::devcerts::write(&new, &[]).unwrap();
+    let live = dir.path().join("live");
+    std::fs::create_dir_all(&live).unwrap();
+    let install = |from: &std::path::Path| {
+        for f in ["aggregator.pem", "aggregator.key"] {
+            std::fs::copy(from.join(f), live.join(f)).unwrap();
+        }
+    };
+    install(&old);
+    let text = config(
+        &dir,
+        origin,
+        "total_active_users = 10\nnew_users_per_minute = 10",
+    )
+    .replace(
+        "[[rooms]]",
+        &format!(
+            "[node.tls]\nlisten = \"127.0.0.1:0\"\ncert = \"{}\"\nkey = \"{}\"\n\n[[rooms]]",
+            live.join("aggregator.pem").display(),
+            live.join("aggregator.key").display()
+        ),
+    );
+    let edge = Edge::start(dir.path(), "edge", &text).unwrap();
+    let https = edge.https.expect("the node printed its https address");
+    let trusts = |ca: &std::path::Path| {
+        Command::new("curl")
+            .args(["-sS", "-o", "/dev/null", "--cacert"])
+            .arg(ca.join("ca.pem"))
+            .arg("--resolve")
+            .arg(format!("localhost:{}:127.0.0.1", https.port()))
+            .arg(format!("https://localhost:{}/", https.port()))
+            .status()
+            .expect("curl")
+            .success()
+    };
+    assert!(trusts(&old) && !trusts(&new));
+
+    // A key that does not belong to the certificate is refused; the old pair stays.
+    std::fs::copy(new.join("aggregator.key"), live.join("aggregator.key")).unwrap();
+    reload_and_wait(&edge, "reload refused", 1);
+    assert!(trusts(&old), "the old certificate is still served");
+
+    install(&new);
+    reload_and_wait(&edge, "configuration reloaded", 1);
+    assert!(
+        trusts(&new) && !trusts(&old),
+        "the new certificate is served"
+    );
+}

@@ -171,6 +171,7 @@ fn render_metrics(node: &Node) -> String {
         "waitroom_xdp_attached {}",
         u8::from(node.xdp.is_some())
     );
+    node.reloads.render(&mut out);
     crate::upstream::status::render_metrics(&mut out, node.rooms.iter().map(|r| &*r.upstream));
     if let Some(gossip) = node.gossip.as_ref() {
         gossip

@@ -7,7 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +39,7 @@ pub enum ConfigError {
 }
 
 /// The `[node]` table: who this node is and where it listens.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeSection {
     /// Unique per node; the aggregator keys reports by it.
@@ -83,7 +83,7 @@ pub struct NodeSection {
 }
 
 /// TLS listener settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSection {
     pub listen: SocketAddr,
@@ -92,7 +92,7 @@ pub struct TlsSection {
 }
 
 /// One cookie key: an id carried in every cookie, and 32 bytes as hex.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CookieKey {
     pub id: u8,

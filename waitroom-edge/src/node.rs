@@ -13,14 +13,14 @@ use waitroom_common::{
     share::local_only_state,
     state::{AdmitRate, GlobalState},
 };
-use waitroom_runtime::clock::Clock;
+use waitroom_runtime::{clock::Clock, tls::CertSwap};
 
 use crate::{
     config::{EdgeConfig, NodeSection},
     cookie::{self, CookieKeys},
     counters::SharedCounters,
     gossip::{self, GossipHandle},
-    metrics, queue_page, rooms, upstream, xdp, xdp_signal,
+    metrics, queue_page, reload, rooms, upstream, xdp, xdp_signal,
 };
 
 /// Request-path settings derived from the config, read by every worker.
@@ -154,6 +154,8 @@ pub struct Node {
     pub xdp: Option<NodeXdp>,
     /// Trust and server names for `tls = true` origin pools.
     pub origin_tls: upstream::tls::OriginTls,
+    /// The configuration in force and what reloads did.
+    pub reloads: reload::ReloadState,
 }
 
 /// What [`Node::new`] is built from: each part made by its own start-up step.
@@ -165,10 +167,13 @@ pub struct NodeParts {
     pub clock: Clock,
     pub gossip: Option<GossipHandle>,
     pub xdp: Option<NodeXdp>,
+    /// The TLS listener's certificate (`[node.tls]`), which a reload replaces.
+    pub https_cert: Option<Arc<CertSwap>>,
 }
 
 impl Node {
     pub fn new(config: &EdgeConfig, parts: NodeParts) -> anyhow::Result<Self> {
+        let now = parts.clock.now();
         Ok(Self {
             settings: Settings::from_node(&config.node),
             routes: rooms::RoomTable::new(&config.rooms),
@@ -184,6 +189,7 @@ impl Node {
             origin_tls: upstream::tls::OriginTls::new(
                 config.rooms.iter().map(|r| (r.id.as_str(), &r.upstream)),
             )?,
+            reloads: reload::ReloadState::new(config, parts.https_cert, now),
         })
     }
 

@@ -115,7 +115,7 @@ pub fn run(config: EdgeConfig, config_path: &std::path::Path) -> anyhow::Result<
 /// Starts a node: see the module docs for the steps.
 pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
     let clock = options.clock;
-    let (listeners, addresses) = bind_listeners(&config)?;
+    let (listeners, addresses, https_cert) = bind_listeners(&config)?;
     let counters = Arc::new(
         SharedCounters::open(
             &config.node.counters_path,
@@ -155,6 +155,7 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
             clock,
             gossip,
             xdp,
+            https_cert,
         },
     )?);
 
@@ -213,9 +214,14 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
 
 /// Binds the plain listener and, with `[node.tls]`, the TLS one; port 0 is
 /// resolved once so every worker binds the same address.
+#[expect(clippy::type_complexity, reason = "one private call site")]
 fn bind_listeners(
     config: &EdgeConfig,
-) -> anyhow::Result<(Vec<(std::net::TcpListener, ListenerSpec)>, Addresses)> {
+) -> anyhow::Result<(
+    Vec<(std::net::TcpListener, ListenerSpec)>,
+    Addresses,
+    Option<Arc<tls::CertSwap>>,
+)> {
     let plain = ListenerSpec {
         addr: config.node.listen,
         tls: None,
@@ -228,8 +234,9 @@ fn bind_listeners(
         admin: None,
     };
     let mut listeners = vec![(first, plain)];
+    let mut https_cert = None;
     if let Some(tls) = &config.node.tls {
-        let server = tls::https_server_config(&tls.cert, &tls.key).with_context(|| {
+        let (server, cert) = tls::https_server_config(&tls.cert, &tls.key).with_context(|| {
             format!(
                 "node.tls: loading {} and {}",
                 tls.cert.display(),
@@ -244,8 +251,9 @@ fn bind_listeners(
             .with_context(|| format!("binding node.tls.listen {}", tls.listen))?;
         addresses.https = Some(spec.addr);
         listeners.push((first, spec));
+        https_cert = Some(cert);
     }
-    Ok((listeners, addresses))
+    Ok((listeners, addresses, https_cert))
 }
 
 /// The XDP program sees every packet first; without it (no BPF, no

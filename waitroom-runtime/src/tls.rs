@@ -15,10 +15,12 @@ use std::{
     time::Duration,
 };
 
+use arc_swap::ArcSwap;
 use rustls::{
     RootCertStore,
     crypto::CryptoProvider,
-    server::{VerifierBuilderError, WebPkiClientVerifier},
+    server::{ResolvesServerCert, VerifierBuilderError, WebPkiClientVerifier},
+    sign::CertifiedKey,
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
 
@@ -127,20 +129,55 @@ fn roots(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
     Ok(Arc::new(store))
 }
 
-/// Checks that the three files load (what `--check` runs).
 /// The visitors' TLS listener: certificate chain and key from PEM files,
-/// ALPN `h2` then `http/1.1`.
-pub fn https_server_config(cert: &Path, key_path: &Path) -> Result<rustls::ServerConfig, TlsError> {
+/// ALPN `h2` then `http/1.1`. The certificate is served through the returned
+/// [`CertSwap`], so a reload can replace it while connections are accepted.
+pub fn https_server_config(
+    cert: &Path,
+    key_path: &Path,
+) -> Result<(rustls::ServerConfig, Arc<CertSwap>), TlsError> {
+    let swap = Arc::new(CertSwap {
+        current: ArcSwap::new(CertSwap::load_key(cert, key_path)?),
+    });
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(cert_key_error(cert, key_path))?
         .with_no_client_auth()
-        .with_single_cert(certs(cert)?, key(key_path)?)
-        .map_err(cert_key_error(cert, key_path))?;
+        .with_cert_resolver(Arc::clone(&swap) as Arc<dyn ResolvesServerCert>);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(config)
+    Ok((config, swap))
 }
 
+/// The certificate and key a TLS listener presents, replaceable at run time
+/// (SIGHUP re-reads the files): every handshake takes the current pair.
+#[derive(Debug)]
+pub struct CertSwap {
+    current: ArcSwap<CertifiedKey>,
+}
+
+impl CertSwap {
+    /// Loads a certificate chain and its key, checking that they belong
+    /// together (a key for another certificate is refused here, not at the
+    /// first handshake).
+    pub fn load_key(cert: &Path, key_path: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
+        CertifiedKey::from_der(certs(cert)?, key(key_path)?, &provider())
+            .map(Arc::new)
+            .map_err(cert_key_error(cert, key_path))
+    }
+
+    /// Presents `pair` from the next handshake on.
+    pub fn store(&self, pair: Arc<CertifiedKey>) {
+        self.current.store(pair);
+    }
+}
+
+impl ResolvesServerCert for CertSwap {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+/// Checks that the three files load (what `--check` runs).
 pub fn check(files: &TlsFiles) -> Result<(), TlsError> {
     roots(&files.ca)?;
     certs(&files.cert)?;

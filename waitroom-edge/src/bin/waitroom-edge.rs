@@ -48,6 +48,7 @@ fn main() -> anyhow::Result<()> {
                 }
                 if let Some(tls) = &config.node.tls {
                     waitroom_runtime::tls::https_server_config(&tls.cert, &tls.key)
+                        .map(drop)
                         .with_context(|| format!("{}: node.tls", cli.config.display()))?;
                 }
                 println!(

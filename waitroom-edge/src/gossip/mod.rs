@@ -47,7 +47,7 @@ pub use status::GossipStatus;
 pub use world::{Freshness, RoomView, World, WorldView};
 
 /// The `[aggregator]` table of the node's config.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GossipConfig {
     /// `host:port` of the aggregator (UDP, QUIC).

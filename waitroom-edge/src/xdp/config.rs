@@ -6,7 +6,7 @@ use std::{
     str::FromStr,
 };
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The `[xdp]` table of the node's configuration.
 ///
@@ -18,7 +18,7 @@ use serde::Deserialize;
 /// deny = ["192.0.2.0/24", "2001:db8::/32"]
 /// syn_budget = { rate_per_sec = 20, burst = 40 }
 /// ```
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct XdpConfig {
     /// The ingress interface the program is attached to.
@@ -58,7 +58,7 @@ impl XdpConfig {
 }
 
 /// How the program is attached to the interface.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum XdpAttachMode {
     /// Let the kernel choose (driver mode where the driver supports it).
@@ -81,7 +81,7 @@ impl From<XdpAttachMode> for aya::programs::XdpMode {
 }
 
 /// A per-source token bucket for TCP SYNs: `burst` at once, then `rate_per_sec`.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct SynBudget {
     /// Sustained new connections per second allowed from one source address.
@@ -92,8 +92,8 @@ pub struct SynBudget {
 
 /// An IPv4 or IPv6 prefix such as `192.0.2.0/24`; a bare address is a host
 /// prefix. Bits beyond the prefix length are cleared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
-#[serde(try_from = "String")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct IpPrefix {
     /// The network address (host bits zero).
     addr: IpAddr,
@@ -174,6 +174,12 @@ impl FromStr for IpPrefix {
                 Self::new(addr, len).ok_or_else(err)
             }
         }
+    }
+}
+
+impl From<IpPrefix> for String {
+    fn from(p: IpPrefix) -> Self {
+        p.to_string()
     }
 }
 
