@@ -41,7 +41,12 @@ struct Demo {
 
 /// Serves the demo origin, delaying every response by `delay` at first.
 pub async fn serve_with(listen: SocketAddr, delay: Duration) -> std::io::Result<()> {
-    let listener = TcpListener::bind(listen).await?;
+    serve_on(TcpListener::bind(listen).await?, delay).await
+}
+
+/// Serves the demo origin on a bound `listener` (a test that binds port 0
+/// knows the address before the origin runs).
+pub async fn serve_on(listener: TcpListener, delay: Duration) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, ?delay, "demo origin listening");
     let demo = Arc::new(Demo {

@@ -1,11 +1,14 @@
-//! Support for the integration tests in `tests/`: they start the real
-//! binaries, and the privileged ones build network namespaces for XDP.
+//! Support for the integration tests in `tests/`: most start the real
+//! binaries, the privileged ones build network namespaces for XDP, and tests
+//! of time run a node in-process on a driven clock.
 //!
 //! # Layout
 //! - [`demo_origin`]: the demo shop, a real HTTP origin (binary
 //!   `waitroom-demo-origin`, also used by `cargo xtask demo` and `bench`).
 //! - [`procs`]: starting the real binaries, stopping them in `Drop`.
 //! - [`edge`], [`cluster`]: a node, an aggregator with nodes, as processes.
+//! - [`inproc`]: a node in the test process on a driven clock, for tests of
+//!   minutes, sessions and the queue's flow that need no real minutes.
 //! - [`browser`]: headless Chromium over the DevTools protocol.
 //! - [`minutes`]: waiting for minute boundaries in the real-minute tests.
 //! - [`netns`]: a namespace + veth pair guard for XDP tests.
@@ -15,6 +18,7 @@ pub mod browser;
 pub mod cluster;
 pub mod demo_origin;
 pub mod edge;
+pub mod inproc;
 pub mod minutes;
 pub mod netns;
 pub mod procs;

@@ -112,9 +112,12 @@ async fn nodes_converge_survive_an_aggregator_restart_and_go_stale_without_it() 
     let dir = temp_dir("converge");
     let certs = devcerts::write(&dir, &["n1".into(), "n2".into()]).unwrap();
     let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let aggregator = Aggregator::start(config(&dir, certs.aggregator.clone(), loopback))
-        .await
-        .unwrap();
+    let aggregator = Aggregator::start(
+        config(&dir, certs.aggregator.clone(), loopback),
+        clock::Clock::system(),
+    )
+    .await
+    .unwrap();
     let addr = aggregator.quic_addr();
     let (trigger, shutdown) = shutdown::channel();
     let a = node("n1", "x", &certs.nodes[0].1, addr, 3, &shutdown);
@@ -155,7 +158,12 @@ async fn nodes_converge_survive_an_aggregator_restart_and_go_stale_without_it() 
     // Same address: the nodes come back by themselves.
     let mut restarted = None;
     for _ in 0..20 {
-        match Aggregator::start(config(&dir, certs.aggregator.clone(), addr)).await {
+        match Aggregator::start(
+            config(&dir, certs.aggregator.clone(), addr),
+            clock::Clock::system(),
+        )
+        .await
+        {
             Ok(agg) => {
                 restarted = Some(agg);
                 break;
@@ -186,9 +194,12 @@ async fn a_node_with_a_certificate_from_another_ca_is_refused() {
     let certs = devcerts::write(&dir.join("cluster"), &["n1".into()]).unwrap();
     let rogue = devcerts::write(&dir.join("rogue"), &["n1".into()]).unwrap();
     let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let aggregator = Aggregator::start(config(&dir, certs.aggregator.clone(), loopback))
-        .await
-        .unwrap();
+    let aggregator = Aggregator::start(
+        config(&dir, certs.aggregator.clone(), loopback),
+        clock::Clock::system(),
+    )
+    .await
+    .unwrap();
     // The rogue node trusts the real CA (it knows whom to call) but its own
     // certificate comes from another CA.
     let files = TlsFiles {

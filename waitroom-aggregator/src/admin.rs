@@ -9,7 +9,6 @@ use tokio::net::TcpListener;
 use waitroom_runtime::{
     admin::{family, text},
     body::Body,
-    clock,
     shutdown::Shutdown,
 };
 
@@ -29,7 +28,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Shutdow
 fn route(shared: &Shared, path: &str) -> Response<Body> {
     match path {
         "/status" => {
-            let now = clock::now();
+            let now = shared.clock.now();
             let status = shared.cluster().status(now);
             let mut status = serde_json::to_value(&status).unwrap_or_default();
             if let Some(object) = status.as_object_mut() {
@@ -73,7 +72,7 @@ fn pool_opinions(shared: &Shared, now: waitroom_common::time::UnixMillis) -> ser
 
 /// Prometheus text for the server counters and every room.
 pub fn render_metrics(shared: &Shared) -> String {
-    let now = clock::now();
+    let now = shared.clock.now();
     let status = shared.cluster().status(now);
     let m = &shared.metrics;
     let mut out = String::with_capacity(4096);

@@ -20,8 +20,8 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::task::JoinHandle;
-use waitroom_common::cluster;
-use waitroom_runtime::{clock::now, shutdown, tls};
+use waitroom_common::{cluster, time::UnixMillis};
+use waitroom_runtime::{clock::Clock, shutdown, tls};
 
 pub mod admin;
 pub mod config;
@@ -61,11 +61,16 @@ pub struct Aggregator {
 impl Aggregator {
     /// Restores the last snapshot, binds the QUIC and admin listeners and
     /// starts serving. Call inside a tokio runtime.
-    pub async fn start(config: AggregatorConfig) -> Result<Self, AggregatorError> {
+    ///
+    /// Every decision reads the time from `clock`: the system clock in
+    /// production; a driven one lets a test age reports, depart silent nodes
+    /// and cross minutes without waiting for them.
+    pub async fn start(config: AggregatorConfig, clock: Clock) -> Result<Self, AggregatorError> {
         let server_config = tls::server_config(&config.tls)?;
         let mut cluster = cluster::Cluster::new(config.rooms.clone(), config.node_timeout_ms);
-        restore(&mut cluster, &config.snapshot_path);
+        restore(&mut cluster, &config.snapshot_path, clock.now());
         let shared = Arc::new(server::Shared {
+            clock,
             cluster: std::sync::Mutex::new(cluster),
             metrics: server::ServerMetrics::default(),
             pools: std::sync::Mutex::default(),
@@ -135,7 +140,7 @@ impl Aggregator {
 
     /// The cluster's status at `now`: what `/status` serves.
     #[must_use]
-    pub fn status(&self, now: waitroom_common::time::UnixMillis) -> cluster::Status {
+    pub fn status(&self, now: UnixMillis) -> cluster::Status {
         self.shared.cluster().status(now)
     }
 
@@ -172,15 +177,15 @@ impl Aggregator {
 /// Takes over the snapshot at `path`, if there is a usable one. One that
 /// cannot be read is set aside (`.corrupt`) rather than trusted or deleted:
 /// the state rebuilds from the nodes' next reports either way.
-fn restore(cluster: &mut cluster::Cluster, path: &std::path::Path) {
+fn restore(cluster: &mut cluster::Cluster, path: &std::path::Path, now: UnixMillis) {
     match snapshot::read(path) {
         Ok(None) => tracing::info!(path = %path.display(), "no snapshot yet; starting empty"),
         Ok(Some(snapshot)) => {
-            let age_ms = now().0.saturating_sub(snapshot.taken_at.0);
+            let age_ms = now.0.saturating_sub(snapshot.taken_at.0);
             let nodes = snapshot.nodes.len();
             match cluster.restore(snapshot) {
                 Ok(()) => {
-                    cluster.expire(now());
+                    cluster.expire(now);
                     tracing::info!(path = %path.display(), age_ms, nodes, "restored snapshot");
                 }
                 Err(err) => {
@@ -210,7 +215,7 @@ async fn housekeeping(
     snap.tick().await;
     loop {
         tokio::select! {
-            _ = expire.tick() => shared.cluster().expire(now()),
+            _ = expire.tick() => shared.cluster().expire(shared.clock.now()),
             _ = snap.tick() => write_snapshot(&shared, &path).await,
             () = shutdown.requested() => return,
         }
@@ -220,7 +225,7 @@ async fn housekeeping(
 /// Writes a snapshot off the runtime's threads; failures are counted and
 /// logged, never fatal (the previous snapshot stays in place).
 async fn write_snapshot(shared: &Arc<server::Shared>, path: &std::path::Path) {
-    let taken_at = now();
+    let taken_at = shared.clock.now();
     let snap = shared.cluster().snapshot(taken_at);
     let path_owned = path.to_owned();
     let written = tokio::task::spawn_blocking(move || snapshot::write(&path_owned, &snap)).await;
@@ -288,9 +293,12 @@ mod tests {
         let dir = temp_dir("frames");
         let certs = devcerts::write(&dir, &["n1".into()]).unwrap();
         let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let aggregator = Aggregator::start(config(&dir, certs.aggregator.clone(), loopback))
-            .await
-            .unwrap();
+        let aggregator = Aggregator::start(
+            config(&dir, certs.aggregator.clone(), loopback),
+            Clock::system(),
+        )
+        .await
+        .unwrap();
         let mut endpoint = quinn::Endpoint::client(loopback).unwrap();
         endpoint.set_default_client_config(tls::client_config(&certs.nodes[0].1).unwrap());
         let connect = || async {
@@ -368,6 +376,72 @@ mod tests {
             3
         );
         aggregator.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The aggregator decides on the clock it was given: answers and
+    /// snapshots carry its time, and a node silent for longer than
+    /// `node_timeout_ms` stops counting as live when that clock says so. The
+    /// driven clock stands years ahead, where the system clock would never
+    /// see the node as silent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_driven_clock_ages_reports_and_departs_silent_nodes() {
+        let dir = temp_dir("clock");
+        let certs = devcerts::write(&dir, &["n1".into()]).unwrap();
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let start = UnixMillis(4_000_000_000_000);
+        let (clock, driver) = Clock::driven(start);
+        let aggregator = Aggregator::start(config(&dir, certs.aggregator.clone(), loopback), clock)
+            .await
+            .unwrap();
+        let mut endpoint = quinn::Endpoint::client(loopback).unwrap();
+        endpoint.set_default_client_config(tls::client_config(&certs.nodes[0].1).unwrap());
+        let connection = endpoint
+            .connect(aggregator.quic_addr(), "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        let report = Message::Report(wire::ReportFrame {
+            seq: 1,
+            report: waitroom_common::aggregate::NodeReport {
+                node: "n1".into(),
+                colo: "x".into(),
+                at: start,
+                rooms: vec![],
+            },
+            pools: vec![],
+        });
+        let (mut send, mut recv) = connection.open_bi().await.unwrap();
+        frames::write(&mut send, &report).await.unwrap();
+        let Message::Answer(answer) = frames::read(&mut recv).await.unwrap() else {
+            panic!("expected an answer");
+        };
+        assert_eq!(answer.at, start, "answered at the aggregator's clock");
+        let live = |now| {
+            aggregator
+                .status(now)
+                .nodes
+                .iter()
+                .any(|n| n.node == "n1" && !n.departed)
+        };
+        assert!(live(driver.now()));
+
+        // Housekeeping looks for silent nodes every second of real time; the
+        // clock says 5 s of silence have passed.
+        driver.advance(Duration::from_millis(5_001));
+        let mut departed = false;
+        for _ in 0..60 {
+            if !live(driver.now()) {
+                departed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(departed, "the silent node still counts as live");
+
+        aggregator.stop().await;
+        let written = snapshot::read(&dir.join("snapshot.json")).unwrap().unwrap();
+        assert_eq!(written.taken_at, driver.now(), "the last snapshot's time");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

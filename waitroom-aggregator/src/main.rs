@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use waitroom_aggregator::{Aggregator, AggregatorConfig};
-use waitroom_runtime::{devcerts, logging, signals, tls};
+use waitroom_runtime::{clock::Clock, devcerts, logging, signals, tls};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -88,7 +88,7 @@ fn run(config: AggregatorConfig) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async {
-        let aggregator = Aggregator::start(config).await?;
+        let aggregator = Aggregator::start(config, Clock::system()).await?;
         // One machine-readable line that tests and scripts wait for.
         println!(
             "waitroom-aggregator ready: quic={} admin={}",

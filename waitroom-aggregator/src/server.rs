@@ -18,7 +18,10 @@ use waitroom_common::{
     cluster::Cluster,
     wire::{self, Message, Refusal, RefusalReason, WireError},
 };
-use waitroom_runtime::frames::{self, FrameError};
+use waitroom_runtime::{
+    clock::Clock,
+    frames::{self, FrameError},
+};
 
 /// Most node connections served at once; more are refused (a cluster has
 /// tens to hundreds of nodes, so this only stops a flood).
@@ -40,13 +43,15 @@ pub struct ServerMetrics {
     pub frames_refused_total: AtomicU64,
     pub snapshots_written_total: AtomicU64,
     pub snapshot_errors_total: AtomicU64,
-    /// Wall-clock milliseconds of the last snapshot written, 0 if none.
+    /// The clock's milliseconds at the last snapshot written, 0 if none.
     pub last_snapshot_ms: AtomicU64,
 }
 
 /// What every connection task shares.
 #[derive(Debug)]
 pub struct Shared {
+    /// Where every decision reads the time (driven in tests).
+    pub clock: Clock,
     pub cluster: Mutex<Cluster>,
     pub metrics: ServerMetrics,
     /// Each node's latest opinion of its origin pools, by node: shown in
@@ -157,7 +162,7 @@ async fn serve_stream(
             let span = tracing::Span::current();
             span.record("node", frame.report.node.as_str());
             let seq = frame.seq;
-            let now = waitroom_runtime::clock::now();
+            let now = shared.clock.now();
             shared
                 .pools
                 .lock()

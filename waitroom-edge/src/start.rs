@@ -52,6 +52,8 @@ pub struct Running {
     pub addresses: Addresses,
     pub workers: usize,
     trigger: Trigger,
+    /// Wakes the state refresh at once (see [`Running::refresh_states`]).
+    refresh: Arc<tokio::sync::Notify>,
     /// Spawns onto the control runtime (run by `control`).
     control_handle: tokio::runtime::Handle,
     control: JoinHandle<()>,
@@ -78,6 +80,14 @@ impl Running {
             tracing::warn!("node still referenced after shutdown; XDP detaches at exit");
         }
         tracing::info!("stopped");
+    }
+
+    /// Asks the control thread to recompute every room's state now instead
+    /// of at its next tick: a test that moved a driven clock wants the new
+    /// minute's state before its next request. Returns at once; the state
+    /// is stored moments later, with `as_of` at the clock's new time.
+    pub fn refresh_states(&self) {
+        self.refresh.notify_one();
     }
 
     /// Stops the node and waits for it (tests and embedders).
@@ -159,7 +169,8 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
         },
     )?);
 
-    spawn_state_refresh(&control, &node, &shutdown);
+    let refresh = Arc::new(tokio::sync::Notify::new());
+    spawn_state_refresh(&control, &node, &refresh, &shutdown);
     upstream::health::spawn(
         control.handle(),
         &node
@@ -206,6 +217,7 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
         addresses: Addresses { admin, ..addresses },
         workers,
         trigger,
+        refresh,
         control_handle,
         control,
         worker_threads,
@@ -349,9 +361,16 @@ fn start_gossip(
 }
 
 /// The rooms' states, refreshed often: from the gossiped world, or with no
-/// aggregator the node's own counters as the whole world.
-fn spawn_state_refresh(control: &tokio::runtime::Runtime, node: &Arc<Node>, shutdown: &Shutdown) {
+/// aggregator the node's own counters as the whole world. `now` asks for a
+/// refresh out of turn.
+fn spawn_state_refresh(
+    control: &tokio::runtime::Runtime,
+    node: &Arc<Node>,
+    now: &Arc<tokio::sync::Notify>,
+    shutdown: &Shutdown,
+) {
     let node = Arc::clone(node);
+    let now = Arc::clone(now);
     let mut shutdown = shutdown.clone();
     let mut rates = vec![AdmitRate::default(); node.rooms.len()];
     node.refresh_states(&mut rates);
@@ -366,6 +385,7 @@ fn spawn_state_refresh(control: &tokio::runtime::Runtime, node: &Arc<Node>, shut
             tokio::select! {
                 _ = tick.tick() => node.refresh_states(&mut rates),
                 () = changed() => node.refresh_states(&mut rates),
+                () = now.notified() => node.refresh_states(&mut rates),
                 () = shutdown.requested() => return,
             }
         }
