@@ -49,10 +49,7 @@ fn route(shared: &Shared, path: &str) -> Response<Body> {
 
 /// Every node's opinion of every origin pool, as last reported.
 fn pool_opinions(shared: &Shared, now: waitroom_common::time::UnixMillis) -> serde_json::Value {
-    let nodes = shared
-        .pools
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let nodes = shared.pools.lock();
     let mut rows = Vec::new();
     for (node, view) in nodes.iter() {
         for p in &view.pools {

@@ -71,9 +71,9 @@ impl Aggregator {
         restore(&mut cluster, &config.snapshot_path, clock.now());
         let shared = Arc::new(server::Shared {
             clock,
-            cluster: std::sync::Mutex::new(cluster),
+            cluster: parking_lot::Mutex::new(cluster),
             metrics: server::ServerMetrics::default(),
-            pools: std::sync::Mutex::default(),
+            pools: parking_lot::Mutex::default(),
         });
 
         let endpoint = quinn::Endpoint::server(server_config, config.listen).map_err(|source| {

@@ -5,12 +5,13 @@
 //! [`Cluster::apply`]; everything slow (TLS, reading, encoding) happens outside it.
 use std::{
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, Ordering::Relaxed},
     },
     time::Duration,
 };
 
+use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 use tracing::Instrument as _;
 
@@ -71,8 +72,8 @@ pub struct NodePools {
 impl Shared {
     /// The cluster, even if a task panicked while holding the lock: the
     /// state is plain data and every update leaves it consistent.
-    pub fn cluster(&self) -> std::sync::MutexGuard<'_, Cluster> {
-        self.cluster.lock().unwrap_or_else(|e| e.into_inner())
+    pub fn cluster(&self) -> parking_lot::MutexGuard<'_, Cluster> {
+        self.cluster.lock()
     }
 }
 
@@ -163,18 +164,14 @@ async fn serve_stream(
             span.record("node", frame.report.node.as_str());
             let seq = frame.seq;
             let now = shared.clock.now();
-            shared
-                .pools
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(
-                    frame.report.node.clone(),
-                    NodePools {
-                        colo: frame.report.colo.clone(),
-                        at: now,
-                        pools: frame.pools,
-                    },
-                );
+            shared.pools.lock().insert(
+                frame.report.node.clone(),
+                NodePools {
+                    colo: frame.report.colo.clone(),
+                    at: now,
+                    pools: frame.pools,
+                },
+            );
             let rooms = shared.cluster().apply(frame.report, now);
             shared.metrics.reports_total.fetch_add(1, Relaxed);
             Message::Answer(wire::AnswerFrame {
