@@ -183,10 +183,13 @@ fn restore(cluster: &mut cluster::Cluster, path: &std::path::Path, now: UnixMill
         Ok(Some(snapshot)) => {
             let age_ms = now.0.saturating_sub(snapshot.taken_at.0);
             let nodes = snapshot.nodes.len();
-            match cluster.restore(snapshot) {
-                Ok(()) => {
+            match cluster.restore(snapshot, now) {
+                Ok(dropped) => {
+                    for what in &dropped {
+                        tracing::warn!(path = %path.display(), "snapshot: {what}");
+                    }
                     cluster.expire(now);
-                    tracing::info!(path = %path.display(), age_ms, nodes, "restored snapshot");
+                    tracing::info!(path = %path.display(), age_ms, nodes, corrected = dropped.len(), "restored snapshot");
                 }
                 Err(err) => {
                     tracing::warn!(path = %path.display(), %err, "snapshot not used; starting empty")

@@ -150,15 +150,17 @@ pub fn totals<'a>(
     let (mut active, mut admitted) = (0_i64, 0_u64);
     let mut waiting: BTreeMap<Minute, i64> = BTreeMap::new();
     for report in reports {
-        active += report
+        // Saturating: reports are bounded (`plausible`), but a sum must never
+        // panic or wrap whatever it is given.
+        active = report
             .expiries
             .iter()
             .filter(|&&(m, _)| m >= minute)
-            .map(|&(_, n)| n)
-            .sum::<i64>();
-        admitted += report.admits_in(minute).total();
+            .fold(active, |sum, &(_, n)| sum.saturating_add(n));
+        admitted = admitted.saturating_add(report.admits_in(minute).total());
         for &(bucket, n) in &report.waiting {
-            *waiting.entry(bucket).or_default() += n;
+            let w = waiting.entry(bucket).or_default();
+            *w = w.saturating_add(n);
         }
     }
     RoomTotals {
@@ -192,14 +194,17 @@ pub fn aggregate(
 
     let sums = totals(nodes.iter().map(|&(_, r)| r), now);
     history.admit_rate.fold_until(minute, |m| {
-        nodes.iter().map(|(_, r)| r.admits_in(m).total()).sum()
+        nodes.iter().fold(0_u64, |sum, (_, r)| {
+            sum.saturating_add(r.admits_in(m).total())
+        })
     });
 
     // Traffic two minutes back: history that cannot change any more.
     let back = minute.minus(2);
     let mut colos: BTreeMap<&str, u64> = BTreeMap::new();
     for (node, report) in &nodes {
-        *colos.entry(node.colo.as_str()).or_default() += report.distinct_in(back);
+        let c = colos.entry(node.colo.as_str()).or_default();
+        *c = c.saturating_add(report.distinct_in(back));
     }
     // Weights scaled so that Anywhere's reserve is exactly its percentage.
     let traffic: Vec<ColoWeight> = colos
@@ -207,10 +212,10 @@ pub fn aggregate(
         .filter(|&(_, &w)| w > 0)
         .map(|(&colo, &visitors)| ColoWeight {
             colo: colo.to_owned(),
-            weight: visitors * (100 - ANYWHERE_RESERVE_PERCENT),
+            weight: visitors.saturating_mul(100 - ANYWHERE_RESERVE_PERCENT),
         })
         .collect();
-    let traffic_total: u64 = colos.values().sum();
+    let traffic_total: u64 = colos.values().fold(0, |sum, &v| sum.saturating_add(v));
     let plan = SlotPlan::new(SlotInputs {
         total_active_users: room.total_active_users(),
         new_users_per_minute: room.new_users_per_minute(),
@@ -219,7 +224,7 @@ pub fn aggregate(
         random: room.queueing_method() == QueueingMethod::Random,
         waiting: &sums.waiting,
         traffic: &traffic,
-        anywhere_weight: traffic_total * ANYWHERE_RESERVE_PERCENT,
+        anywhere_weight: traffic_total.saturating_mul(ANYWHERE_RESERVE_PERCENT),
     });
 
     // Each node's part of its colo, by its own traffic two minutes back.

@@ -63,7 +63,7 @@ impl Lease {
     #[must_use]
     pub fn outstanding(&self, minute: Minute, used: u64) -> u64 {
         let cap = if self.minute == minute {
-            self.used_at_grant + self.allowance
+            self.used_at_grant.saturating_add(self.allowance)
         } else {
             self.allowance
         };
@@ -103,6 +103,11 @@ pub struct Cluster {
     node_timeout_ms: u64,
     /// (node, room) pairs already warned about, so the log is not flooded.
     unknown_rooms: BTreeSet<(String, RoomId)>,
+    /// Corrections made to reported numbers (see [`crate::plausible`]).
+    implausible_total: u64,
+    /// The last minute a correction was logged for each node: at most one
+    /// warning per node per minute, however often it sends nonsense.
+    implausible_logged: BTreeMap<String, Minute>,
 }
 
 /// Status of one room, for `/status`.
@@ -169,6 +174,41 @@ impl Cluster {
             meta: Vec::new(),
             node_timeout_ms,
             unknown_rooms: BTreeSet::new(),
+            implausible_total: 0,
+            implausible_logged: BTreeMap::new(),
+        }
+    }
+
+    /// Corrections made to reported numbers since start.
+    #[must_use]
+    pub fn implausible_total(&self) -> u64 {
+        self.implausible_total
+    }
+
+    /// Brings every number of `report` into what its rooms allow, counting
+    /// and (once per node per minute) logging each correction.
+    fn check_plausible(&mut self, report: &mut NodeReport, now: UnixMillis) {
+        for room_report in &mut report.rooms {
+            let Some(def) = self.rooms.iter().find(|d| d.room.id() == room_report.room) else {
+                continue;
+            };
+            let found = room_report.make_plausible(&def.room, now);
+            if found.is_empty() {
+                continue;
+            }
+            self.implausible_total += found.len() as u64;
+            let minute = now.minute();
+            let logged = self.implausible_logged.get(&report.node);
+            if logged != Some(&minute) {
+                self.implausible_logged.insert(report.node.clone(), minute);
+                tracing::warn!(
+                    node = %report.node,
+                    room = %def.name,
+                    corrections = found.len(),
+                    first = %found[0],
+                    "node reported impossible numbers; corrected before merging (further warnings for this node suppressed this minute)"
+                );
+            }
         }
     }
 
@@ -189,6 +229,7 @@ impl Cluster {
             }
             known
         });
+        self.check_plausible(&mut report, now);
         let node = report.node.clone();
         let index = match self.index_of(&node) {
             Some(i) => {
@@ -269,7 +310,7 @@ impl Cluster {
         for (report, meta) in self.reports.iter_mut().zip(&mut self.meta) {
             if !meta.departed && now.0.saturating_sub(meta.last_seen.0) > self.node_timeout_ms {
                 meta.departed = true;
-                tracing::warn!(node = %report.node, colo = %report.colo, silent_ms = now.0 - meta.last_seen.0,
+                tracing::warn!(node = %report.node, colo = %report.colo, silent_ms = now.0.saturating_sub(meta.last_seen.0),
                     "node silent past node_timeout_ms: forgetting its live counts, keeping its sessions");
                 for memory in self.memory.values_mut() {
                     memory.leases.remove(&report.node);
@@ -332,7 +373,7 @@ impl Cluster {
                             .get(node)
                             .map(|l| l.outstanding(minute, s.used.anywhere))
                     })
-                    .sum();
+                    .fold(0_u64, u64::saturating_add);
                 RoomStatus {
                     id: def.name.clone(),
                     room_id: id.0,
@@ -341,7 +382,10 @@ impl Cluster {
                     active_users: sums.active_users,
                     admitted_this_minute: sums.admitted_this_minute,
                     slots_available: any.map_or(0, |s| s.slots_available),
-                    total_waiting: sums.waiting.iter().map(|&(_, n)| n).sum(),
+                    total_waiting: sums
+                        .waiting
+                        .iter()
+                        .fold(0_u64, |t, &(_, n)| t.saturating_add(n)),
                     admits_per_minute: history.admit_rate.per_minute,
                     anywhere_leased,
                     nodes_reporting: reporting.len(),
@@ -363,8 +407,7 @@ impl Cluster {
                     .iter()
                     .flat_map(|r| &r.expiries)
                     .filter(|&&(m, _)| m >= minute)
-                    .map(|&(_, n)| n)
-                    .sum(),
+                    .fold(0_i64, |t, &(_, n)| t.saturating_add(n)),
             })
             .collect();
         Status {
@@ -393,26 +436,85 @@ impl Cluster {
     /// Takes over a snapshot written by an earlier run. Rooms no longer
     /// served are dropped; nodes silent for too long become departed on the
     /// next [`Cluster::expire`], exactly as if this process had never stopped.
-    pub fn restore(&mut self, snapshot: Snapshot) -> Result<(), RestoreError> {
+    /// Takes over a snapshot at `now`, checking every number in it as a
+    /// report is checked: impossible entries are dropped or clamped, a
+    /// snapshot from the future is refused, and what was corrected is
+    /// returned for the log (the room stays usable either way).
+    pub fn restore(
+        &mut self,
+        snapshot: Snapshot,
+        now: UnixMillis,
+    ) -> Result<Vec<String>, RestoreError> {
         if snapshot.version != SNAPSHOT_VERSION {
             return Err(RestoreError::Version {
                 found: snapshot.version,
                 expected: SNAPSHOT_VERSION,
             });
         }
-        for (id, memory) in snapshot.rooms {
+        if snapshot.taken_at.0 > now.0.saturating_add(crate::time::MILLIS_PER_MINUTE) {
+            return Err(RestoreError::FromTheFuture {
+                taken_at: snapshot.taken_at,
+                now,
+            });
+        }
+        let mut dropped = Vec::new();
+        for (id, mut memory) in snapshot.rooms {
+            let Some(def) = self.rooms.iter().find(|d| d.room.id() == id) else {
+                dropped.push(format!("room {}: not served by this aggregator", id.0));
+                continue;
+            };
+            let rate = memory.history.admit_rate.per_minute;
+            if !rate.is_finite() || !(0.0..=crate::plausible::MAX_COUNT as f64).contains(&rate) {
+                dropped.push(format!("room {}: admit rate {rate}: reset", def.name));
+                memory.history = AggregateHistory::default();
+            }
+            let (_, per_minute) = crate::plausible::node_bounds(&def.room);
+            memory.leases.retain(|node, lease| {
+                let ok = lease.allowance <= per_minute
+                    && lease.used_at_grant <= per_minute
+                    && lease.minute <= now.minute().plus(1);
+                if !ok {
+                    dropped.push(format!(
+                        "room {}: lease of node {node} ({lease:?}): dropped",
+                        def.name
+                    ));
+                }
+                ok
+            });
             if let Some(slot) = self.memory.get_mut(&id) {
                 *slot = memory;
             }
         }
         self.reports.clear();
         self.meta.clear();
-        for (mut report, meta) in snapshot.nodes {
+        for (mut report, mut meta) in snapshot.nodes {
             report.rooms.retain(|r| self.memory.contains_key(&r.room));
+            if self.index_of(&report.node).is_some() {
+                dropped.push(format!("node {}: listed twice: dropped", report.node));
+                continue;
+            }
+            for room_report in &mut report.rooms {
+                let Some(def) = self.rooms.iter().find(|d| d.room.id() == room_report.room) else {
+                    continue;
+                };
+                for problem in room_report.make_plausible(&def.room, now) {
+                    dropped.push(format!(
+                        "node {}: room {}: {problem}",
+                        report.node, def.name
+                    ));
+                }
+            }
+            if meta.last_seen.0 > now.0 {
+                dropped.push(format!(
+                    "node {}: last seen in the future: set to now",
+                    report.node
+                ));
+                meta.last_seen = now;
+            }
             self.reports.push(report);
             self.meta.push(meta);
         }
-        Ok(())
+        Ok(dropped)
     }
 }
 
@@ -421,6 +523,11 @@ impl Cluster {
 pub enum RestoreError {
     #[error("snapshot layout {found}, this build reads {expected}")]
     Version { found: u32, expected: u32 },
+    #[error("snapshot taken at {} ms, after now ({} ms): a clock or file problem", taken_at.0, now.0)]
+    FromTheFuture {
+        taken_at: UnixMillis,
+        now: UnixMillis,
+    },
 }
 
 /// Strips a departed node's room report down to what still counts.
@@ -440,7 +547,9 @@ fn clamp_anywhere(
     leases: &BTreeMap<String, Lease>,
     minute: Minute,
 ) -> u64 {
-    let pool: u64 = states.iter().map(|(_, s)| s.allowance.anywhere).sum();
+    let pool: u64 = states
+        .iter()
+        .fold(0_u64, |t, (_, s)| t.saturating_add(s.allowance.anywhere));
     let held: u64 = states
         .iter()
         .filter(|(name, _)| name != node)
@@ -449,7 +558,7 @@ fn clamp_anywhere(
                 .get(name)
                 .map(|l| l.outstanding(minute, s.used.anywhere))
         })
-        .sum();
+        .fold(0_u64, u64::saturating_add);
     let engine = states
         .iter()
         .find(|(name, _)| name == node)
@@ -622,7 +731,7 @@ mod tests {
         assert_eq!(back, snapshot);
 
         let mut restarted = Cluster::new(vec![room(1_000, 100)], 5_000);
-        restarted.restore(back).unwrap();
+        assert!(restarted.restore(back, T0).unwrap().is_empty());
         let status = restarted.status(T0.plus_millis(500));
         assert_eq!(status.rooms[0].active_users, 30);
         assert_eq!(status.rooms[0].admitted_this_minute, 2);
@@ -630,9 +739,72 @@ mod tests {
         let mut wrong = snapshot.clone();
         wrong.version = 99;
         assert!(matches!(
-            Cluster::new(vec![room(1_000, 100)], 5_000).restore(wrong),
+            Cluster::new(vec![room(1_000, 100)], 5_000).restore(wrong, T0),
             Err(RestoreError::Version { found: 99, .. })
         ));
+    }
+
+    #[test]
+    fn a_poisoned_snapshot_is_corrected_and_the_room_stays_usable() {
+        let mut cluster = Cluster::new(vec![room(1_000, 100)], 5_000);
+        cluster.apply(report("a", "x", T0, sessions(T0, 10, 2, 1)), T0);
+        let mut poisoned = cluster.snapshot(T0);
+        // Sessions that would never end and an overflowing count.
+        let expiries = &mut poisoned.nodes[0].0.rooms[0].expiries;
+        expiries.push((T0.minute().plus(1_000_000), 5));
+        expiries.push((T0.minute().plus(1), i64::MAX));
+        poisoned.nodes.push(poisoned.nodes[0].clone());
+        let lease = Lease {
+            minute: T0.minute(),
+            used_at_grant: 0,
+            allowance: u64::MAX,
+        };
+        poisoned.rooms[0].1.leases.insert("a".into(), lease);
+        poisoned.rooms[0].1.history.admit_rate.per_minute = f64::NAN;
+
+        let mut restarted = Cluster::new(vec![room(1_000, 100)], 5_000);
+        let dropped = restarted.restore(poisoned, T0).unwrap();
+        let text = dropped.join("\n");
+        assert!(text.contains("listed twice"), "{text}");
+        assert!(text.contains("in the future: dropped"), "{text}");
+        assert!(text.contains("clamped"), "{text}");
+        assert!(text.contains("lease of node a"), "{text}");
+        assert!(text.contains("admit rate NaN"), "{text}");
+        let status = restarted.status(T0.plus_millis(500));
+        assert_eq!(
+            status.rooms[0].active_users,
+            10 + 2_064,
+            "the overflow is clamped to what one node can hold, not summed"
+        );
+        // Still usable: a new node's report merges and gets an answer.
+        let answers = restarted.apply(report("b", "y", T0, sessions(T0, 1, 0, 1)), T0);
+        assert_eq!(answers.len(), 1);
+
+        let mut future = cluster.snapshot(T0.plus_minutes(10));
+        future.version = SNAPSHOT_VERSION;
+        assert!(matches!(
+            Cluster::new(vec![room(1_000, 100)], 5_000).restore(future, T0),
+            Err(RestoreError::FromTheFuture { .. })
+        ));
+    }
+
+    #[test]
+    fn a_report_of_impossible_numbers_is_corrected_before_the_merge() {
+        let mut cluster = Cluster::new(vec![room(1_000, 100)], 5_000);
+        cluster.apply(report("honest", "x", T0, sessions(T0, 10, 0, 1)), T0);
+        let mut bad = report("liar", "y", T0, sessions(T0, 0, 0, 1));
+        bad.rooms[0].expiries = vec![
+            (T0.minute().plus(2), i64::MIN),
+            (T0.minute().plus(2), i64::MIN),
+        ];
+        let answers = cluster.apply(bad, T0);
+        assert_eq!(answers.len(), 1);
+        assert_eq!(cluster.implausible_total(), 2);
+        let status = cluster.status(T0);
+        assert_eq!(
+            status.rooms[0].active_users, 0,
+            "negative sessions saturate at zero instead of wrapping or panicking"
+        );
     }
 
     #[test]

@@ -129,17 +129,20 @@ impl PoolCounts {
     /// Sum over all pools.
     #[must_use]
     pub fn total(&self) -> u64 {
-        self.eligible + self.colo_share + self.anywhere + self.uncapped
+        self.eligible
+            .saturating_add(self.colo_share)
+            .saturating_add(self.anywhere)
+            .saturating_add(self.uncapped)
     }
 
     /// Pool-wise sum.
     #[must_use]
     pub fn plus(&self, other: &Self) -> Self {
         Self {
-            eligible: self.eligible + other.eligible,
-            colo_share: self.colo_share + other.colo_share,
-            anywhere: self.anywhere + other.anywhere,
-            uncapped: self.uncapped + other.uncapped,
+            eligible: self.eligible.saturating_add(other.eligible),
+            colo_share: self.colo_share.saturating_add(other.colo_share),
+            anywhere: self.anywhere.saturating_add(other.anywhere),
+            uncapped: self.uncapped.saturating_add(other.uncapped),
         }
     }
 }

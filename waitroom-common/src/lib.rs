@@ -24,6 +24,7 @@
 //! - `state`: [`GlobalState`](state::GlobalState), what a node decides with.
 //! - `aggregate`: [`NodeReport`](aggregate::NodeReport) and [`aggregate`](aggregate::aggregate).
 //! - `engine`: [`decide`](engine::decide), one request's decision.
+//! - `plausible`: reported and restored numbers checked against the room.
 //! - `share`: the local-only share a node decides with when its news is stale.
 //! - `cluster`: [`Cluster`](cluster::Cluster), the aggregator's memory: reports,
 //!   departed nodes and the Anywhere lease ledger (the merge around `aggregate`).
@@ -43,6 +44,8 @@ pub mod counters;
 pub mod engine;
 #[cfg(feature = "std")]
 pub mod estimate;
+#[cfg(feature = "std")]
+pub mod plausible;
 #[cfg(feature = "std")]
 pub mod room;
 #[cfg(feature = "std")]

@@ -1,0 +1,291 @@
+//! Reported and restored numbers, checked against what a room allows.
+//!
+//! A node's report is counts from its own shared memory; an aggregator's
+//! snapshot is its own earlier state. Either can be wrong: a buggy or
+//! compromised node, a corrupted file, a snapshot from before a limit was
+//! lowered. Summed unchecked, one absurd number locks a room (sessions that
+//! never end) or opens it (negative sessions), and an overflow panics a debug
+//! build or wraps in release. So every number is brought into what one node
+//! can plausibly hold before it takes part:
+//!
+//! - an entry for a minute that cannot exist yet (a session ending after
+//!   `now + session + slack`, a queue bucket or admits in the future) is
+//!   dropped;
+//! - a count larger than one node could hold in a capped room (sessions and
+//!   admits beyond twice the room's limits plus a margin, which still covers
+//!   a limit lowered while visitors were inside) is clamped to that bound;
+//! - every other count is clamped to [`MAX_COUNT`], so that the sums of many
+//!   nodes cannot overflow (the sums are saturating as well).
+//!
+//! Each correction is returned as an [`Implausible`] for the caller's log and
+//! metrics. The rules are pure: `now` and the room are passed in.
+use crate::{
+    aggregate::RoomReport,
+    room::{QueueingMethod, Room},
+    time::{Minute, UnixMillis},
+};
+
+/// The largest magnitude any single reported count may have.
+pub const MAX_COUNT: u64 = 1 << 32;
+
+/// Minutes past `now + session` a session may still end (clock differences
+/// between nodes and the aggregator, and a renewal at a minute boundary).
+pub const EXPIRY_SLACK_MINUTES: u64 = 2;
+
+/// Added to the doubled limits: small rooms get room for a reload's worth of
+/// honest disagreement too.
+const LIMIT_MARGIN: u64 = 64;
+
+/// One correction made to a reported or restored number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Implausible {
+    /// Which list of the report: `expiries`, `admits`, `waiting`, `distinct_visitors`.
+    pub field: &'static str,
+    /// The entry's minute.
+    pub minute: Minute,
+    /// What was wrong and what was done.
+    pub problem: ImplausibleKind,
+}
+
+/// What was wrong with an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImplausibleKind {
+    /// A minute that cannot be reported at `now`; the entry was dropped.
+    FutureMinute,
+    /// A count beyond the bound; it was clamped to the bound.
+    Clamped { reported: i128, bound: u64 },
+}
+
+impl std::fmt::Display for Implausible {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.problem {
+            ImplausibleKind::FutureMinute => write!(
+                f,
+                "{} for minute {} is in the future: dropped",
+                self.field, self.minute.0
+            ),
+            ImplausibleKind::Clamped { reported, bound } => write!(
+                f,
+                "{} for minute {}: {reported} is beyond ±{bound}: clamped",
+                self.field, self.minute.0
+            ),
+        }
+    }
+}
+
+/// The largest count of sessions and of admits per minute one node can
+/// plausibly hold in `room`.
+#[must_use]
+pub fn node_bounds(room: &Room) -> (u64, u64) {
+    if room.queueing_method() == QueueingMethod::Passthrough {
+        // Everyone is admitted: the limits do not bound the counts.
+        return (MAX_COUNT, MAX_COUNT);
+    }
+    let bound = |limit: u64| {
+        limit
+            .saturating_mul(2)
+            .saturating_add(LIMIT_MARGIN)
+            .min(MAX_COUNT)
+    };
+    (
+        bound(room.total_active_users()),
+        bound(room.new_users_per_minute()),
+    )
+}
+
+impl RoomReport {
+    /// Brings every number of this report into what one node can hold in
+    /// `room` at `now` (see the module docs) and returns what was corrected.
+    pub fn make_plausible(&mut self, room: &Room, now: UnixMillis) -> Vec<Implausible> {
+        let mut found = Vec::new();
+        let minute = now.minute();
+        let (sessions, admits) = node_bounds(room);
+        let last_expiry = minute.plus(room.session_minutes() + EXPIRY_SLACK_MINUTES);
+        let next = minute.plus(1);
+
+        let mut drop_future = |field: &'static str, m: Minute, last: Minute| {
+            let keep = m <= last;
+            if !keep {
+                found.push(Implausible {
+                    field,
+                    minute: m,
+                    problem: ImplausibleKind::FutureMinute,
+                });
+            }
+            keep
+        };
+        self.expiries
+            .retain(|&(m, _)| drop_future("expiries", m, last_expiry));
+        self.admits
+            .retain(|a| drop_future("admits", a.minute, next));
+        self.waiting
+            .retain(|&(m, _)| drop_future("waiting", m, next));
+        self.distinct_visitors
+            .retain(|&(m, _)| drop_future("distinct_visitors", m, next));
+
+        for (m, n) in &mut self.expiries {
+            clamp_signed(n, sessions, "expiries", *m, &mut found);
+        }
+        for a in &mut self.admits {
+            let counts = &mut a.admits;
+            for n in [
+                &mut counts.eligible,
+                &mut counts.colo_share,
+                &mut counts.anywhere,
+                &mut counts.uncapped,
+            ] {
+                clamp_unsigned(n, admits, "admits", a.minute, &mut found);
+            }
+        }
+        for (m, n) in &mut self.waiting {
+            clamp_signed(n, MAX_COUNT, "waiting", *m, &mut found);
+        }
+        for (m, n) in &mut self.distinct_visitors {
+            clamp_unsigned(n, MAX_COUNT, "distinct_visitors", *m, &mut found);
+        }
+        found
+    }
+}
+
+fn clamp_signed(
+    n: &mut i64,
+    bound: u64,
+    field: &'static str,
+    minute: Minute,
+    found: &mut Vec<Implausible>,
+) {
+    let b = i64::try_from(bound).unwrap_or(i64::MAX);
+    let clamped = (*n).clamp(-b, b);
+    if clamped != *n {
+        found.push(Implausible {
+            field,
+            minute,
+            problem: ImplausibleKind::Clamped {
+                reported: i128::from(*n),
+                bound,
+            },
+        });
+        *n = clamped;
+    }
+}
+
+fn clamp_unsigned(
+    n: &mut u64,
+    bound: u64,
+    field: &'static str,
+    minute: Minute,
+    found: &mut Vec<Implausible>,
+) {
+    if *n > bound {
+        found.push(Implausible {
+            field,
+            minute,
+            problem: ImplausibleKind::Clamped {
+                reported: i128::from(*n),
+                bound,
+            },
+        });
+        *n = bound;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{aggregate::MinuteAdmits, counters::PoolCounts, room::RoomConfig};
+
+    fn room(method: QueueingMethod) -> Room {
+        RoomConfig {
+            total_active_users: 100,
+            new_users_per_minute: 20,
+            session_duration: 5,
+            queueing_method: method,
+            ..toml_default()
+        }
+        .validate()
+        .unwrap()
+        .named("shop")
+    }
+
+    fn toml_default() -> RoomConfig {
+        serde_json::from_str(r#"{"total_active_users":1,"new_users_per_minute":1}"#).unwrap()
+    }
+
+    const NOW: UnixMillis = UnixMillis(1_622_073_600_000);
+
+    #[test]
+    fn an_honest_report_is_untouched() {
+        let m = NOW.minute();
+        let mut report = RoomReport {
+            room: room(QueueingMethod::Fifo).id(),
+            expiries: vec![(m, 3), (m.plus(5), 40), (m.plus(6), -2)],
+            admits: vec![MinuteAdmits {
+                minute: m,
+                admits: PoolCounts {
+                    eligible: 20,
+                    ..PoolCounts::default()
+                },
+            }],
+            waiting: vec![(m.minus(3), 5_000), (m, 12)],
+            distinct_visitors: vec![(m, 9_000)],
+        };
+        let before = report.clone();
+        assert!(
+            report
+                .make_plausible(&room(QueueingMethod::Fifo), NOW)
+                .is_empty()
+        );
+        assert_eq!(report, before);
+    }
+
+    #[test]
+    fn sessions_that_never_end_and_overflowing_counts_are_refused() {
+        let m = NOW.minute();
+        let mut report = RoomReport {
+            room: room(QueueingMethod::Fifo).id(),
+            expiries: vec![
+                (m.plus(10_000), 1),
+                (m.plus(1), i64::MAX),
+                (m.plus(2), i64::MIN),
+            ],
+            admits: vec![
+                MinuteAdmits {
+                    minute: m,
+                    admits: PoolCounts {
+                        anywhere: u64::MAX,
+                        ..PoolCounts::default()
+                    },
+                },
+                MinuteAdmits {
+                    minute: m.plus(30),
+                    admits: PoolCounts::default(),
+                },
+            ],
+            waiting: vec![(m.plus(9), 1), (m, i64::MAX)],
+            distinct_visitors: vec![(m, u64::MAX)],
+        };
+        let found = report.make_plausible(&room(QueueingMethod::Fifo), NOW);
+        assert_eq!(found.len(), 8, "{found:#?}");
+        assert_eq!(report.expiries, vec![(m.plus(1), 264), (m.plus(2), -264)]);
+        assert_eq!(report.admits.len(), 1);
+        assert_eq!(report.admits[0].admits.anywhere, 104);
+        assert_eq!(report.waiting, vec![(m, MAX_COUNT as i64)]);
+        assert_eq!(report.distinct_visitors, vec![(m, MAX_COUNT)]);
+        assert!(found[0].to_string().contains("in the future: dropped"));
+    }
+
+    #[test]
+    fn passthrough_rooms_are_bounded_only_by_max_count() {
+        let m = NOW.minute();
+        let mut report = RoomReport {
+            room: room(QueueingMethod::Passthrough).id(),
+            expiries: vec![(m.plus(1), 1_000_000)],
+            ..RoomReport::default()
+        };
+        assert!(
+            report
+                .make_plausible(&room(QueueingMethod::Passthrough), NOW)
+                .is_empty()
+        );
+    }
+}
