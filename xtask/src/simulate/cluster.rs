@@ -444,12 +444,12 @@ impl Sim {
         sim
     }
 
+    /// The aggregator is out of reach from `from_ms` until `to_ms`: reports
+    /// sent then get no answer.
     #[cfg_attr(
         not(test),
         expect(dead_code, reason = "only the unit tests cut the gossip")
     )]
-    /// The aggregator is out of reach from `from_ms` until `to_ms`: reports
-    /// sent then get no answer.
     #[must_use]
     pub fn with_outage(mut self, from_ms: u64, to_ms: u64) -> Self {
         self.outage = Some((from_ms, to_ms));
