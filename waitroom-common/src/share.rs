@@ -8,6 +8,7 @@
 //! "data center limit" without fresh news. Pure: the caller passes the
 //! counters, the state and `now`.
 use crate::{
+    aggregate::RoomReport,
     counters::RoomCounters,
     room::{Room, RoomConfig},
     state::{AdmitRate, GlobalState},
@@ -32,6 +33,26 @@ pub fn observed_share(state: &GlobalState, own_active: i64, own_admitted: u64) -
     }
     let own = u64::try_from(own_active).unwrap_or(0) + own_admitted;
     Some((own as f64 / total as f64).clamp(0.0, 1.0))
+}
+
+/// This node's active users and admits in `at`'s minute, from its own
+/// report: the numerator of [`observed_share`] for an answer computed at `at`.
+#[must_use]
+pub fn own_counts(report: &RoomReport, at: UnixMillis) -> (i64, u64) {
+    let minute = at.minute();
+    let active = report
+        .expiries
+        .iter()
+        .filter(|&&(m, _)| m >= minute)
+        .map(|&(_, n)| n)
+        .sum();
+    let admitted = report
+        .admits
+        .iter()
+        .filter(|a| a.minute == minute)
+        .map(|a| a.admits.total())
+        .sum();
+    (active, admitted)
 }
 
 /// Folds an observation into the smoothed share.
@@ -98,6 +119,33 @@ mod tests {
         assert_eq!(smooth_share(Some(0.5), None), Some(0.5));
         let s = smooth_share(Some(0.5), Some(1.0)).unwrap();
         assert!((s - 0.65).abs() < 1e-9);
+    }
+
+    #[test]
+    fn own_counts_take_live_sessions_and_this_minutes_admits() {
+        use crate::{aggregate::MinuteAdmits, counters::PoolCounts, time::Minute};
+        let at = UnixMillis(1_622_073_600_000);
+        let m = at.minute();
+        let admits = |minute: Minute, n: u64| MinuteAdmits {
+            minute,
+            admits: PoolCounts {
+                colo_share: n,
+                anywhere: 1,
+                ..PoolCounts::default()
+            },
+        };
+        let report = RoomReport {
+            room: crate::room::RoomId::from_name("shop"),
+            expiries: vec![(m.minus(1), 7), (m, 3), (m.plus(2), 4)],
+            admits: vec![admits(m.minus(1), 9), admits(m, 5)],
+            waiting: vec![],
+            distinct_visitors: vec![],
+        };
+        assert_eq!(
+            own_counts(&report, at),
+            (7, 6),
+            "expired sessions and last minute's admits left out"
+        );
     }
 
     #[test]

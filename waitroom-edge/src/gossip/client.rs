@@ -4,9 +4,8 @@ use std::{sync::Arc, sync::atomic::Ordering::Relaxed, time::Duration};
 
 use tracing::Instrument as _;
 use waitroom_common::{
-    aggregate::{NodeReport, RoomReport},
-    share::{observed_share, smooth_share},
-    time::UnixMillis,
+    aggregate::NodeReport,
+    share::{observed_share, own_counts, smooth_share},
     wire::{self, AnswerFrame, Message, RefusalReason, ReportFrame},
 };
 use waitroom_runtime::{
@@ -270,24 +269,6 @@ impl Client {
             rooms,
         });
     }
-}
-
-/// This node's active users and admits this minute, from its own report.
-fn own_counts(report: &RoomReport, at: UnixMillis) -> (i64, u64) {
-    let minute = at.minute();
-    let active = report
-        .expiries
-        .iter()
-        .filter(|&&(m, _)| m >= minute)
-        .map(|&(_, n)| n)
-        .sum();
-    let admitted = report
-        .admits
-        .iter()
-        .filter(|a| a.minute == minute)
-        .map(|a| a.admits.total())
-        .sum();
-    (active, admitted)
 }
 
 /// One report on a fresh bidirectional stream, one answer back.

@@ -1,22 +1,43 @@
 //! The discrete-event core: C colos × N nodes, one aggregator, visitors, all
-//! in virtual time, driving the real engine.
+//! in virtual time, driving the real engine and the real aggregator.
 //!
 //! Nothing here decides anything. Every request is
 //! [`decide`](waitroom_common::engine::decide) on the node's own
-//! [`RoomCounters`], with the [`GlobalState`] the node last heard from the
-//! aggregator; every gossip round is the real
-//! [`aggregate`](waitroom_common::aggregate::aggregate) over every node's
-//! [`RoomCounters::report`]. This module only moves time forward, delivers
-//! answers late by the gossip delay, and writes down what happened.
+//! [`RoomCounters`], with the [`GlobalState`] the node holds; every report is
+//! the node's [`RoomCounters::report`], merged by the aggregator's own
+//! [`Cluster::apply`] (departed nodes, the Anywhere lease ledger); every answer
+//! is taken in as the node takes it in (the share smoothing of the gossip
+//! client, fresh answer or local-only state as in the node's refresh). This
+//! module only moves time forward, carries reports and answers across the
+//! gossip delay, and writes down what happened.
 //!
 //! # Gossip
-//! Rounds are aligned: every `gossip_interval_ms` all nodes report at the same
-//! instant, the aggregator merges those reports, and each node starts using
-//! its answer `gossip_delay_ms` later. So at any instant a node decides with
-//! a state computed from reports exactly that old, as the real node does.
-//! Alignment means every node holds a lease from the same round, which is
-//! what the real aggregator's Anywhere ledger (in `waitroom-edge`, which xtask
-//! cannot depend on) enforces when nodes report out of phase.
+//! Each node reports on its own tick, `gossip_interval_ms` apart; the ticks
+//! of the nodes are spread evenly over the interval ([`Phases::Staggered`],
+//! as real nodes started at different moments are) or all at the same
+//! instant ([`Phases::Aligned`]). A report reaches the aggregator half a
+//! gossip delay after it was made and is applied there at that instant; the
+//! answer reaches the node `gossip_delay_ms` after the report was made. Like
+//! the real gossip client, a node has one exchange in flight at a time: its
+//! next report goes out on its next tick after the answer came back (so with
+//! a delay longer than the interval it reports once per delay). A report sent
+//! during an outage ([`Sim::with_outage`]) is lost; the node tries again when
+//! the client would, after its answer timeout.
+//!
+//! # What a node decides with
+//! As `Node::refresh_from_world` in `waitroom-edge`: the last answer while it
+//! is at most `stale_after_ms` old, else the local-only state
+//! ([`local_only_state`]) with the share smoothed over the answers, recomputed
+//! every 200 ms (the node's refresh tick) while stale.
+//!
+//! # Checking the ledger
+//! After every report applied, the sim adds up the Anywhere slots the leases
+//! handed out so far still leave unused (each node's latest answer, at the
+//! node's reported admits) and compares them with the Anywhere pool of that
+//! moment, recomputed with `aggregate` from what the aggregator holds. It
+//! does the same for the leases the engine alone would have granted (its
+//! share of the pool, before the ledger's clamp): the ledger is what keeps
+//! the first count at zero while the second is not.
 //!
 //! # Visitors
 //! A visitor arrives at one node and stays with it. Queued, they check in
@@ -30,28 +51,60 @@ use std::{
 
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
 use waitroom_common::{
-    aggregate::{AggregateHistory, NodeReport, aggregate},
+    aggregate::{NodeReport, aggregate},
+    cluster::{Cluster, Lease, RoomDef},
     counters::RoomCounters,
     engine::{AdmitReason, Decision, QueueReason, decide},
     room::Room,
-    state::GlobalState,
+    share::{local_only_state, observed_share, own_counts, smooth_share},
+    state::{AdmitRate, GlobalState},
     ticket::Ticket,
     time::{MILLIS_PER_MINUTE, UnixMillis},
+    wire::RoomAnswer,
 };
 
 /// The instant the simulation starts: a minute boundary (14 Nov 2023 22:14 UTC).
 pub const START: UnixMillis = UnixMillis(1_700_000_040_000);
 
-/// Cluster shape and gossip timing.
+/// Cluster shape, gossip timing and the timeouts of node and aggregator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Topology {
     pub colos: usize,
     pub nodes_per_colo: usize,
-    /// Age of the reports an answer was computed from when the node starts using it.
+    /// Age of the report an answer was computed from when the node receives it
+    /// (half of it on the way to the aggregator, half on the way back).
     pub gossip_delay_ms: u64,
-    /// Time between two gossip rounds.
+    /// Time between two reports of a node.
     pub gossip_interval_ms: u64,
+    /// When in the interval each node reports.
+    pub phases: Phases,
+    /// The node's `aggregator.stale_after_ms`: older answers are not used.
+    pub stale_after_ms: u64,
+    /// The aggregator's `node_timeout_ms`: a node silent this long has departed.
+    pub node_timeout_ms: u64,
+    /// What a node's answer carries as its Anywhere allowance.
+    pub grants: Grants,
+}
+
+/// The Anywhere allowance handed to the nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Grants {
+    /// The ledger's grant, as the aggregator answers (the real system).
+    Ledger,
+    /// The engine's share of the pool, unclamped: an experiment that shows
+    /// what the ledger changes.
+    EngineShare,
+}
+
+/// When in the gossip interval the nodes report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Phases {
+    /// Node `i` of `n` reports `i/n` of an interval after node 0.
+    Staggered,
+    /// Every node reports at the same instant (the simulator before the ledger was in it).
+    Aligned,
 }
 
 impl Topology {
@@ -64,6 +117,21 @@ impl Topology {
     #[must_use]
     pub fn node(&self, colo: usize, node: usize) -> usize {
         colo * self.nodes_per_colo + node
+    }
+
+    /// When node `node` first reports.
+    #[must_use]
+    pub fn phase_ms(&self, node: usize) -> u64 {
+        match self.phases {
+            Phases::Staggered => self.gossip_interval_ms * node as u64 / self.nodes() as u64,
+            Phases::Aligned => 0,
+        }
+    }
+
+    /// How long the gossip client waits for an answer (two intervals, at least 1 s).
+    #[must_use]
+    pub fn answer_timeout_ms(&self) -> u64 {
+        (2 * self.gossip_interval_ms).max(1_000)
     }
 
     /// When traffic starts: after the first answer has reached every node
@@ -143,7 +211,38 @@ pub struct Run {
     pub timeline: Vec<Sample>,
     /// Decisions the engine made.
     pub decisions: u64,
+    /// Of those, made with the local-only state (the node's answer was stale).
+    pub local_only_decisions: u64,
+    pub ledger: LedgerCheck,
+    /// Reports the aggregator applied while it counted some node departed.
+    pub applied_with_departed: u64,
     pub end_ms: u64,
+}
+
+/// The Anywhere ledger, checked after every report the aggregator applied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LedgerCheck {
+    /// Reports applied, each followed by one check.
+    pub checks: u64,
+    /// Checks where the Anywhere slots leased and not yet used exceeded the
+    /// pool. The ledger exists to keep this at 0.
+    pub over_pool: u64,
+    /// Of those, checks where a lease granted in an earlier minute still
+    /// counted (its bare allowance, which the holder may spend on the new
+    /// minute until its next answer).
+    pub over_pool_carried: u64,
+    /// Most slots by which the leases exceeded the pool, all of them granted
+    /// in the current minute (the pool shrank after they were granted).
+    pub worst_excess: u64,
+    /// The same where a lease of an earlier minute counted.
+    pub worst_excess_carried: u64,
+    /// The same count for the leases the engine alone would have granted
+    /// (each node's share of the pool, unclamped) at the same moments.
+    pub over_pool_without_ledger: u64,
+    /// Most slots by which those unclamped leases exceeded the pool.
+    pub worst_excess_without_ledger: u64,
+    /// Answers whose Anywhere allowance the ledger cut below the engine's share.
+    pub clamped: u64,
 }
 
 /// When a run stops.
@@ -163,18 +262,32 @@ const CHECK_IN_LATENCY_MS: u64 = 500;
 pub const EARLY: f64 = 0.9;
 /// Timeline resolution; peaks are sampled every second.
 const TIMELINE_EVERY_MS: u64 = 10_000;
+/// How often the node recomputes a local-only state (its refresh tick).
+const REFRESH_MS: u64 = 200;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
-    /// Aggregator answers of `round` reach the nodes.
-    Deliver {
-        round: u64,
-    },
-    GossipRound,
+    /// Node `.0` sends a report.
+    Report(usize),
+    /// The report of exchange `.0` reaches the aggregator.
+    Apply(u64),
+    /// The answer of exchange `.0` reaches its node.
+    Deliver(u64),
     Sample,
     Arrive(usize),
     Request(usize),
     SessionEnd(usize),
+}
+
+/// The last answer a node took in: the node's `World` for this one room.
+#[derive(Debug)]
+struct Heard {
+    /// The node's clock when the answer arrived.
+    received_ms: u64,
+    /// The aggregator answered for the room (its state is then the node's).
+    answered: bool,
+    /// The smoothed share, carried over answers (`RoomView::share`).
+    share: Option<f64>,
 }
 
 #[derive(Debug)]
@@ -182,7 +295,24 @@ struct Node {
     name: String,
     colo: String,
     counters: Box<RoomCounters>,
+    /// What `decide` is handed.
     state: GlobalState,
+    heard: Option<Heard>,
+    /// When `state` was last computed as local-only; `None` while it is the answer's.
+    local_since_ms: Option<u64>,
+    /// The node's admit rate for local-only states.
+    rate: AdmitRate,
+    /// When the node last sent a report.
+    last_report_ms: u64,
+}
+
+/// One report on its way to the aggregator, then its answer on the way back.
+#[derive(Debug)]
+struct Exchange {
+    node: usize,
+    sent_ms: u64,
+    report: NodeReport,
+    answers: Vec<RoomAnswer>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -200,13 +330,19 @@ pub struct Sim {
     room: Room,
     topology: Topology,
     nodes: Vec<Node>,
-    history: AggregateHistory,
+    /// The aggregator: the real one's memory, fed at virtual times.
+    cluster: Cluster,
+    /// Reports sent from `.0` until `.1` (ms after [`START`]) are lost.
+    outage: Option<(u64, u64)>,
+    /// Each node's latest lease as answered: with the ledger, and as the
+    /// engine alone would have granted it.
+    leases: BTreeMap<String, (Lease, Lease)>,
     visitors: Vec<Visitor>,
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
     rng: ChaCha8Rng,
-    in_flight: BTreeMap<u64, Vec<(String, GlobalState)>>,
-    next_round: u64,
+    exchanges: BTreeMap<u64, Exchange>,
+    next_exchange: u64,
     // What is measured.
     active: u64,
     peak_active: u64,
@@ -218,6 +354,9 @@ pub struct Sim {
     queued_early: u64,
     timeline: Vec<Sample>,
     decisions: u64,
+    local_only_decisions: u64,
+    ledger: LedgerCheck,
+    applied_with_departed: u64,
 }
 
 impl std::fmt::Debug for Sim {
@@ -235,6 +374,7 @@ impl Sim {
     #[must_use]
     pub fn new(room: Room, topology: Topology, arrivals: &[Arrival], seed: u64) -> Self {
         assert!(topology.nodes() > 0, "a cluster needs a node");
+        assert!(topology.gossip_interval_ms > 0, "nodes report on a tick");
         let nodes = (0..topology.colos)
             .flat_map(|c| (0..topology.nodes_per_colo).map(move |n| (c, n)))
             .map(|(c, n)| Node {
@@ -242,8 +382,20 @@ impl Sim {
                 colo: format!("c{c}"),
                 counters: RoomCounters::new_boxed(room.id()),
                 state: GlobalState::empty(START),
+                heard: None,
+                local_since_ms: None,
+                rate: AdmitRate::default(),
+                last_report_ms: 0,
             })
             .collect();
+        let cluster = Cluster::new(
+            vec![RoomDef {
+                // Only the aggregator's log lines name it.
+                name: format!("room-{}", room.id().0),
+                room: room.clone(),
+            }],
+            topology.node_timeout_ms,
+        );
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         // A stream of its own, so traffic made from the same seed is independent of it.
         rng.set_stream(2);
@@ -251,13 +403,15 @@ impl Sim {
             room,
             topology,
             nodes,
-            history: AggregateHistory::default(),
+            cluster,
+            outage: None,
+            leases: BTreeMap::new(),
             visitors: Vec::with_capacity(arrivals.len()),
             events: BinaryHeap::new(),
             seq: 0,
             rng,
-            in_flight: BTreeMap::new(),
-            next_round: 0,
+            exchanges: BTreeMap::new(),
+            next_exchange: 0,
             active: 0,
             peak_active: 0,
             peak_active_counted: 0,
@@ -268,6 +422,9 @@ impl Sim {
             queued_early: 0,
             timeline: Vec::new(),
             decisions: 0,
+            local_only_decisions: 0,
+            ledger: LedgerCheck::default(),
+            applied_with_departed: 0,
         };
         for (i, &arrival) in arrivals.iter().enumerate() {
             assert!(arrival.node < topology.nodes(), "arrival at a missing node");
@@ -280,9 +437,23 @@ impl Sim {
             });
             sim.schedule(arrival.at_ms, Event::Arrive(i));
         }
-        sim.schedule(0, Event::GossipRound);
+        for node in 0..topology.nodes() {
+            sim.schedule(topology.phase_ms(node), Event::Report(node));
+        }
         sim.schedule(0, Event::Sample);
         sim
+    }
+
+    /// The aggregator is out of reach from `from_ms` until `to_ms`: reports
+    /// sent then get no answer.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "only the unit tests cut the gossip")
+    )]
+    #[must_use]
+    pub fn with_outage(mut self, from_ms: u64, to_ms: u64) -> Self {
+        self.outage = Some((from_ms, to_ms));
+        self
     }
 
     fn schedule(&mut self, at_ms: u64, event: Event) {
@@ -326,23 +497,18 @@ impl Sim {
             queued_early: self.queued_early,
             timeline: self.timeline,
             decisions: self.decisions,
+            local_only_decisions: self.local_only_decisions,
+            ledger: self.ledger,
+            applied_with_departed: self.applied_with_departed,
             end_ms: now_ms,
         }
     }
 
     fn handle(&mut self, event: Event, now_ms: u64) {
         match event {
-            Event::GossipRound => self.gossip_round(now_ms),
-            Event::Deliver { round } => {
-                let states = self
-                    .in_flight
-                    .remove(&round)
-                    .expect("each round is delivered once");
-                for (node, (name, state)) in self.nodes.iter_mut().zip(states) {
-                    debug_assert_eq!(node.name, name, "aggregate answers in report order");
-                    node.state = state;
-                }
-            }
+            Event::Report(node) => self.report(node, now_ms),
+            Event::Apply(exchange) => self.apply(exchange, now_ms),
+            Event::Deliver(exchange) => self.deliver(exchange, now_ms),
             Event::Sample => self.sample(now_ms),
             Event::Arrive(v) | Event::Request(v) => self.request(v, now_ms),
             Event::SessionEnd(v) => {
@@ -354,35 +520,194 @@ impl Sim {
         }
     }
 
-    fn gossip_round(&mut self, now_ms: u64) {
+    /// The node's gossip tick: one report, or (during an outage) a try that
+    /// times out.
+    fn report(&mut self, i: usize, now_ms: u64) {
+        let node = &mut self.nodes[i];
+        node.last_report_ms = now_ms;
+        if self
+            .outage
+            .is_some_and(|(from, to)| (from..to).contains(&now_ms))
+        {
+            let retry = now_ms + self.topology.answer_timeout_ms();
+            self.schedule(retry, Event::Report(i));
+            return;
+        }
         let now = at(now_ms);
-        let reports: Vec<NodeReport> = self
+        let report = NodeReport {
+            node: node.name.clone(),
+            colo: node.colo.clone(),
+            at: now,
+            rooms: vec![node.counters.report(now)],
+        };
+        let id = self.next_exchange;
+        self.next_exchange += 1;
+        self.exchanges.insert(
+            id,
+            Exchange {
+                node: i,
+                sent_ms: now_ms,
+                report,
+                answers: Vec::new(),
+            },
+        );
+        self.schedule(now_ms + self.topology.gossip_delay_ms / 2, Event::Apply(id));
+    }
+
+    /// The aggregator takes the report in at its arrival time.
+    fn apply(&mut self, id: u64, now_ms: u64) {
+        let now = at(now_ms);
+        let exchange = self.exchanges.get_mut(&id).expect("applied once");
+        let mut answers = self.cluster.apply(exchange.report.clone(), now);
+        let node = exchange.report.node.clone();
+        let deliver_ms = exchange.sent_ms + self.topology.gossip_delay_ms;
+        self.schedule(deliver_ms, Event::Deliver(id));
+        self.check_ledger(&node, &mut answers, now);
+        self.exchanges
+            .get_mut(&id)
+            .expect("still in flight")
+            .answers = answers;
+    }
+
+    /// Counts Anywhere slots leased and unused against the pool, with the
+    /// leases as handed out and as the engine alone would have granted them.
+    /// With [`Grants::EngineShare`] it also hands out the engine's share.
+    fn check_ledger(&mut self, node: &str, answers: &mut [RoomAnswer], now: UnixMillis) {
+        let minute = now.minute();
+        // What the aggregator holds now, merged again on a copy of its
+        // history (as its `/status` does): the pool and the engine's shares.
+        let snapshot = self.cluster.snapshot(now);
+        // A departed node's lease lapsed with it (the ledger dropped it).
+        let departed: Vec<String> = snapshot
             .nodes
             .iter()
-            .map(|n| NodeReport {
-                node: n.name.clone(),
-                colo: n.colo.clone(),
-                at: now,
-                rooms: vec![n.counters.report(now)],
-            })
+            .filter(|(_, meta)| meta.departed)
+            .map(|(report, _)| report.node.clone())
             .collect();
-        let states = aggregate(&self.room, &reports, &mut self.history, now);
-        assert_eq!(
-            states.len(),
-            self.nodes.len(),
-            "every node reported the room"
-        );
-        let round = self.next_round;
-        self.next_round += 1;
-        self.in_flight.insert(round, states);
-        self.schedule(
-            now_ms + self.topology.gossip_delay_ms,
-            Event::Deliver { round },
-        );
-        self.schedule(
-            now_ms + self.topology.gossip_interval_ms,
-            Event::GossipRound,
-        );
+        self.applied_with_departed += u64::from(!departed.is_empty());
+        let reports: Vec<NodeReport> = snapshot
+            .nodes
+            .into_iter()
+            .map(|(report, _)| report)
+            .collect();
+        let Some((_, memory)) = snapshot.rooms.into_iter().next() else {
+            return;
+        };
+        let mut history = memory.history;
+        let states = aggregate(&self.room, &reports, &mut history, now);
+        if let Some(answer) = answers.iter_mut().find(|a| a.room == self.room.id()) {
+            let engine = states
+                .iter()
+                .find(|(name, _)| name == node)
+                .map_or(0, |(_, s)| s.allowance.anywhere);
+            let allowance = &mut answer.state.allowance.anywhere;
+            if *allowance < engine {
+                self.ledger.clamped += 1;
+            }
+            if self.topology.grants == Grants::EngineShare {
+                *allowance = engine;
+            }
+            let lease = |allowance| Lease {
+                minute,
+                used_at_grant: answer.state.used.anywhere,
+                allowance,
+            };
+            self.leases.insert(
+                node.to_owned(),
+                (lease(answer.state.allowance.anywhere), lease(engine)),
+            );
+        }
+        let pool: u64 = states.iter().map(|(_, s)| s.allowance.anywhere).sum();
+        let (mut held, mut held_engine, mut carried) = (0, 0, false);
+        for (name, state) in states.iter().filter(|(name, _)| !departed.contains(name)) {
+            if let Some((lease, engine)) = self.leases.get(name) {
+                let outstanding = lease.outstanding(minute, state.used.anywhere);
+                held += outstanding;
+                carried |= outstanding > 0 && lease.minute != minute;
+                held_engine += engine.outstanding(minute, state.used.anywhere);
+            }
+        }
+        self.ledger.checks += 1;
+        if held > pool {
+            self.ledger.over_pool += 1;
+            let worst = if carried {
+                self.ledger.over_pool_carried += 1;
+                &mut self.ledger.worst_excess_carried
+            } else {
+                &mut self.ledger.worst_excess
+            };
+            *worst = (*worst).max(held - pool);
+        }
+        if held_engine > pool {
+            self.ledger.over_pool_without_ledger += 1;
+            self.ledger.worst_excess_without_ledger = self
+                .ledger
+                .worst_excess_without_ledger
+                .max(held_engine - pool);
+        }
+    }
+
+    /// The node takes its answer in (`Client::store`), decides with it from
+    /// now on, and reports again on its next tick.
+    fn deliver(&mut self, id: u64, now_ms: u64) {
+        let exchange = self.exchanges.remove(&id).expect("delivered once");
+        let room = self.room.id();
+        let node = &mut self.nodes[exchange.node];
+        let answer = exchange.answers.into_iter().find(|a| a.room == room);
+        let own = exchange.report.rooms.iter().find(|r| r.room == room);
+        let heard = match answer {
+            Some(answer) => {
+                let observed = own.and_then(|own| {
+                    let (active, admitted) = own_counts(own, answer.state.as_of);
+                    observed_share(&answer.state, active, admitted)
+                });
+                let before = node.heard.as_ref().and_then(|h| h.share);
+                node.state = answer.state;
+                Heard {
+                    received_ms: now_ms,
+                    answered: true,
+                    share: smooth_share(before, observed),
+                }
+            }
+            // The node's world then has no view of the room, so no share either.
+            None => Heard {
+                received_ms: now_ms,
+                answered: false,
+                share: None,
+            },
+        };
+        node.heard = Some(heard);
+        node.local_since_ms = None;
+        let next = (node.last_report_ms + self.topology.gossip_interval_ms).max(now_ms);
+        self.schedule(next, Event::Report(exchange.node));
+    }
+
+    /// `Node::refresh_from_world` for node `i` at `now_ms`: the answer while
+    /// fresh, else the local-only state, recomputed on the refresh tick.
+    /// Returns whether the node decides local-only.
+    fn refresh(&mut self, i: usize, now_ms: u64) -> bool {
+        let node = &mut self.nodes[i];
+        let fresh = node.heard.as_ref().is_some_and(|h| {
+            h.answered && now_ms.saturating_sub(h.received_ms) <= self.topology.stale_after_ms
+        });
+        if fresh {
+            return false;
+        }
+        if node
+            .local_since_ms
+            .is_none_or(|since| now_ms >= since + REFRESH_MS)
+        {
+            let share = node.heard.as_ref().and_then(|h| h.share);
+            node.state = local_only_state(
+                &self.room,
+                &node.counters,
+                &mut node.rate,
+                share,
+                at(now_ms),
+            );
+            node.local_since_ms = Some(now_ms);
+        }
+        true
     }
 
     fn sample(&mut self, now_ms: u64) {
@@ -416,6 +741,9 @@ impl Sim {
     fn request(&mut self, v: usize, now_ms: u64) {
         let now = at(now_ms);
         let visitor = self.visitors[v];
+        if self.refresh(visitor.arrival.node, now_ms) {
+            self.local_only_decisions += 1;
+        }
         let node = &self.nodes[visitor.arrival.node];
         let decision = decide(
             &self.room,

@@ -18,7 +18,7 @@ use serde::Serialize;
 use waitroom_common::room::{QueueingMethod, RoomConfig};
 
 use super::{
-    cluster::{Outcome, Run, Sim, Topology, Until},
+    cluster::{LedgerCheck, Outcome, Run, Sim, Topology, Until},
     plot,
     scenario::{Segment, arrivals, room_config},
 };
@@ -86,6 +86,8 @@ pub struct FairnessStats {
     pub wait_max_s: f64,
     /// Virtual minutes until the last visitor was admitted.
     pub drained_after_min: f64,
+    /// The aggregator's Anywhere ledger in this run.
+    pub ledger: LedgerCheck,
 }
 
 /// Runs the experiment for one method.
@@ -173,6 +175,7 @@ fn stats(method: &str, run: &Run, warmup_ms: u64) -> FairnessStats {
             .filter_map(|o| o.admitted_ms)
             .max()
             .map_or(0.0, |t| t.saturating_sub(warmup_ms) as f64 / MINUTE as f64),
+        ledger: run.ledger,
     }
 }
 
@@ -338,6 +341,10 @@ pub fn run_and_write(topology: &Topology, seed: u64, visitors: u64, out: &Path) 
             y_max,
             30,
         )?;
+    }
+    println!();
+    for (stats, _) in &runs {
+        println!("{}: {}", stats.method, super::ledger_line(&stats.ledger));
     }
     println!();
     let json = serde_json::json!({

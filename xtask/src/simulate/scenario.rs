@@ -9,7 +9,7 @@ use rand::Rng;
 use serde::Serialize;
 use waitroom_common::room::{CookieSameSite, CookieSecure, QueueingMethod, RoomConfig};
 
-use super::cluster::{Arrival, Run, Sim, Topology, Until, traffic_rng};
+use super::cluster::{Arrival, LedgerCheck, Run, Sim, Topology, Until, traffic_rng};
 
 /// How long an admitted visitor browses, on average (uniform over ±50 %).
 pub const BROWSE_MEAN_MS: u64 = 60_000;
@@ -315,6 +315,10 @@ pub struct ScenarioResult {
     pub first_queue_admits_ratio: Option<f64>,
     pub max_wait_s: f64,
     pub decisions: u64,
+    /// Decisions made with the local-only state (stale answer).
+    pub local_only_decisions: u64,
+    /// The aggregator's Anywhere ledger in this run.
+    pub ledger: LedgerCheck,
 }
 
 /// Runs `scenario` on `topology` and measures it.
@@ -365,5 +369,7 @@ fn measure(scenario: &Scenario, run: &Run) -> ScenarioResult {
             .filter_map(|o| o.wait_secs())
             .fold(0.0, f64::max),
         decisions: run.decisions,
+        local_only_decisions: run.local_only_decisions,
+        ledger: run.ledger,
     }
 }
