@@ -49,8 +49,7 @@ use std::{
     collections::{BTreeMap, BinaryHeap},
 };
 
-use rand::{Rng, RngCore, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::{Rng, RngExt as _, SeedableRng, rngs::ChaCha8Rng};
 use serde::Serialize;
 use waitroom_common::{
     aggregate::{NodeReport, aggregate},

@@ -5,7 +5,7 @@
 //! new users per minute, 5-minute sessions, 20 s refresh) so their rows can
 //! be compared; [`Size::Small`] scales limits and traffic down together (and
 //! shortens the quiet periods) for the unit tests.
-use rand::Rng;
+use rand::RngExt as _;
 use serde::Serialize;
 use waitroom_common::room::{CookieSameSite, CookieSecure, QueueingMethod, RoomConfig};
 
