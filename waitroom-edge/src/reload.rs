@@ -34,11 +34,7 @@ impl Node {
     /// (listeners, rooms added, removed or re-routed, origins) are refused too:
     /// those need a restart, which keeps counters and cookies as well.
     pub fn reload(&self, path: &Path) -> Result<Vec<String>, ReloadError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        let new = EdgeConfig::parse(path, &text)?;
+        let new = EdgeConfig::parse(path, &waitroom_runtime::config_file::read(path)?)?;
         if new.rooms.len() != self.rooms.len() {
             return Err(ReloadError::Rooms {
                 path: path.to_owned(),
