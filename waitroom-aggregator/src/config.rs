@@ -106,7 +106,7 @@ impl AggregatorConfig {
             return Err(file.invalid("rooms", "at least one [[rooms]] table is required"));
         }
         let rooms = room_table::validate_rooms(&raw.rooms)
-            .map_err(|e| file.invalid(e.key(), e.source))?
+            .map_err(|e| file.invalid(e.key(), e.problem))?
             .into_iter()
             .zip(&raw.rooms)
             .map(|(room, table)| RoomDef {

@@ -265,18 +265,19 @@ impl RoomTableError {
 
 /// A refused table among a file's `[[rooms]]`: which one and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{}: {source}", self.key())]
+#[error("{}: {problem}", self.key())]
 pub struct RoomsError {
     /// Position of the table in the file's `[[rooms]]` array.
     pub index: usize,
-    pub source: RoomTableError,
+    /// Named `problem`, not `source`: the message already says it.
+    pub problem: RoomTableError,
 }
 
 impl RoomsError {
     /// The key path from the top of the file: `rooms[2].new_users_per_minute`.
     #[must_use]
     pub fn key(&self) -> String {
-        format!("rooms[{}].{}", self.index, self.source.field())
+        format!("rooms[{}].{}", self.index, self.problem.field())
     }
 }
 
@@ -285,7 +286,7 @@ impl RoomsError {
 pub fn validate_rooms(tables: &[RoomTable]) -> Result<Vec<Room>, RoomsError> {
     let mut rooms = Vec::with_capacity(tables.len());
     for (index, table) in tables.iter().enumerate() {
-        let refused = |source| RoomsError { index, source };
+        let refused = |problem| RoomsError { index, problem };
         if let Some(first) = tables[..index].iter().position(|t| t.id == table.id) {
             return Err(refused(RoomTableError::DuplicateId {
                 id: table.id.clone(),

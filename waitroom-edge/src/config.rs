@@ -144,7 +144,7 @@ impl EdgeConfig {
             return Err(file.invalid("rooms", "at least one [[rooms]] table is required"));
         }
         let engines =
-            room_table::validate_rooms(&raw.rooms).map_err(|e| file.invalid(e.key(), e.source))?;
+            room_table::validate_rooms(&raw.rooms).map_err(|e| file.invalid(e.key(), e.problem))?;
         let rooms = raw
             .rooms
             .iter()
