@@ -24,11 +24,12 @@ fn temp_dir(tag: &str) -> std::path::PathBuf {
 }
 
 fn shop() -> cluster::RoomDef {
-    let config: RoomConfig =
-        toml::from_str("total_active_users = 100\nnew_users_per_minute = 20").unwrap();
     cluster::RoomDef {
         name: "shop".into(),
-        room: config.validate().unwrap().named("shop"),
+        room: RoomConfig::with_limits(100, 20)
+            .validate()
+            .unwrap()
+            .named("shop"),
     }
 }
 

@@ -312,7 +312,8 @@ fn aggregator_check_validates_and_names_the_field() {
     );
     assert!(!ok);
     assert!(
-        out.contains("rooms[0] (shop): limits: new_users_per_minute (99)"),
+        out.contains("limits.toml:")
+            && out.contains(": rooms[0].new_users_per_minute: new_users_per_minute (99)"),
         "{out}"
     );
 

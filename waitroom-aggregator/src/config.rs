@@ -15,57 +15,28 @@
 //! total_active_users = 200
 //! new_users_per_minute = 50
 //! ```
-//! A `[[rooms]]` table may be copied from a node's config as it is: the keys
-//! only a node uses (`host`, `path`, `origin`, ...) are accepted and ignored.
+//! A `[[rooms]]` table may be copied from a node's config as it is: it is the
+//! same [`RoomTable`], parsed and checked by the same rules, of which the
+//! aggregator uses the id and the limits.
+//!
+//! Every error names the file, the line and column, and the key path
+//! (see [`waitroom_runtime::config_file`]).
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
 };
 
 use serde::Deserialize;
-use waitroom_common::room::RoomConfig;
+use waitroom_common::{
+    cluster::RoomDef,
+    room_table::{self, RoomTable},
+};
+use waitroom_runtime::{
+    config_file::{self, ConfigText},
+    tls::TlsFiles,
+};
 
-use waitroom_common::cluster::RoomDef;
-use waitroom_runtime::tls::TlsFiles;
-
-/// Keys of a node's `[[rooms]]` table that mean nothing to the aggregator.
-const NODE_ONLY_KEYS: [&str; 6] = [
-    "host",
-    "path",
-    "origin",
-    "origin_timeout_ms",
-    "queue_status",
-    "queue_page",
-];
-
-/// Why the configuration was refused. Each names the file and the field.
-#[derive(Debug, thiserror::Error)]
-pub enum AggregatorConfigError {
-    #[error("{path}: cannot read: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {source}")]
-    Syntax {
-        path: PathBuf,
-        source: Box<toml::de::Error>,
-    },
-    #[error("{path}: {field}: {problem}")]
-    Field {
-        path: PathBuf,
-        field: &'static str,
-        problem: String,
-    },
-    #[error("{path}: rooms[{index}] ({room}): {field}: {problem}")]
-    Room {
-        path: PathBuf,
-        index: usize,
-        room: String,
-        field: String,
-        problem: String,
-    },
-}
+pub use waitroom_runtime::config_file::ConfigError;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -82,7 +53,7 @@ struct Raw {
     #[serde(default = "default_node_timeout_ms")]
     node_timeout_ms: u64,
     #[serde(default)]
-    rooms: Vec<toml::Table>,
+    rooms: Vec<RoomTable>,
 }
 
 fn default_snapshot_interval_ms() -> u64 {
@@ -114,70 +85,35 @@ pub struct AggregatorConfig {
 
 impl AggregatorConfig {
     /// Reads and validates `path`.
-    pub fn load(path: &Path) -> Result<Self, AggregatorConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| AggregatorConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::parse(path, &text)
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::parse(path, &config_file::read(path)?)
     }
 
     /// Parses and validates the text of the file at `path`.
-    pub fn parse(path: &Path, text: &str) -> Result<Self, AggregatorConfigError> {
-        let raw: Raw = toml::from_str(text).map_err(|source| AggregatorConfigError::Syntax {
-            path: path.to_owned(),
-            source: Box::new(source),
-        })?;
-        let field = |field, problem: &str| AggregatorConfigError::Field {
-            path: path.to_owned(),
-            field,
-            problem: problem.to_owned(),
-        };
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let file = ConfigText::new(path, text);
+        let raw: Raw = file.parse()?;
         if raw.snapshot_interval_ms < 100 {
-            return Err(field("snapshot_interval_ms", "must be at least 100"));
+            return Err(file.invalid("snapshot_interval_ms", "must be at least 100"));
         }
         if raw.node_timeout_ms < 1_000 {
-            return Err(field(
+            return Err(file.invalid(
                 "node_timeout_ms",
                 "must be at least 1000 (several report intervals)",
             ));
         }
         if raw.rooms.is_empty() {
-            return Err(field("rooms", "at least one [[rooms]] table is required"));
+            return Err(file.invalid("rooms", "at least one [[rooms]] table is required"));
         }
-        let mut rooms: Vec<RoomDef> = Vec::with_capacity(raw.rooms.len());
-        for (index, mut table) in raw.rooms.into_iter().enumerate() {
-            let room_err = |room: &str, field: &str, problem: String| AggregatorConfigError::Room {
-                path: path.to_owned(),
-                index,
-                room: room.to_owned(),
-                field: field.to_owned(),
-                problem,
-            };
-            let name = match table.remove("id") {
-                Some(toml::Value::String(s)) if !s.is_empty() => s,
-                Some(_) => return Err(room_err("?", "id", "must be a non-empty string".into())),
-                None => return Err(room_err("?", "id", "missing".into())),
-            };
-            if let Some(prev) = rooms.iter().position(|r| r.name == name) {
-                return Err(room_err(
-                    &name,
-                    "id",
-                    format!("duplicate room id (also rooms[{prev}])"),
-                ));
-            }
-            for key in NODE_ONLY_KEYS {
-                table.remove(key);
-            }
-            let limits: RoomConfig = toml::Value::Table(table)
-                .try_into()
-                .map_err(|e: toml::de::Error| room_err(&name, "limits", e.message().to_owned()))?;
-            let room = limits
-                .validate()
-                .map_err(|e| room_err(&name, "limits", e.to_string()))?
-                .named(&name);
-            rooms.push(RoomDef { name, room });
-        }
+        let rooms = room_table::validate_rooms(&raw.rooms)
+            .map_err(|e| file.invalid(e.key(), e.problem))?
+            .into_iter()
+            .zip(&raw.rooms)
+            .map(|(room, table)| RoomDef {
+                name: table.id.clone(),
+                room,
+            })
+            .collect();
         Ok(Self {
             listen: raw.listen,
             admin_listen: raw.admin_listen,
@@ -206,9 +142,12 @@ key = "a.key"
 snapshot_path = "snap.json"
 "#;
 
-    fn parse(extra: &str) -> Result<AggregatorConfig, AggregatorConfigError> {
+    fn parse(extra: &str) -> Result<AggregatorConfig, ConfigError> {
         AggregatorConfig::parse(Path::new("agg.toml"), &format!("{BASE}{extra}"))
     }
+
+    /// Line 1 of `extra` is line 7 of the file.
+    const FIRST_EXTRA_LINE: usize = 7;
 
     #[test]
     fn a_node_room_table_is_accepted_as_it_is() {
@@ -233,6 +172,15 @@ new_users_per_minute = 50
     }
 
     #[test]
+    fn the_example_room_table_with_pools_health_and_steering_is_accepted() {
+        let config = parse(room_table::EXAMPLE).unwrap();
+        assert_eq!(config.rooms.len(), 1);
+        assert_eq!(config.rooms[0].name, "shop");
+        assert_eq!(config.rooms[0].room.total_active_users(), 200);
+        assert_eq!(config.rooms[0].room.new_users_per_minute(), 50);
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let err = parse("").unwrap_err().to_string();
         assert!(err.starts_with("agg.toml: rooms:"), "{err}");
@@ -241,28 +189,88 @@ new_users_per_minute = 50
             parse("[[rooms]]\nid = \"shop\"\ntotal_active_users = 10\nnew_users_per_minute = 20\n")
                 .unwrap_err()
                 .to_string();
-        assert!(
-            err.contains("rooms[0] (shop): limits: new_users_per_minute (20)"),
-            "{err}"
+        assert_eq!(
+            err,
+            format!(
+                "agg.toml:{}:24: rooms[0].new_users_per_minute: new_users_per_minute (20) is above total_active_users (10)",
+                FIRST_EXTRA_LINE + 3
+            )
         );
 
         let err = parse("[[rooms]]\nid = \"shop\"\ntotal_active_users = 10\nnew_users_per_minute = 5\nnew_users_per_hour = 1\n")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("new_users_per_hour"), "{err}");
+        assert!(
+            err.starts_with(&format!(
+                "agg.toml:{}:1: rooms[0].new_users_per_hour: unknown field `new_users_per_hour`",
+                FIRST_EXTRA_LINE + 4
+            )),
+            "{err}"
+        );
 
         let err = AggregatorConfig::parse(Path::new("agg.toml"), "listen = \"127.0.0.1:0\"\n")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("ca"), "{err}");
+        assert!(err.contains(" ca: missing"), "{err}");
 
         let err = parse("node_timeout_ms = 10\n[[rooms]]\nid = \"a\"\ntotal_active_users = 1\nnew_users_per_minute = 1\n")
             .unwrap_err()
             .to_string();
-        assert!(err.starts_with("agg.toml: node_timeout_ms:"), "{err}");
+        assert!(
+            err.starts_with(&format!("agg.toml:{FIRST_EXTRA_LINE}:19: node_timeout_ms:")),
+            "{err}"
+        );
 
         let two = "[[rooms]]\nid = \"a\"\ntotal_active_users = 1\nnew_users_per_minute = 1\n";
         let err = parse(&format!("{two}{two}")).unwrap_err().to_string();
-        assert!(err.contains("rooms[1] (a): id: duplicate"), "{err}");
+        assert!(
+            err.contains("rooms[1].id: duplicate room id \"a\" (also rooms[0])"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_queueing_method_is_named_with_its_line() {
+        let err = parse(
+            "[[rooms]]\nid = \"shop\"\ntotal_active_users = 10\nnew_users_per_minute = 5\nqueueing_method = \"lottery\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with(&format!(
+                "agg.toml:{}:19: rooms[0].queueing_method: unknown variant `lottery`",
+                FIRST_EXTRA_LINE + 4
+            )),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn node_keys_are_checked_by_the_same_rules_as_on_the_node() {
+        let err = parse(
+            "[[rooms]]\nid = \"shop\"\norigin = \"a:1\"\ntotal_active_users = 10\nnew_users_per_minute = 5\nqueue_status = 500\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("rooms[0].queue_status: 500 is not 200, 202 or 429"),
+            "{err}"
+        );
+        let err = parse(
+            "[[rooms]]\nid = \"shop\"\ntotal_active_users = 10\nnew_users_per_minute = 5\n[[rooms.pools]]\nname = \"p\"\norigins = [\"a:1\"]\nweigth = 2\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("rooms[0].pools[0].weigth: unknown field"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_deploy_example_is_valid() {
+        let text = include_str!("../../deploy/aggregator.example.toml");
+        let config = AggregatorConfig::parse(Path::new("aggregator.example.toml"), text).unwrap();
+        assert_eq!(config.rooms[0].name, "shop");
     }
 }

@@ -28,7 +28,7 @@ pub mod config;
 pub mod server;
 pub mod snapshot;
 
-pub use config::{AggregatorConfig, AggregatorConfigError};
+pub use config::AggregatorConfig;
 
 /// How often silent nodes are looked for, independent of reports arriving.
 const EXPIRE_EVERY: Duration = Duration::from_secs(1);
@@ -269,11 +269,12 @@ mod tests {
     }
 
     fn shop() -> cluster::RoomDef {
-        let config: RoomConfig =
-            toml::from_str("total_active_users = 100\nnew_users_per_minute = 20").unwrap();
         cluster::RoomDef {
             name: "shop".into(),
-            room: config.validate().unwrap().named("shop"),
+            room: RoomConfig::with_limits(100, 20)
+                .validate()
+                .unwrap()
+                .named("shop"),
         }
     }
 

@@ -16,11 +16,10 @@ use waitroom_common::time::{Minute, UnixMillis};
 const NOW: UnixMillis = UnixMillis(1_700_000_000_000);
 
 fn room() -> waitroom_common::room::Room {
-    let config: RoomConfig = serde_json::from_str(
-        r#"{"total_active_users": 1000000000, "new_users_per_minute": 1000000000}"#,
-    )
-    .expect("valid room");
-    config.validate().expect("valid room").with_id(RoomId(1))
+    RoomConfig::with_limits(1_000_000_000, 1_000_000_000)
+        .validate()
+        .expect("valid room")
+        .with_id(RoomId(1))
 }
 
 /// A state with a realistic queue (an hour of buckets) and `allowance` to hand out.

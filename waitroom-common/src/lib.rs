@@ -17,6 +17,8 @@
 //! - [`xdp`]: map names and value layouts of the XDP program.
 //! - `time`: [`UnixMillis`](time::UnixMillis) and [`Minute`](time::Minute), passed in by the caller.
 //! - `room`: [`RoomConfig`](room::RoomConfig) as configured, [`Room`](room::Room) once validated.
+//! - `room_table`: [`RoomTable`](room_table::RoomTable), one `[[rooms]]` table
+//!   of a config file as the node and the aggregator both parse it.
 //! - `ticket`: [`Ticket`](ticket::Ticket), what the visitor's encrypted cookie carries.
 //! - `counters`: [`RoomCounters`](counters::RoomCounters), the node's atomics in shared memory.
 //! - `slots`: [`SlotPlan`](slots::SlotPlan), the seeds' slot arithmetic.
@@ -48,6 +50,8 @@ pub mod estimate;
 pub mod plausible;
 #[cfg(feature = "std")]
 pub mod room;
+#[cfg(feature = "std")]
+pub mod room_table;
 #[cfg(feature = "std")]
 pub mod share;
 #[cfg(feature = "std")]

@@ -200,15 +200,11 @@ mod tests {
             new_users_per_minute: 20,
             session_duration: 5,
             queueing_method: method,
-            ..toml_default()
+            ..RoomConfig::with_limits(1, 1)
         }
         .validate()
         .unwrap()
         .named("shop")
-    }
-
-    fn toml_default() -> RoomConfig {
-        serde_json::from_str(r#"{"total_active_users":1,"new_users_per_minute":1}"#).unwrap()
     }
 
     const NOW: UnixMillis = UnixMillis(1_622_073_600_000);

@@ -1,7 +1,8 @@
 //! The room model: what an operator configures and what the engine may rely on.
 //!
-//! [`RoomConfig`] is what a config file says; [`Room`] is the same after
-//! [`RoomConfig::validate`] has checked it, so the engine never has to handle
+//! [`RoomConfig`] is the engine's part of a room table (the keys themselves are
+//! defined once, in [`RoomTable`](crate::room_table::RoomTable)); [`Room`] is
+//! the same after [`RoomConfig::validate`] has checked it, so the engine never has to handle
 //! a zero session or a new-user limit above the total. Bounds that look
 //! arbitrary are there because fixed-size rings in
 //! [`RoomCounters`](crate::counters::RoomCounters) depend on them.
@@ -22,6 +23,12 @@ pub const MAX_REFRESH_SECS: u16 = 90;
 
 /// Largest user limit: per-node counts are kept in 32 bits.
 pub const MAX_USERS: u64 = 1 << 30;
+
+/// Session length when a room does not set `session_duration`, minutes.
+pub const DEFAULT_SESSION_MINUTES: u32 = 5;
+
+/// Refresh interval when a room does not set `refresh_interval`, seconds.
+pub const DEFAULT_REFRESH_SECS: u16 = 20;
 
 /// Identity of a room, carried in every ticket so a cookie from one room is
 /// never honoured by another.
@@ -85,40 +92,48 @@ pub enum CookieSecure {
     Never,
 }
 
-/// A room as written in a configuration file.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The engine's part of a room, as configured.
+///
+/// Not `Deserialize` itself: a config file's `[[rooms]]` table is a
+/// [`RoomTable`](crate::room_table::RoomTable), which holds these keys beside
+/// the node's and builds this with
+/// [`RoomTable::limits`](crate::room_table::RoomTable::limits).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RoomConfig {
     /// Most visitors allowed on the site at once.
     pub total_active_users: u64,
     /// Most visitors admitted in any one minute.
     pub new_users_per_minute: u64,
     /// Minutes a visitor stays active after their last request.
-    #[serde(default = "default_session_duration")]
     pub session_duration: u32,
     /// Count the session from admission instead of from the last request.
-    #[serde(default)]
     pub disable_session_renewal: bool,
-    #[serde(default)]
     pub queueing_method: QueueingMethod,
     /// Queue every visitor without a session, whatever the limits say.
-    #[serde(default)]
     pub queue_all: bool,
     /// Mean seconds between a queued visitor's check-ins.
-    #[serde(default = "default_refresh_interval")]
     pub refresh_interval: u16,
-    #[serde(default)]
     pub cookie_same_site: CookieSameSite,
-    #[serde(default)]
     pub cookie_secure: CookieSecure,
 }
 
-fn default_session_duration() -> u32 {
-    5
-}
-
-fn default_refresh_interval() -> u16 {
-    20
+impl RoomConfig {
+    /// A room with these two limits and every other key at its default, as
+    /// a table that gives only the limits would say.
+    #[must_use]
+    pub fn with_limits(total_active_users: u64, new_users_per_minute: u64) -> Self {
+        Self {
+            total_active_users,
+            new_users_per_minute,
+            session_duration: DEFAULT_SESSION_MINUTES,
+            disable_session_renewal: false,
+            queueing_method: QueueingMethod::default(),
+            queue_all: false,
+            refresh_interval: DEFAULT_REFRESH_SECS,
+            cookie_same_site: CookieSameSite::default(),
+            cookie_secure: CookieSecure::default(),
+        }
+    }
 }
 
 /// Why a [`RoomConfig`] was refused. Each message names the field to fix.
@@ -149,6 +164,20 @@ pub enum RoomError {
         "cookie_same_site = \"none\" needs a Secure cookie, but cookie_secure is \"never\" (browsers would drop the cookie)"
     )]
     SameSiteNoneWithoutSecure,
+}
+
+impl RoomError {
+    /// The key of the room table to fix.
+    #[must_use]
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::ZeroLimit { field } | Self::LimitTooLarge { field, .. } => field,
+            Self::NewUsersAboveTotal { .. } => "new_users_per_minute",
+            Self::ZeroSession | Self::SessionTooLong { .. } => "session_duration",
+            Self::RefreshIntervalOutOfRange { .. } => "refresh_interval",
+            Self::SameSiteNoneWithoutSecure => "cookie_same_site",
+        }
+    }
 }
 
 impl RoomConfig {
@@ -304,9 +333,7 @@ pub(crate) mod tests {
 
     #[test]
     fn defaults_from_a_minimal_config() {
-        let cfg: RoomConfig =
-            serde_json::from_str(r#"{"total_active_users": 200, "new_users_per_minute": 200}"#)
-                .unwrap();
+        let cfg = RoomConfig::with_limits(200, 200);
         assert_eq!(cfg, config(200, 200));
         let room = cfg.validate().unwrap().named("shop");
         assert_eq!(room.refresh_interval_secs(), 20);
@@ -315,21 +342,29 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn snake_case_names_and_unknown_fields_refused() {
-        let cfg: RoomConfig = serde_json::from_str(
-            r#"{"total_active_users": 10, "new_users_per_minute": 5, "session_duration": 10,
-                "disable_session_renewal": true, "queueing_method": "random", "queue_all": true,
-                "refresh_interval": 30, "cookie_same_site": "strict", "cookie_secure": "always"}"#,
-        )
-        .unwrap();
-        assert_eq!(cfg.queueing_method, QueueingMethod::Random);
-        assert_eq!(cfg.cookie_same_site, CookieSameSite::Strict);
-        assert_eq!(cfg.cookie_secure, CookieSecure::Always);
-        let err = serde_json::from_str::<RoomConfig>(
-            r#"{"total_active_users": 10, "new_users_per_minute": 5, "new_users_per_hour": 1}"#,
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("new_users_per_hour"), "{err}");
+    fn every_error_names_the_key_its_message_starts_with() {
+        let refused = [
+            config(0, 0),
+            config(MAX_USERS + 1, 1),
+            config(200, 300),
+            RoomConfig {
+                session_duration: 0,
+                ..config(1, 1)
+            },
+            RoomConfig {
+                refresh_interval: 1,
+                ..config(1, 1)
+            },
+            RoomConfig {
+                cookie_same_site: CookieSameSite::None,
+                cookie_secure: CookieSecure::Never,
+                ..config(1, 1)
+            },
+        ];
+        for cfg in refused {
+            let err = cfg.validate().unwrap_err();
+            assert!(err.to_string().starts_with(err.field()), "{err:?}");
+        }
     }
 
     #[test]

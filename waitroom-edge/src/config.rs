@@ -1,42 +1,20 @@
 //! The node's configuration: one TOML file.
 //!
-//! Every error names the file, the field and what is wrong, because the person
-//! reading it is an operator at a terminal on launch day.
+//! Every error names the file, the line and column, and the key path
+//! (`node.toml:14:19: rooms[0].queueing_method: unknown variant ...`), because
+//! the person reading it is an operator at a terminal on launch day (see
+//! [`waitroom_runtime::config_file`]). A `[[rooms]]` table is the
+//! [`RoomTable`] the aggregator reads too.
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
 };
 
 use serde::{Deserialize, Serialize};
+use waitroom_common::room_table::{self, RoomTable};
+use waitroom_runtime::config_file::{self, ConfigText};
 
-/// Why a configuration was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{path}: cannot read: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {source}")]
-    Syntax {
-        path: PathBuf,
-        source: Box<toml::de::Error>,
-    },
-    #[error("{path}: rooms[{index}] ({room}): {field}: {problem}")]
-    Room {
-        path: PathBuf,
-        index: usize,
-        room: String,
-        field: String,
-        problem: String,
-    },
-    #[error("{path}: {field}: {problem}")]
-    Field {
-        path: PathBuf,
-        field: String,
-        problem: String,
-    },
-}
+pub use waitroom_runtime::config_file::ConfigError;
 
 /// The `[node]` table: who this node is and where it listens.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -132,11 +110,7 @@ fn default_grace_ms() -> u64 {
 
 /// Reads and validates `path`.
 pub fn load(path: &Path) -> Result<EdgeConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    EdgeConfig::parse(path, &text)
+    EdgeConfig::parse(path, &config_file::read(path)?)
 }
 
 /// The whole validated configuration of a node.
@@ -158,53 +132,33 @@ impl EdgeConfig {
         struct Raw {
             node: NodeSection,
             #[serde(default)]
-            rooms: Vec<toml::Table>,
+            rooms: Vec<RoomTable>,
             #[serde(default)]
             aggregator: Option<crate::gossip::GossipConfig>,
             #[serde(default)]
             xdp: Option<crate::xdp::XdpConfig>,
         }
-        let raw: Raw = toml::from_str(text).map_err(|source| ConfigError::Syntax {
-            path: path.to_owned(),
-            source: Box::new(source),
-        })?;
+        let file = ConfigText::new(path, text);
+        let raw: Raw = file.parse()?;
         if raw.rooms.is_empty() {
-            return Err(ConfigError::Field {
-                path: path.to_owned(),
-                field: "rooms".into(),
-                problem: "at least one [[rooms]] table is required".into(),
-            });
+            return Err(file.invalid("rooms", "at least one [[rooms]] table is required"));
         }
-        let mut rooms = Vec::with_capacity(raw.rooms.len());
-        for (index, table) in raw.rooms.into_iter().enumerate() {
-            let spec =
-                crate::rooms::RoomSpec::from_table(table).map_err(|e| ConfigError::Room {
-                    path: path.to_owned(),
-                    index,
-                    room: e.room,
-                    field: e.field,
-                    problem: e.problem,
-                })?;
-            if let Some(prev) = rooms
-                .iter()
-                .position(|r: &crate::rooms::RoomSpec| r.id == spec.id)
-            {
-                return Err(ConfigError::Room {
-                    path: path.to_owned(),
-                    index,
-                    room: spec.id.clone(),
-                    field: "id".into(),
-                    problem: format!("duplicate room id (also rooms[{prev}])"),
-                });
-            }
-            rooms.push(spec);
-        }
+        let engines =
+            room_table::validate_rooms(&raw.rooms).map_err(|e| file.invalid(e.key(), e.problem))?;
+        let rooms = raw
+            .rooms
+            .iter()
+            .zip(engines)
+            .enumerate()
+            .map(|(index, (table, engine))| {
+                crate::rooms::RoomSpec::from_table(table, engine)
+                    .map_err(|e| file.invalid(format!("rooms[{index}].{}", e.field), e.problem))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         if let Some(gossip) = &raw.aggregator {
-            gossip.validate().map_err(|e| ConfigError::Field {
-                path: path.to_owned(),
-                field: format!("aggregator.{}", e.field),
-                problem: e.problem,
-            })?;
+            gossip
+                .validate()
+                .map_err(|e| file.invalid(format!("aggregator.{}", e.field), e.problem))?;
         }
         Ok(Self {
             node: raw.node,
@@ -212,5 +166,172 @@ impl EdgeConfig {
             aggregator: raw.aggregator,
             xdp: raw.xdp,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[node]` takes lines 1-3; the room's first key is on line 5.
+    const NODE: &str = "[node]\nid = \"n\"\nlisten = \"127.0.0.1:0\"\n";
+    const ROOM: &str = "[[rooms]]\nid = \"shop\"\norigin = \"127.0.0.1:9\"\ntotal_active_users = 100\nnew_users_per_minute = 50\n";
+
+    fn parse(text: &str) -> Result<EdgeConfig, ConfigError> {
+        EdgeConfig::parse(Path::new("node.toml"), &format!("{NODE}{text}"))
+    }
+
+    fn refused(text: &str) -> String {
+        parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_example_room_table_with_pools_health_and_steering_is_accepted() {
+        let config = parse(room_table::EXAMPLE).unwrap();
+        let room = &config.rooms[0];
+        assert_eq!(
+            (room.id.as_str(), room.host.as_str()),
+            ("shop", "shop.example")
+        );
+        assert_eq!(room.upstream.steering, crate::upstream::Steering::Dynamic);
+        assert_eq!(room.upstream.pools.len(), 2);
+        assert!(room.upstream.pools[1].tls.is_some());
+        assert_eq!(room.upstream.health.as_ref().unwrap().path, "/healthz");
+        assert_eq!(room.engine.total_active_users(), 200);
+    }
+
+    #[test]
+    fn an_unknown_key_is_named_with_its_line() {
+        let err = refused(&format!("{ROOM}new_users_per_hour = 1\n"));
+        assert!(
+            err.starts_with(
+                "node.toml:9:1: rooms[0].new_users_per_hour: unknown field `new_users_per_hour`"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_queueing_method_is_named_with_its_line() {
+        let err = refused(&format!("{ROOM}queueing_method = \"lottery\"\n"));
+        assert!(
+            err.starts_with(
+                "node.toml:9:19: rooms[0].queueing_method: unknown variant `lottery`, expected one of"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_bad_limit_is_named_with_its_line() {
+        let err = refused(&ROOM.replace("new_users_per_minute = 50", "new_users_per_minute = 500"));
+        assert_eq!(
+            err,
+            "node.toml:8:24: rooms[0].new_users_per_minute: new_users_per_minute (500) is above total_active_users (100)"
+        );
+    }
+
+    #[test]
+    fn a_duplicate_room_id_is_named_with_its_line() {
+        let err = refused(&format!("{ROOM}{ROOM}"));
+        assert_eq!(
+            err,
+            "node.toml:10:6: rooms[1].id: duplicate room id \"shop\" (also rooms[0])"
+        );
+    }
+
+    /// Each problem names the key path from the top of the file, whether
+    /// serde, the shared room table or the node's upstream check found it.
+    #[test]
+    fn every_room_problem_names_its_key_path() {
+        let no_origin = ROOM.replace("origin = \"127.0.0.1:9\"\n", "");
+        let pool = "[[rooms.pools]]\nname = \"p\"\norigins = [\"127.0.0.1:1\"]\n";
+        let cases = [
+            (no_origin.clone(), "rooms[0].origin"),
+            (ROOM.replace("127.0.0.1:9", "no-port"), "rooms[0].origin"),
+            (format!("{ROOM}{pool}"), "rooms[0].pools"),
+            (
+                format!("{no_origin}{pool}tls = 1\n"),
+                "rooms[0].pools[0].tls",
+            ),
+            (
+                format!("{no_origin}[[rooms.pools]]\norigins = [\"a:1\"]\n"),
+                "rooms[0].pools[0].name",
+            ),
+            (format!("{no_origin}{pool}{pool}"), "rooms[0].pools[1].name"),
+            (
+                format!(
+                    "{no_origin}{pool}{}",
+                    pool.replace("\"p\"", "\"q\"").replace("127.0.0.1:1", "x")
+                ),
+                "rooms[0].pools[1].origins",
+            ),
+            (
+                format!("{no_origin}{pool}sni = \"x\"\n"),
+                "rooms[0].pools[0].tls",
+            ),
+            (
+                format!("{ROOM}steering = \"fastest\"\n"),
+                "rooms[0].steering",
+            ),
+            (
+                format!("{ROOM}steering = \"dynamic\"\n"),
+                "rooms[0].steering",
+            ),
+            (
+                format!("{ROOM}[rooms.health]\nfall = 0\n"),
+                "rooms[0].health.fall",
+            ),
+            (
+                format!("{ROOM}[rooms.health]\ninterval_ms = 100\ntimeout_ms = 200\n"),
+                "rooms[0].health.timeout_ms",
+            ),
+            (
+                format!("{ROOM}[rooms.health]\npath = \"x\"\n"),
+                "rooms[0].health.path",
+            ),
+            (
+                format!("{ROOM}[rooms.health]\nintervall_ms = 5\n"),
+                "rooms[0].health.intervall_ms",
+            ),
+            (
+                format!("{ROOM}queue_status = 500\n"),
+                "rooms[0].queue_status",
+            ),
+            (
+                format!("{ROOM}origin_timeout_ms = 0\n"),
+                "rooms[0].origin_timeout_ms",
+            ),
+            (ROOM.replace("id = \"shop\"\n", ""), "rooms[0].id"),
+        ];
+        for (text, key) in cases {
+            let err = parse(&text).unwrap_err();
+            assert_eq!(err.key(), key, "{err}");
+            let ConfigError::Invalid { at, .. } = &err else {
+                panic!("{err}");
+            };
+            assert!(at.is_some(), "{err}: no position");
+        }
+    }
+
+    #[test]
+    fn other_tables_are_named_too() {
+        assert_eq!(parse("").unwrap_err().key(), "rooms");
+        let err = refused(&format!(
+            "{ROOM}[aggregator]\naddress = \"127.0.0.1:1\"\nca = \"c\"\ncert = \"c\"\nkey = \"k\"\ninterval_ms = 5\n"
+        ));
+        assert!(
+            err.starts_with("node.toml:14:15: aggregator.interval_ms: 5 is outside"),
+            "{err}"
+        );
+        let err = refused(&format!("{ROOM}[node.tls]\n"));
+        assert_eq!(err, "node.toml:9:1: node.tls.listen: missing");
+    }
+
+    #[test]
+    fn the_deploy_example_is_valid() {
+        let text = include_str!("../../deploy/edge.example.toml");
+        let config = EdgeConfig::parse(Path::new("edge.example.toml"), text).unwrap();
+        assert_eq!(config.rooms[0].id, "shop");
     }
 }

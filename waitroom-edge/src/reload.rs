@@ -150,11 +150,7 @@ impl Node {
     }
 
     fn try_reload(&self, path: &Path) -> Result<Vec<String>, ReloadError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        let new = EdgeConfig::parse(path, &text)?;
+        let new = EdgeConfig::parse(path, &waitroom_runtime::config_file::read(path)?)?;
         let old = self.reloads.applied.load_full();
         let fields = restart_needed(&old, &new);
         if !fields.is_empty() {

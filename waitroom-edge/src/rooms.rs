@@ -1,18 +1,12 @@
 //! Rooms on this node and how a request finds its room: host, then the longest
-//! path prefix.
+//! path prefix. (A `[[rooms]]` table of the config file is a
+//! [`waitroom_common::room_table::RoomTable`]; [`RoomTable`] here is the
+//! node's routing table.)
 use std::time::Duration;
 
-use waitroom_common::room::{Room, RoomConfig};
+use waitroom_common::{room::Room, room_table};
 
-use crate::upstream::{self, UpstreamSpec};
-
-/// What is wrong with one `[[rooms]]` table.
-#[derive(Debug)]
-pub struct RoomSpecError {
-    pub room: String,
-    pub field: String,
-    pub problem: String,
-}
+use crate::upstream::{FieldError, UpstreamSpec};
 
 /// One room as configured: where it applies, where its origin is, and its limits.
 #[derive(Debug, Clone)]
@@ -35,85 +29,21 @@ pub struct RoomSpec {
     pub engine: Room,
 }
 
-const EDGE_KEYS: [&str; 6] = [
-    "id",
-    "host",
-    "path",
-    "origin_timeout_ms",
-    "queue_status",
-    "queue_page",
-];
-
 impl RoomSpec {
-    /// Splits a `[[rooms]]` table into the node's keys and the engine's.
-    pub fn from_table(mut table: toml::Table) -> Result<Self, RoomSpecError> {
-        let id = match table.get("id") {
-            Some(toml::Value::String(s)) if !s.is_empty() => s.clone(),
-            Some(_) => return Err(err("?", "id", "must be a non-empty string")),
-            None => return Err(err("?", "id", "missing")),
-        };
-        let string = |table: &toml::Table,
-                      key: &str,
-                      default: Option<&str>|
-         -> Result<String, RoomSpecError> {
-            match table.get(key) {
-                Some(toml::Value::String(s)) => Ok(s.clone()),
-                Some(_) => Err(err(&id, key, "must be a string")),
-                None => default
-                    .map(str::to_owned)
-                    .ok_or_else(|| err(&id, key, "missing")),
-            }
-        };
-        let host = string(&table, "host", Some("*"))?.to_ascii_lowercase();
-        let path = string(&table, "path", Some("/"))?;
-        if !path.starts_with('/') {
-            return Err(err(&id, "path", "must start with '/'"));
-        }
-        let upstream =
-            UpstreamSpec::from_room_table(&table).map_err(|e| err(&id, &e.field, &e.problem))?;
-        let origin_timeout_ms = match table.get("origin_timeout_ms") {
-            Some(toml::Value::Integer(n)) if *n > 0 => *n as u64,
-            Some(_) => return Err(err(&id, "origin_timeout_ms", "must be a positive integer")),
-            None => 10_000,
-        };
-        let queue_status = match table.get("queue_status") {
-            Some(toml::Value::Integer(n)) if [200, 202, 429].contains(n) => *n as u16,
-            Some(_) => return Err(err(&id, "queue_status", "must be 200, 202 or 429")),
-            None => 200,
-        };
-        let queue_page = match table.get("queue_page") {
-            Some(toml::Value::String(s)) => Some(std::path::PathBuf::from(s)),
-            Some(_) => return Err(err(&id, "queue_page", "must be a file path")),
-            None => None,
-        };
-        for key in EDGE_KEYS.iter().chain(&upstream::config::KEYS) {
-            table.remove(*key);
-        }
-        let limits: RoomConfig = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| err(&id, "limits", e.message()))?;
-        let engine = limits
-            .validate()
-            .map_err(|e| err(&id, "limits", &e.to_string()))?
-            .named(&id);
+    /// The node's room from a `[[rooms]]` table and the engine's room that
+    /// [`validate`](room_table::RoomTable::validate) made of it. A field error is relative to the
+    /// table.
+    pub fn from_table(table: &room_table::RoomTable, engine: Room) -> Result<Self, FieldError> {
         Ok(Self {
-            id,
-            host,
-            path,
-            upstream,
-            origin_timeout: Duration::from_millis(origin_timeout_ms),
-            queue_status,
-            queue_page,
+            id: table.id.clone(),
+            host: table.host.to_ascii_lowercase(),
+            path: table.path.clone(),
+            upstream: UpstreamSpec::from_table(table)?,
+            origin_timeout: Duration::from_millis(table.origin_timeout_ms.get()),
+            queue_status: table.queue_status,
+            queue_page: table.queue_page.clone(),
             engine,
         })
-    }
-}
-
-fn err(room: &str, field: &str, problem: &str) -> RoomSpecError {
-    RoomSpecError {
-        room: room.to_owned(),
-        field: field.to_owned(),
-        problem: problem.to_owned(),
     }
 }
 
@@ -174,14 +104,13 @@ fn path_has_prefix(path: &str, prefix: &str) -> bool {
 mod tests {
     use super::*;
 
-    const LIMITS: &str = "total_active_users = 100\nnew_users_per_minute = 10";
-
     fn spec(id: &str, host: &str, path: &str) -> RoomSpec {
-        let table: toml::Table = toml::from_str(&format!(
-            "id = \"{id}\"\nhost = \"{host}\"\npath = \"{path}\"\norigin = \"127.0.0.1:1\"\n{LIMITS}"
+        let table: room_table::RoomTable = toml::from_str(&format!(
+            "id = \"{id}\"\nhost = \"{host}\"\npath = \"{path}\"\norigin = \"127.0.0.1:1\"\n\
+             total_active_users = 100\nnew_users_per_minute = 10"
         ))
         .unwrap();
-        RoomSpec::from_table(table).unwrap()
+        RoomSpec::from_table(&table, table.validate().unwrap()).unwrap()
     }
 
     #[test]
@@ -203,25 +132,5 @@ mod tests {
         let t = RoomTable::new(&[spec("shop", "shop.example", "/shop")]);
         assert_eq!(t.find("shop.example", "/"), None);
         assert_eq!(t.find("x.example", "/shop"), None);
-    }
-
-    #[test]
-    fn bad_fields_are_named() {
-        let table: toml::Table =
-            toml::from_str(&format!("id = \"r\"\norigin = \"no-port\"\n{LIMITS}")).unwrap();
-        let e = RoomSpec::from_table(table).unwrap_err();
-        assert_eq!(e.field, "origin");
-        let table: toml::Table = toml::from_str(&format!(
-            "id = \"r\"\n{LIMITS}\n[[pools]]\nname = \"a\"\norigins = [\"127.0.0.1:1\"]\ntls = 1"
-        ))
-        .unwrap();
-        let e = RoomSpec::from_table(table).unwrap_err();
-        assert_eq!((e.room.as_str(), e.field.as_str()), ("r", "pools[0].tls"));
-        let table: toml::Table =
-            toml::from_str("id = \"r\"\norigin = \"127.0.0.1:1\"\nqueue_status = 500").unwrap();
-        assert_eq!(
-            RoomSpec::from_table(table).unwrap_err().field,
-            "queue_status"
-        );
     }
 }

@@ -8,6 +8,8 @@
 //! # Layout
 //! - [`clock`]: the [`Clock`](clock::Clock) the binaries read time through
 //!   (the system clock in production, a driven one in tests).
+//! - [`config_file`]: TOML config files read so that every refusal names the
+//!   file, line and column, and key path.
 //! - [`shutdown`]: the stop signal every listener loop selects on.
 //! - [`signals`]: SIGTERM/SIGINT and SIGHUP as futures.
 //! - [`systemd`]: READY, watchdog keep-alives, STOPPING.
@@ -21,6 +23,7 @@
 pub mod admin;
 pub mod body;
 pub mod clock;
+pub mod config_file;
 #[cfg(any(test, feature = "devcerts"))]
 pub mod devcerts;
 pub mod frames;

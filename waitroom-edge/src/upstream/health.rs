@@ -171,7 +171,7 @@ mod tests {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     use super::*;
-    use crate::upstream::{UpstreamSpec, tls::OriginTls};
+    use crate::upstream::tls::OriginTls;
 
     /// A one-shot origin on loopback answering every connection with `status`.
     async fn canned(status: u16) -> std::net::SocketAddr {
@@ -192,7 +192,7 @@ mod tests {
         let text = format!(
             "origin = \"{addr}\"\n[health]\npath = \"/healthz\"\ninterval_ms = 100\ntimeout_ms = 100\nfall = 2\nrise = 1"
         );
-        let spec = UpstreamSpec::from_room_table(&toml::from_str(&text).unwrap()).unwrap();
+        let spec = crate::upstream::config::spec_from_text(&text).unwrap();
         let tls = OriginTls::new([("r", &spec)]).unwrap();
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(0)

@@ -23,7 +23,7 @@ pub mod health;
 pub mod status;
 pub mod tls;
 
-pub use config::{HealthSpec, PoolSpec, Steering, UpstreamSpec};
+pub use config::{FieldError, HealthSpec, PoolSpec, Steering, UpstreamSpec};
 
 /// The origins of one room and what this node believes about them.
 #[derive(Debug)]
@@ -332,7 +332,6 @@ pub fn ewma_next(prev: Option<f64>, sample: f64, dt: Duration, time_bias: Durati
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::config::UpstreamSpec;
 
     const MINUTE: Duration = Duration::from_secs(60);
 
@@ -398,7 +397,7 @@ mod tests {
                 origins.join(", ")
             ));
         }
-        let spec = UpstreamSpec::from_room_table(&toml::from_str(&text).unwrap()).unwrap();
+        let spec = crate::upstream::config::spec_from_text(&text).unwrap();
         Upstream::new("room", &spec)
     }
 
@@ -500,8 +499,7 @@ mod tests {
         }
         assert!(!u.origin(c).health.is_up());
         assert_eq!(u.origin(c).connection_failures.load(Relaxed), 3);
-        let spec =
-            UpstreamSpec::from_room_table(&toml::from_str("origin = \"x:1\"").unwrap()).unwrap();
+        let spec = crate::upstream::config::spec_from_text("origin = \"x:1\"").unwrap();
         let plain = Upstream::new("room", &spec);
         for _ in 0..10 {
             plain.connection_failed(c);

@@ -182,7 +182,7 @@ mod tests {
 
     fn spec(addr: std::net::SocketAddr, extra: &str) -> UpstreamSpec {
         let text = format!("[[pools]]\nname = \"p\"\norigins = [\"{addr}\"]\ntls = true\n{extra}");
-        UpstreamSpec::from_room_table(&toml::from_str(&text).unwrap()).unwrap()
+        crate::upstream::config::spec_from_text(&text).unwrap()
     }
 
     async fn get(tls: &OriginTls, addr: std::net::SocketAddr) -> Result<u16, String> {
