@@ -230,3 +230,97 @@ async fn a_node_with_a_certificate_from_another_ca_is_refused() {
     aggregator.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A node holding certificate `n2` that reports as `n1` is refused and
+/// counted; the real `n1`'s sessions stay in the global count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reporting_under_another_nodes_name_is_refused() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = temp_dir("impostor");
+    let certs = devcerts::write(&dir, &["n1".into(), "n2".into()]).unwrap();
+    let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let aggregator = Aggregator::start(
+        config(&dir, certs.aggregator.clone(), loopback),
+        clock::Clock::system(),
+    )
+    .await
+    .unwrap();
+    let addr = aggregator.quic_addr();
+    let (trigger, shutdown) = shutdown::channel();
+    let honest = node("n1", "x", &certs.nodes[0].1, addr, 3, &shutdown);
+    assert!(
+        eventually(Duration::from_secs(5), || active(&honest) == Some(3)).await,
+        "the honest node is heard"
+    );
+    // The impostor claims n1's name with n2's certificate and no sessions:
+    // accepted, it would replace n1's report and its 3 sessions would vanish.
+    let impostor = node("n1", "x", &certs.nodes[1].1, addr, 0, &shutdown);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            aggregator.metrics().identity_refused_total.load(Relaxed) >= 3
+        })
+        .await,
+        "the impostor's reports are refused"
+    );
+    assert_eq!(impostor.status.reports_total.load(Relaxed), 0);
+    assert_eq!(
+        impostor.world.freshness(clock::now()),
+        gossip::Freshness::Never,
+        "the impostor never gets a state"
+    );
+    let status = aggregator.status(clock::now());
+    assert_eq!(status.rooms[0].active_users, 3, "n1's sessions still count");
+    assert_eq!(status.nodes.len(), 1);
+    assert_eq!(active(&honest), Some(3));
+    assert_eq!(
+        aggregator
+            .metrics()
+            .connections_replaced_total
+            .load(Relaxed),
+        0,
+        "a refused impostor does not take over the honest node's connection"
+    );
+    trigger.fire();
+    aggregator.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One live connection per node: the same node connecting again replaces
+/// its older connection (a restart whose old connection is not yet timed out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connecting_again_replaces_its_older_connection() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = temp_dir("replaced");
+    let certs = devcerts::write(&dir, &["n1".into()]).unwrap();
+    let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let aggregator = Aggregator::start(
+        config(&dir, certs.aggregator.clone(), loopback),
+        clock::Clock::system(),
+    )
+    .await
+    .unwrap();
+    let addr = aggregator.quic_addr();
+    let (old_trigger, old_shutdown) = shutdown::channel();
+    let first = node("n1", "x", &certs.nodes[0].1, addr, 2, &old_shutdown);
+    assert!(eventually(Duration::from_secs(5), || active(&first) == Some(2)).await);
+    let (trigger, shutdown) = shutdown::channel();
+    let second = node("n1", "x", &certs.nodes[0].1, addr, 2, &shutdown);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            aggregator
+                .metrics()
+                .connections_replaced_total
+                .load(Relaxed)
+                >= 1
+        })
+        .await,
+        "the older connection is closed"
+    );
+    // The old process goes away; the new one keeps being served.
+    old_trigger.fire();
+    assert!(eventually(Duration::from_secs(5), || active(&second) == Some(2)).await);
+    assert_eq!(aggregator.status(clock::now()).nodes.len(), 1);
+    trigger.fire();
+    aggregator.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -105,6 +105,24 @@ pub fn render_metrics(shared: &Shared) -> String {
             m.frames_refused_total.load(Relaxed),
         ),
         (
+            "waitroom_aggregator_identity_refused_total",
+            "counter",
+            "Reports refused: the node id is not certified by the connection's certificate.",
+            m.identity_refused_total.load(Relaxed),
+        ),
+        (
+            "waitroom_aggregator_connections_replaced_total",
+            "counter",
+            "Older connections closed because the same node connected again.",
+            m.connections_replaced_total.load(Relaxed),
+        ),
+        (
+            "waitroom_aggregator_implausible_numbers_total",
+            "counter",
+            "Reported numbers corrected before merging (impossible minutes, counts beyond the room).",
+            shared.cluster().implausible_total(),
+        ),
+        (
             "waitroom_aggregator_snapshots_total",
             "counter",
             "Snapshots written.",

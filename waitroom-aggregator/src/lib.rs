@@ -74,6 +74,7 @@ impl Aggregator {
             cluster: parking_lot::Mutex::new(cluster),
             metrics: server::ServerMetrics::default(),
             pools: parking_lot::Mutex::default(),
+            live: parking_lot::Mutex::default(),
         });
 
         let endpoint = quinn::Endpoint::server(server_config, config.listen).map_err(|source| {

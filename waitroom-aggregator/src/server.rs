@@ -22,6 +22,7 @@ use waitroom_common::{
 use waitroom_runtime::{
     clock::Clock,
     frames::{self, FrameError},
+    tls,
 };
 
 /// Most node connections served at once; more are refused (a cluster has
@@ -42,6 +43,11 @@ pub struct ServerMetrics {
     pub reports_total: AtomicU64,
     /// Frames answered with a refusal (bad version, malformed, too large).
     pub frames_refused_total: AtomicU64,
+    /// Reports refused because they name a node the connection's certificate
+    /// does not certify (an impostor, or a misconfigured `node.id`).
+    pub identity_refused_total: AtomicU64,
+    /// Older connections closed because the same node connected again.
+    pub connections_replaced_total: AtomicU64,
     pub snapshots_written_total: AtomicU64,
     pub snapshot_errors_total: AtomicU64,
     /// The clock's milliseconds at the last snapshot written, 0 if none.
@@ -58,6 +64,9 @@ pub struct Shared {
     /// Each node's latest opinion of its origin pools, by node: shown in
     /// `/status`, never used for a decision.
     pub pools: Mutex<std::collections::BTreeMap<String, NodePools>>,
+    /// The one live connection of each node, by the name its certificate
+    /// certifies: a node that connects again replaces its older connection.
+    pub live: Mutex<std::collections::HashMap<String, quinn::Connection>>,
 }
 
 /// What one node last said about its origin pools.
@@ -74,6 +83,32 @@ impl Shared {
     /// state is plain data and every update leaves it consistent.
     pub fn cluster(&self) -> parking_lot::MutexGuard<'_, Cluster> {
         self.cluster.lock()
+    }
+
+    /// Records `connection` as `node`'s live one, closing an older one.
+    fn claim(&self, node: &str, connection: &quinn::Connection) {
+        let mut live = self.live.lock();
+        if let Some(old) = live.get(node) {
+            if old.stable_id() == connection.stable_id() {
+                return;
+            }
+            self.metrics
+                .connections_replaced_total
+                .fetch_add(1, Relaxed);
+            tracing::info!(%node, "node connected again; closing its older connection");
+            old.close(
+                wire::close::REPLACED.into(),
+                b"replaced by a newer connection of this node",
+            );
+        }
+        live.insert(node.to_owned(), connection.clone());
+    }
+
+    /// Forgets `connection` once it has ended.
+    fn release(&self, connection: &quinn::Connection) {
+        self.live
+            .lock()
+            .retain(|_, c| c.stable_id() != connection.stable_id());
     }
 }
 
@@ -112,6 +147,16 @@ pub async fn accept_loop(endpoint: quinn::Endpoint, shared: Arc<Shared>) {
 
 async fn serve_connection(connection: quinn::Connection, shared: &Arc<Shared>) {
     tracing::debug!("node connected");
+    let warned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    serve_streams(&connection, shared, &warned).await;
+    shared.release(&connection);
+}
+
+async fn serve_streams(
+    connection: &quinn::Connection,
+    shared: &Arc<Shared>,
+    warned: &Arc<std::sync::atomic::AtomicBool>,
+) {
     loop {
         let (send, recv) = match connection.accept_bi().await {
             Ok(streams) => streams,
@@ -129,8 +174,9 @@ async fn serve_connection(connection: quinn::Connection, shared: &Arc<Shared>) {
         };
         let shared = Arc::clone(shared);
         let connection = connection.clone();
+        let warned = Arc::clone(warned);
         tokio::spawn(
-            async move { serve_stream(&connection, send, recv, &shared).await }
+            async move { serve_stream(&connection, send, recv, &shared, &warned).await }
                 .instrument(tracing::Span::current()),
         );
     }
@@ -142,6 +188,7 @@ async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     shared: &Shared,
+    warned: &std::sync::atomic::AtomicBool,
 ) {
     let message = match tokio::time::timeout(READ_TIMEOUT, frames::read(&mut recv)).await {
         Ok(Ok(message)) => message,
@@ -159,7 +206,25 @@ async fn serve_stream(
         }
     };
     let answer = match message {
+        Message::Report(frame) if !tls::peer_is(connection, &frame.report.node) => {
+            shared.metrics.identity_refused_total.fetch_add(1, Relaxed);
+            // Once per connection: an impostor retrying must not flood the log.
+            if !warned.swap(true, Relaxed) {
+                tracing::warn!(
+                    claimed = %frame.report.node,
+                    "refusing reports: the connection's certificate does not certify this node id"
+                );
+            }
+            Message::Refused(Refusal {
+                reason: RefusalReason::NotCertified,
+                detail: format!(
+                    "this connection's certificate does not certify node {:?}; node.id must be a name in the node's certificate",
+                    frame.report.node
+                ),
+            })
+        }
         Message::Report(frame) => {
+            shared.claim(&frame.report.node, connection);
             let span = tracing::Span::current();
             span.record("node", frame.report.node.as_str());
             let seq = frame.seq;

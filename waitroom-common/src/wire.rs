@@ -114,6 +114,9 @@ pub enum RefusalReason {
     TooLarge { max: u32 },
     /// A valid message that does not belong here (an answer sent to the aggregator).
     Unexpected,
+    /// The report names a node its sender's certificate does not certify
+    /// (appended in version 2: older peers read it as a malformed frame).
+    NotCertified,
 }
 
 /// QUIC application error codes used when closing a connection or stream
@@ -127,6 +130,8 @@ pub mod close {
     pub const MALFORMED: u32 = 2;
     /// The peer sent a frame over the size limit.
     pub const TOO_LARGE: u32 = 3;
+    /// A newer connection of the same node took over (one live connection per node).
+    pub const REPLACED: u32 = 4;
 }
 
 /// Why bytes are not a frame.

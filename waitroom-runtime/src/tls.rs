@@ -177,6 +177,29 @@ impl ResolvesServerCert for CertSwap {
     }
 }
 
+/// Whether the peer of `connection` holds a certificate for `name`: the
+/// aggregator takes a node's identity from its client certificate (already
+/// verified against the cluster CA by the handshake), so a node can only
+/// report as the name its certificate carries. Names are matched as the
+/// certificate's DNS subject alternative names, as a server name would be.
+#[must_use]
+pub fn peer_is(connection: &quinn::Connection, name: &str) -> bool {
+    let Some(identity) = connection.peer_identity() else {
+        return false;
+    };
+    let Ok(chain) = identity.downcast::<Vec<CertificateDer<'static>>>() else {
+        return false;
+    };
+    let Some(leaf) = chain.first() else {
+        return false;
+    };
+    let Ok(server_name) = rustls_pki_types::ServerName::try_from(name) else {
+        return false;
+    };
+    webpki::EndEntityCert::try_from(leaf)
+        .is_ok_and(|cert| cert.verify_is_valid_for_subject_name(&server_name).is_ok())
+}
+
 /// Checks that the three files load (what `--check` runs).
 pub fn check(files: &TlsFiles) -> Result<(), TlsError> {
     roots(&files.ca)?;

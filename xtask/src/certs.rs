@@ -1,9 +1,11 @@
 //! `cargo xtask certs`: a development CA, the aggregator's server certificate
 //! (SANs `localhost`, `127.0.0.1`, `::1`, `aggregator.waitroom.internal`) and
-//! client certificates `node-1` .. `node-N`, for gossip over mutual TLS.
+//! client certificates `node-1` .. `node-N` (or the names given with
+//! `--name`), for gossip over mutual TLS. The aggregator takes a node's id from
+//! its certificate, so each node's `node.id` must be one of these names.
 //!
 //! The certificates are made by `waitroom-aggregator gen-certs` (rcgen, in
-//! `waitroom_edge::devcerts`), so xtask, the tests and operators trying the
+//! `waitroom_runtime::devcerts`), so xtask, the tests and operators trying the
 //! aggregator by hand all get the same kind of certificate from one place.
 use std::path::PathBuf;
 
@@ -19,6 +21,9 @@ pub struct Args {
     /// How many node certificates to make.
     #[arg(long, default_value_t = 2)]
     nodes: usize,
+    /// Node names (each node's `node.id`) instead of `node-1` .. `node-N`; repeatable.
+    #[arg(long = "name")]
+    names: Vec<String>,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -47,7 +52,8 @@ pub fn run(args: &Args) -> Result<()> {
             .arg("--out")
             .arg(&out)
             .arg("--nodes")
-            .arg(args.nodes.to_string()),
+            .arg(args.nodes.to_string())
+            .args(args.names.iter().flat_map(|n| ["--name", n.as_str()])),
     )?;
     println!("certificates in {}", out.display());
     Ok(())

@@ -119,12 +119,21 @@ pub fn run(args: &Args) -> Result<()> {
         ]
     };
     let certs = dir.join("certs");
-    if !args.single && !certs.join("ca.pem").exists() {
+    // The aggregator takes each node's id from its certificate: one
+    // certificate per node id.
+    if !args.single
+        && !nodes
+            .iter()
+            .all(|n| certs.join(format!("{}.pem", n.0)).exists())
+    {
+        let mut gen_certs = Command::new(&aggregator);
+        gen_certs.arg("gen-certs").arg("--out").arg(&certs);
+        for (id, ..) in &nodes {
+            gen_certs.args(["--name", id]);
+        }
         cmd::run(
             "making development certificates for the demo cluster",
-            Command::new(&aggregator)
-                .args(["gen-certs", "--nodes", "2", "--out"])
-                .arg(&certs),
+            &mut gen_certs,
         )?;
     }
 
@@ -155,9 +164,9 @@ pub fn run(args: &Args) -> Result<()> {
                 .stderr(log_file(&dir, "aggregator")?),
         )?);
     }
-    for (i, (id, colo, port, admin)) in nodes.iter().enumerate() {
+    for (id, colo, port, admin) in &nodes {
         let config = dir.join(format!("{id}.toml"));
-        let gossip = (!args.single).then(|| (p.aggregator, certs.as_path(), i + 1));
+        let gossip = (!args.single).then(|| (p.aggregator, certs.as_path()));
         write_edge_config(&config, &dir, id, colo, (*port, *admin, p.origin), gossip)?;
         services.push(Service::start(
             "edge node",
@@ -280,7 +289,7 @@ fn write_edge_config(
     id: &str,
     colo: &str,
     (port, admin, origin): (u16, u16, u16),
-    gossip: Option<(u16, &Path, usize)>,
+    gossip: Option<(u16, &Path)>,
 ) -> Result<()> {
     let counters: PathBuf = dir.join(format!("{id}.counters"));
     let mut text = format!(
@@ -305,7 +314,7 @@ origin = "127.0.0.1:{origin}"
 {DEMO_ROOM_LIMITS}"#,
         counters = counters.display()
     );
-    if let Some((aggregator, certs, n)) = gossip {
+    if let Some((aggregator, certs)) = gossip {
         text.push_str(&format!(
             r#"
 [aggregator]
@@ -315,8 +324,8 @@ cert = "{cert}"
 key = "{key}"
 "#,
             ca = certs.join("ca.pem").display(),
-            cert = certs.join(format!("node-{n}.pem")).display(),
-            key = certs.join(format!("node-{n}.key")).display(),
+            cert = certs.join(format!("{id}.pem")).display(),
+            key = certs.join(format!("{id}.key")).display(),
         ));
     }
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
