@@ -166,7 +166,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     for (id, colo, port, admin) in &nodes {
         let config = dir.join(format!("{id}.toml"));
-        let gossip = (!args.single).then(|| (p.aggregator, certs.as_path()));
+        let gossip = (!args.single).then_some((p.aggregator, certs.as_path()));
         write_edge_config(&config, &dir, id, colo, (*port, *admin, p.origin), gossip)?;
         services.push(Service::start(
             "edge node",
