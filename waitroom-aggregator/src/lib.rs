@@ -291,6 +291,73 @@ mod tests {
         }
     }
 
+    /// A snapshot with impossible values (sessions that never end, an
+    /// overflowing count, an endless lease) does not lock the room: the
+    /// aggregator starts, corrects what it must, and the room stays usable.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_poisoned_snapshot_is_corrected_and_the_aggregator_serves() {
+        use waitroom_common::{
+            aggregate::{MinuteAdmits, NodeReport, RoomReport},
+            counters::PoolCounts,
+        };
+        let dir = temp_dir("poison");
+        let certs = devcerts::write(&dir, &["n1".into()]).unwrap();
+        let now = clock::now();
+        let m = now.minute();
+        let shop = shop();
+        let mut cluster = cluster::Cluster::new(vec![shop.clone()], 5_000);
+        let honest = RoomReport {
+            room: shop.room.id(),
+            expiries: vec![(m.plus(3), 4)],
+            admits: vec![MinuteAdmits {
+                minute: m,
+                admits: PoolCounts::default(),
+            }],
+            ..RoomReport::default()
+        };
+        let mut poisoned = honest.clone();
+        poisoned.expiries = vec![(m.plus(50_000), 1_000), (m.plus(2), i64::MAX)];
+        poisoned.admits[0].admits.anywhere = u64::MAX;
+        for (node, room) in [("n1", honest), ("n2", poisoned)] {
+            cluster.apply(
+                NodeReport {
+                    node: node.into(),
+                    colo: "x".into(),
+                    at: now,
+                    rooms: vec![room],
+                },
+                now,
+            );
+        }
+        // The cluster corrects reports on the way in; write the raw poison
+        // into the file as a corrupted or hand-edited snapshot would hold it.
+        let mut snap = cluster.snapshot(now);
+        let bad = &mut snap.nodes[1].0.rooms[0];
+        bad.expiries = vec![(m.plus(50_000), 1_000), (m.plus(2), i64::MAX)];
+        bad.admits[0].admits.anywhere = u64::MAX;
+        std::fs::create_dir_all(&dir).unwrap();
+        snapshot::write(&dir.join("snapshot.json"), &snap).unwrap();
+
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let aggregator = Aggregator::start(
+            config(&dir, certs.aggregator.clone(), loopback),
+            Clock::system(),
+        )
+        .await
+        .unwrap();
+        let status = aggregator.status(clock::now());
+        let room = &status.rooms[0];
+        assert_eq!(
+            room.active_users,
+            4 + 264,
+            "n2's endless sessions dropped, its overflow clamped to 2 × 100 + 64"
+        );
+        assert!(room.admitted_this_minute <= 2 * 20 + 64);
+        assert_eq!(status.nodes.len(), 2);
+        aggregator.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Raw frames on a real connection: refusals come back as frames, the
     /// aggregator keeps serving, and another version is disconnected.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
