@@ -719,3 +719,132 @@ fn sighup_reloads_the_tls_certificate() {
         "the new certificate is served"
     );
 }
+
+/// Sends one raw HTTP/1.1 request and returns the status line and body.
+fn raw_request(addr: SocketAddr, target: &str, host: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let status = text.lines().next().unwrap_or_default().to_owned();
+    (status, text)
+}
+
+/// A room on `/drop` behind a catch-all room that lets everyone through to
+/// the origin: any spelling of `/drop` that escaped its room would reach the
+/// origin. None does: each is queued by the `/drop` room or refused with 400.
+#[test]
+fn every_spelling_of_a_rooms_path_meets_the_room() {
+    let dir = TempDir::new("spellings");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let text = config(
+        &dir,
+        origin,
+        "total_active_users = 1000\nnew_users_per_minute = 1000\nqueueing_method = \"passthrough\"",
+    )
+    .replace("id = \"shop\"", "id = \"site\"")
+        + &format!(
+            r#"
+[[rooms]]
+id = "drop"
+host = "shop.example"
+path = "/drop"
+origin = "{origin}"
+total_active_users = 10
+new_users_per_minute = 10
+queue_all = true
+"#
+        );
+    let edge = Edge::start(dir.path(), "edge", &text).unwrap();
+    // The catch-all room does reach the origin: the test can see an escape.
+    let (status, body) = raw_request(edge.http, "/elsewhere", "shop.example");
+    assert!(status.contains("200") && body.contains(SITE), "{status}");
+
+    let queued = [
+        ("/drop", "shop.example"),
+        ("/DROP", "shop.example"),
+        ("/Drop", "shop.example"),
+        ("/%64rop", "shop.example"),
+        ("/%64%72%6f%70", "shop.example"),
+        ("/%44ROP", "shop.example"),
+        ("/./drop", "shop.example"),
+        ("/./././drop", "shop.example"),
+        ("/x/../drop", "shop.example"),
+        ("/a/b/../../drop", "shop.example"),
+        ("/../drop", "shop.example"),
+        ("//drop", "shop.example"),
+        ("///drop", "shop.example"),
+        ("/drop;x", "shop.example"),
+        ("/drop;jsessionid=1/item", "shop.example"),
+        ("/%2e/drop", "shop.example"),
+        ("/%2E%2E/drop", "shop.example"),
+        ("/x/%2e%2e/drop", "shop.example"),
+        ("/drop/", "shop.example"),
+        ("/drop/item", "shop.example"),
+        ("/drop//item", "shop.example"),
+        ("/DROP/%69tem?x=1", "shop.example"),
+        ("/drop", "shop.example."),
+        ("/drop", "SHOP.EXAMPLE"),
+        ("/drop", "shop.example:80"),
+        ("/drop", "Shop.Example.:8080"),
+        ("http://shop.example/drop", "other.example"),
+        ("http://SHOP.example./DROP", "other.example"),
+    ];
+    for (target, host) in queued {
+        let (status, body) = raw_request(edge.http, target, host);
+        assert!(
+            body.contains(QUEUE) && !body.contains(SITE),
+            "{target} (Host: {host}) escaped the room: {status}"
+        );
+    }
+    let refused = [
+        "/drop%2fx",
+        "/%2fdrop",
+        "/x/..%2fdrop",
+        "/x%5c..%5cdrop",
+        "/x/..;/drop",
+        "/drop%00",
+        "/dr%6",
+    ];
+    for target in refused {
+        let (status, body) = raw_request(edge.http, target, "shop.example");
+        assert!(
+            status.contains(" 400 ") && !body.contains(SITE),
+            "{target}: {status}"
+        );
+    }
+    let m = metrics(&edge);
+    assert_eq!(
+        metric(
+            &m,
+            "waitroom_requests_refused_total{reason=\"encoded_separator\"}"
+        ),
+        Some(4.0)
+    );
+    assert!(
+        metric(
+            &m,
+            "waitroom_requests_refused_total{reason=\"dot_segment_parameters\"}"
+        ) == Some(1.0)
+    );
+}
+
+/// The origin receives the target that was routed, not the client's spelling.
+#[test]
+fn the_origin_receives_the_normalized_target() {
+    let (_dir, _origin, edge) = node(
+        "normalized",
+        "total_active_users = 1000\nnew_users_per_minute = 1000\nqueueing_method = \"passthrough\"",
+    );
+    let (status, body) = raw_request(edge.http, "/x/..//%65cho?q=1", "Shop.Example.");
+    assert!(status.contains("200"), "{status}\n{body}");
+    assert!(body.contains("GET /echo?q=1\n"), "{body}");
+    let lower = body.to_ascii_lowercase();
+    assert!(lower.contains("host: shop.example"), "{body}");
+    assert!(!lower.contains("host: shop.example."), "{body}");
+}

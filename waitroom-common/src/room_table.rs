@@ -50,6 +50,14 @@ pub struct RoomTable {
     /// Path prefix this room covers.
     #[serde(default = "root_path")]
     pub path: String,
+    /// Compare paths case-sensitively (`/DROP` is then not `/drop`). Off by
+    /// default: a room should rather cover a spelling than miss it.
+    #[serde(default)]
+    pub path_case_sensitive: bool,
+    /// Merge runs of `/` before routing and forwarding (`//drop` is `/drop`),
+    /// as nginx's `merge_slashes on`. On by default.
+    #[serde(default = "yes")]
+    pub merge_slashes: bool,
     /// Shorthand for one pool named `default` with this one origin.
     #[serde(default)]
     pub origin: Option<String>,
@@ -161,6 +169,9 @@ fn any_host() -> String {
 }
 fn root_path() -> String {
     "/".into()
+}
+fn yes() -> bool {
+    true
 }
 fn one() -> u32 {
     1

@@ -172,6 +172,7 @@ fn render_metrics(node: &Node) -> String {
         u8::from(node.xdp.is_some())
     );
     node.reloads.render(&mut out);
+    node.refused_targets.render(&mut out);
     crate::upstream::status::render_metrics(&mut out, node.rooms.iter().map(|r| &*r.upstream));
     if let Some(gossip) = node.gossip.as_ref() {
         gossip

@@ -22,6 +22,7 @@
 //! - [`http`]: per-core workers and listeners; [`http::handler`] is the
 //!   request path read top to bottom (match room → open cookie → decide →
 //!   proxy or queue).
+//! - [`target`]: one spelling per path (normalization before routing).
 //! - [`rooms`]: room specs and routing by host and longest path prefix.
 //! - [`cookie`]: sealed tickets (ChaCha20-Poly1305, key rotation).
 //! - [`queue_page`]: the Mustache queue page and its JSON twin.
@@ -50,6 +51,7 @@ pub mod reload;
 pub mod rooms;
 pub mod start;
 pub mod stats;
+pub mod target;
 pub mod upstream;
 pub mod xdp;
 pub mod xdp_signal;

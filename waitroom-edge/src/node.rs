@@ -156,6 +156,8 @@ pub struct Node {
     pub origin_tls: upstream::tls::OriginTls,
     /// The configuration in force and what reloads did.
     pub reloads: reload::ReloadState,
+    /// Request targets refused before routing (400), by reason.
+    pub refused_targets: crate::target::RefusedTargets,
 }
 
 /// What [`Node::new`] is built from: each part made by its own start-up step.
@@ -190,6 +192,7 @@ impl Node {
                 config.rooms.iter().map(|r| (r.id.as_str(), &r.upstream)),
             )?,
             reloads: reload::ReloadState::new(config, parts.https_cert, now),
+            refused_targets: crate::target::RefusedTargets::default(),
         })
     }
 

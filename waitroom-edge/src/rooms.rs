@@ -17,6 +17,10 @@ pub struct RoomSpec {
     pub host: String,
     /// Path prefix this room covers.
     pub path: String,
+    /// Paths compare case-sensitively (see [`crate::target`]).
+    pub path_case_sensitive: bool,
+    /// Runs of `/` are merged before routing and forwarding.
+    pub merge_slashes: bool,
     /// Where admitted visitors go: origin pools, steering, health checks.
     pub upstream: UpstreamSpec,
     /// How long the origin may take to send its response head.
@@ -38,6 +42,8 @@ impl RoomSpec {
             id: table.id.clone(),
             host: table.host.to_ascii_lowercase(),
             path: table.path.clone(),
+            path_case_sensitive: table.path_case_sensitive,
+            merge_slashes: table.merge_slashes,
             upstream: UpstreamSpec::from_table(table)?,
             origin_timeout: Duration::from_millis(table.origin_timeout_ms.get()),
             queue_status: table.queue_status,
@@ -51,21 +57,27 @@ impl RoomSpec {
 #[derive(Debug)]
 pub struct RoomTable {
     /// Sorted: exact hosts before `*`, then longer paths first.
-    routes: Vec<(String, String, usize)>,
+    routes: Vec<Route>,
     pub rooms: Vec<RoomSpec>,
 }
 
 impl RoomTable {
     pub fn new(rooms: &[RoomSpec]) -> Self {
-        let mut routes: Vec<(String, String, usize)> = rooms
+        let mut routes: Vec<Route> = rooms
             .iter()
             .enumerate()
-            .map(|(i, r)| (r.host.clone(), r.path.clone(), i))
+            .map(|(i, r)| Route {
+                host: r.host.trim_end_matches('.').to_owned(),
+                prefix: crate::target::match_key(&r.path, r.path_case_sensitive).into_owned(),
+                case_sensitive: r.path_case_sensitive,
+                merge_slashes: r.merge_slashes,
+                room: i,
+            })
             .collect();
         routes.sort_by(|a, b| {
-            (a.0 == "*")
-                .cmp(&(b.0 == "*"))
-                .then(b.1.len().cmp(&a.1.len()))
+            (a.host == "*")
+                .cmp(&(b.host == "*"))
+                .then(b.prefix.len().cmp(&a.prefix.len()))
         });
         Self {
             routes,
@@ -73,22 +85,41 @@ impl RoomTable {
         }
     }
 
-    /// The room covering `host` (port ignored) and `path`, if any.
+    /// The room covering `host` (port ignored) and `path`, if any; the
+    /// spelling is normalized first (see [`crate::target`]), and a spelling
+    /// that is refused there is covered by no room.
     pub fn find(&self, host: &str, path: &str) -> Option<usize> {
-        let host = host.rsplit_once(':').map_or(host, |(h, port)| {
-            if port.bytes().all(|b| b.is_ascii_digit()) {
-                h
-            } else {
-                host
-            }
-        });
+        crate::target::from_parts(host, path)
+            .ok()
+            .and_then(|t| self.route(&t))
+    }
+
+    /// The room covering a normalized target, if any.
+    pub fn route(&self, target: &crate::target::Target<'_>) -> Option<usize> {
         self.routes
             .iter()
-            .find(|(h, p, _)| {
-                (h == "*" || h.eq_ignore_ascii_case(host)) && path_has_prefix(path, p)
+            .find(|r| {
+                (r.host == "*" || r.host == target.host)
+                    && path_has_prefix(
+                        &crate::target::match_key(target.path(r.merge_slashes), r.case_sensitive),
+                        &r.prefix,
+                    )
             })
-            .map(|(_, _, i)| *i)
+            .map(|r| r.room)
     }
+}
+
+/// One entry of the routing table.
+#[derive(Debug, Clone)]
+struct Route {
+    /// Lower-case, without trailing dot; `*` for any.
+    host: String,
+    /// The room's path as a match key (parameters cut, case folded unless
+    /// the room is case-sensitive).
+    prefix: String,
+    case_sensitive: bool,
+    merge_slashes: bool,
+    room: usize,
 }
 
 /// `/shop` covers `/shop` and `/shop/cart` but not `/shopping`.

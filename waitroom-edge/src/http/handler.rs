@@ -6,7 +6,7 @@
 //! is sealed and opened in place.
 use std::{net::SocketAddr, sync::atomic::Ordering::Relaxed, time::Instant};
 
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, header};
 use hyper::body::Incoming;
 use waitroom_common::{
     engine::{self, Decision, Visitor},
@@ -24,6 +24,7 @@ use crate::{
     node::{Node, RoomLive, RoomRuntime},
     proxy,
     queue_page::{self, QueueView},
+    target,
 };
 
 /// Per-worker state: the connection pool to origins (never shared across cores).
@@ -50,17 +51,40 @@ pub async fn handle(
     peer: SocketAddr,
     scheme: &'static str,
 ) -> Response<Body> {
-    // 1. The room.
-    let host = req
-        .headers()
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().host())
-        .unwrap_or("");
-    let Some(index) = node.routes.find(host, req.uri().path()) else {
-        node.metrics.requests_unmatched.fetch_add(1, Relaxed);
-        return not_covered();
+    // 1. The room, by the one spelling of the target (`crate::target`); the
+    //    origin gets that spelling too.
+    let (index, rewrite) = match target::normalize(req.uri(), req.headers()) {
+        Ok(t) => {
+            let Some(index) = node.routes.route(&t) else {
+                node.metrics.requests_unmatched.fetch_add(1, Relaxed);
+                return not_covered();
+            };
+            let merge = node.rooms[index].spec.merge_slashes;
+            let changed = req.uri().authority().is_some()
+                || matches!(t.host, std::borrow::Cow::Owned(_))
+                || t.path(merge) != req.uri().path();
+            (
+                index,
+                changed.then(|| (t.path_and_query(merge), t.host_header())),
+            )
+        }
+        Err(err) => {
+            node.refused_targets.record(err, node.clock.now().0 / 1_000);
+            return bad_target(err);
+        }
     };
+    let mut req = req;
+    if let Some((path_and_query, host)) = rewrite {
+        if let Ok(uri) = Uri::try_from(path_and_query) {
+            *req.uri_mut() = uri;
+        }
+        match HeaderValue::try_from(host) {
+            Ok(h) if !h.is_empty() => {
+                req.headers_mut().insert(header::HOST, h);
+            }
+            _ => {}
+        }
+    }
     let room = &node.rooms[index];
     let live = room.live.load_full();
     let engine_room = &live.engine;
@@ -359,6 +383,14 @@ fn rejected(set_cookie: Option<HeaderValue>) -> Response<Body> {
     if let Some(c) = set_cookie {
         resp.headers_mut().append(header::SET_COOKIE, c);
     }
+    resp
+}
+
+fn bad_target(err: target::TargetError) -> Response<Body> {
+    let mut resp = Response::new(full(format!("bad request target: {err}\n")));
+    *resp.status_mut() = StatusCode::BAD_REQUEST;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     resp
 }
 
