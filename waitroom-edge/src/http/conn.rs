@@ -109,6 +109,11 @@ impl ConnState {
         None
     }
 
+    /// True once a request head was complete on this connection.
+    pub fn had_request(&self) -> bool {
+        self.first_request.load(Relaxed)
+    }
+
     /// True once [`Registry::evict_oldest_idle`] chose this connection.
     pub fn evicted(&self) -> bool {
         self.evict.load(Relaxed)
@@ -417,15 +422,25 @@ mod tests {
         let registry = Arc::new(Registry::default());
         let conn = registry.register();
         let accepted = conn.state.at(conn.state.accepted_ms);
-        assert_eq!(conn.state.next_check(&s, accepted), accepted + s.header_read_timeout);
-        assert_eq!(conn.state.overdue(&s, accepted + Duration::from_millis(999)), None);
+        assert_eq!(
+            conn.state.next_check(&s, accepted),
+            accepted + s.header_read_timeout
+        );
+        assert_eq!(
+            conn.state
+                .overdue(&s, accepted + Duration::from_millis(999)),
+            None
+        );
         assert_eq!(
             conn.state.overdue(&s, accepted + s.header_read_timeout),
             Some(CloseReason::HeaderTimeout)
         );
         // Once a request came, only the keep-alive and send deadlines apply.
         let req = InFlight::start(&conn.state);
-        assert_eq!(conn.state.overdue(&s, accepted + Duration::from_secs(60)), None);
+        assert_eq!(
+            conn.state.overdue(&s, accepted + Duration::from_secs(60)),
+            None
+        );
         drop(req);
         let idle = conn.state.at(conn.state.last_active_ms.load(Relaxed));
         assert_eq!(conn.state.next_check(&s, idle), idle + s.keepalive_timeout);

@@ -198,13 +198,20 @@ async fn accept_loop(
             Ok(p) => p,
             Err(TryAcquireError::Closed) => return,
             Err(TryAcquireError::NoPermits) => {
-                registry.evict_oldest_idle();
-                tokio::select! {
-                    permit = Arc::clone(&limit).acquire_owned() => match permit {
-                        Ok(p) => p,
-                        Err(_) => return,
-                    },
-                    () = shutdown.requested() => return,
+                let mut evicting = registry.evict_oldest_idle();
+                loop {
+                    tokio::select! {
+                        permit = Arc::clone(&limit).acquire_owned() => match permit {
+                            Ok(p) => break p,
+                            Err(_) => return,
+                        },
+                        // An idle HTTP/2 connection may take its goodbye: while it
+                        // does, the next oldest makes room.
+                        () = tokio::time::sleep(EVICT_AGAIN), if evicting => {
+                            evicting = registry.evict_oldest_idle();
+                        }
+                        () = shutdown.requested() => return,
+                    }
                 }
             }
         };
@@ -259,15 +266,34 @@ async fn accept_loop(
             };
             let io = conn::Watched::new(stream, Arc::clone(&state));
             let why = match tls {
-                None => serve(io, &builder, service, &state, &node.settings, shutdown, peer).await,
+                None => {
+                    serve(
+                        io,
+                        &builder,
+                        service,
+                        &state,
+                        &node.settings,
+                        shutdown,
+                        peer,
+                    )
+                    .await
+                }
                 Some(acceptor) => {
                     // The TLS handshake is part of the way to the first request
                     // head, under the same deadline.
                     let deadline = state.next_check(&node.settings, Instant::now());
                     match tokio::time::timeout_at(deadline.into(), acceptor.accept(io)).await {
                         Ok(Ok(tls)) => {
-                            serve(tls, &builder, service, &state, &node.settings, shutdown, peer)
-                                .await
+                            serve(
+                                tls,
+                                &builder,
+                                service,
+                                &state,
+                                &node.settings,
+                                shutdown,
+                                peer,
+                            )
+                            .await
                         }
                         Ok(Err(err)) => {
                             tracing::debug!(%peer, %err, "TLS handshake failed");
@@ -288,6 +314,10 @@ async fn accept_loop(
 
 /// How long a connection closed for idleness may take to say goodbye (GOAWAY).
 const GOODBYE: Duration = Duration::from_millis(500);
+
+/// At the connection limit, how long to wait for an evicted connection to go
+/// before evicting the next oldest idle one.
+const EVICT_AGAIN: Duration = Duration::from_millis(20);
 
 /// Serves one connection until it ends or one of its deadlines passes; says why
 /// it closed.
@@ -337,8 +367,12 @@ where
             }
             () = state.wake.notified() => {
                 if state.evicted() {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(GOODBYE, conn.as_mut()).await;
+                    // A connection that never finished a request gets no
+                    // goodbye (an unfinished HTTP/2 handshake would wait for it).
+                    if state.had_request() {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(GOODBYE, conn.as_mut()).await;
+                    }
                     return CloseReason::Evicted;
                 }
             }
