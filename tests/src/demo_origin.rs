@@ -129,6 +129,21 @@ async fn handle(req: Request<Incoming>, demo: &Demo) -> Result<Response<Full<Byt
             text_response(StatusCode::OK, "text/plain", format!("slept {ms} ms\n"))
         }
         "/healthz" => text_response(StatusCode::OK, "text/plain", "ok\n".into()),
+        // A large answer, for clients that never read it (send timeouts).
+        "/big" => {
+            let mb = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("mb="))
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(1)
+                .min(256);
+            let mut resp = Response::new(Full::new(Bytes::from(vec![b'x'; mb << 20])));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("application/octet-stream"),
+            );
+            resp
+        }
         _ => text_response(StatusCode::OK, "text/html; charset=utf-8", shop_page(&path)),
     };
     Ok(response)

@@ -16,6 +16,11 @@ use anyhow::{Context as _, Result, anyhow, bail};
 
 /// The directory holding the workspace's debug binaries (next to this test's own).
 pub fn bin_dir() -> PathBuf {
+    // Measurements against optimized binaries with debug-built tests:
+    // `cargo build --release --bins` and WAITROOM_BIN_DIR=target/release.
+    if let Some(dir) = std::env::var_os("WAITROOM_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
     // target/debug/deps/<test> → target/debug
     let exe = std::env::current_exe().expect("current_exe");
     let deps = exe.parent().expect("test binary has a directory");

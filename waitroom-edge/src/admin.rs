@@ -147,6 +147,13 @@ fn render_metrics(node: &Node) -> String {
     );
     family(
         &mut out,
+        "waitroom_connections_closed_total",
+        "counter",
+        "Visitor connections closed, by reason (timeouts, limits, or ended).",
+    );
+    m.render_closed(&mut out);
+    family(
+        &mut out,
         "waitroom_requests_unmatched_total",
         "counter",
         "Requests no room covers.",
@@ -267,6 +274,12 @@ fn render_rooms(out: &mut String, node: &Node) {
         "waitroom_proxy_errors_total",
         "counter",
         "Origin requests that failed (502).",
+    );
+    family(
+        out,
+        "waitroom_client_body_errors_total",
+        "counter",
+        "Requests whose body the client cut short or malformed (400; not the origin's fault).",
     );
     family(
         out,

@@ -39,12 +39,33 @@ pub struct NodeSection {
     /// Shared-memory file holding the node counters (survives restarts).
     #[serde(default = "default_counters_path")]
     pub counters_path: PathBuf,
-    /// Open connections per worker before new ones wait (backpressure).
+    /// Open connections per worker (nginx `worker_connections`, HAProxy
+    /// `maxconn`). At the limit the oldest idle connection is closed for each
+    /// new one (nginx does the same with keep-alive connections); with none
+    /// idle, new connections wait in the kernel backlog.
     #[serde(default = "default_max_connections")]
     pub max_connections_per_worker: usize,
-    /// A client must send its full request head within this many milliseconds.
+    /// Open connections from one client address across the node (nginx
+    /// `limit_conn`, HAProxy `src_conn_cur`); more are closed at accept.
+    /// 0 turns the cap off. Generous by default: carrier-grade NAT puts many
+    /// visitors behind one address.
+    #[serde(default = "default_max_connections_per_address")]
+    pub max_connections_per_address: usize,
+    /// From accept to the first complete request head, milliseconds (nginx
+    /// `client_header_timeout`, HAProxy `timeout http-request`): covers the TLS
+    /// handshake, HTTP version detection, the HTTP/2 preface and SETTINGS.
     #[serde(default = "default_header_timeout_ms")]
     pub header_read_timeout_ms: u64,
+    /// A connection with no request in flight is closed after this many
+    /// milliseconds (nginx `keepalive_timeout`, HAProxy `timeout
+    /// http-keep-alive`); HTTP/2 clients get a GOAWAY.
+    #[serde(default = "default_keepalive_timeout_ms")]
+    pub keepalive_timeout_ms: u64,
+    /// A response write that makes no progress for this many milliseconds
+    /// closes the connection (nginx `send_timeout`, HAProxy `timeout client`):
+    /// a client that never reads is not held for ever.
+    #[serde(default = "default_send_timeout_ms")]
+    pub send_timeout_ms: u64,
     /// Largest request head accepted, bytes.
     #[serde(default = "default_max_header_bytes")]
     pub max_header_bytes: usize,
@@ -95,8 +116,17 @@ fn default_counters_path() -> PathBuf {
 fn default_max_connections() -> usize {
     10_000
 }
+fn default_max_connections_per_address() -> usize {
+    512
+}
 fn default_header_timeout_ms() -> u64 {
     5_000
+}
+fn default_keepalive_timeout_ms() -> u64 {
+    30_000
+}
+fn default_send_timeout_ms() -> u64 {
+    60_000
 }
 fn default_max_header_bytes() -> usize {
     16 * 1024

@@ -97,6 +97,44 @@ impl CookieFailure {
     }
 }
 
+/// Why the node closed a visitor connection (or that the visitor's side ended it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The client or the protocol ended it: after a response, an error, EOF.
+    Ended,
+    /// No complete first request head within `header_read_timeout_ms`.
+    HeaderTimeout,
+    /// No request in flight for `keepalive_timeout_ms`.
+    IdleTimeout,
+    /// A response write stuck for `send_timeout_ms`.
+    SendTimeout,
+    /// Over `max_connections_per_address` at accept.
+    AddressLimit,
+    /// The oldest idle connection, closed to serve a new one at the worker's limit.
+    Evicted,
+}
+
+impl CloseReason {
+    pub const ALL: [Self; 6] = [
+        Self::Ended,
+        Self::HeaderTimeout,
+        Self::IdleTimeout,
+        Self::SendTimeout,
+        Self::AddressLimit,
+        Self::Evicted,
+    ];
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ended => "ended",
+            Self::HeaderTimeout => "header_timeout",
+            Self::IdleTimeout => "idle_timeout",
+            Self::SendTimeout => "send_timeout",
+            Self::AddressLimit => "address_limit",
+            Self::Evicted => "evicted",
+        }
+    }
+}
+
 /// Per-room counters.
 #[derive(Debug)]
 pub struct RoomMetrics {
@@ -105,6 +143,9 @@ pub struct RoomMetrics {
     pub queued: AtomicU64,
     pub rejected: AtomicU64,
     pub proxy_errors: AtomicU64,
+    /// Requests whose body the client cut short or malformed: a 400, and no
+    /// mark against the origin.
+    pub client_body_errors: AtomicU64,
     pub cookie_failures: [AtomicU64; 6],
     pub decision_latency: Histogram,
     pub proxy_latency: Histogram,
@@ -118,6 +159,7 @@ impl Default for RoomMetrics {
             queued: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             proxy_errors: AtomicU64::new(0),
+            client_body_errors: AtomicU64::new(0),
             cookie_failures: Default::default(),
             decision_latency: Histogram::new(LATENCY_BOUNDS_US),
             proxy_latency: Histogram::new(LATENCY_BOUNDS_US),
@@ -141,6 +183,8 @@ pub struct NodeMetrics {
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
     pub requests_unmatched: AtomicU64,
+    /// Closed connections by [`CloseReason`], in the order of `CloseReason::ALL`.
+    pub connections_closed: [AtomicU64; 6],
 }
 
 impl NodeMetrics {
@@ -148,8 +192,24 @@ impl NodeMetrics {
         self.connections_open.fetch_add(1, Relaxed);
         self.connections_total.fetch_add(1, Relaxed);
     }
-    pub fn connection_closed(&self) {
+    pub fn connection_closed(&self, why: CloseReason) {
         self.connections_open.fetch_sub(1, Relaxed);
+        self.count_close(why);
+    }
+    /// Counts a close of a connection that was never counted open (refused at accept).
+    pub fn count_close(&self, why: CloseReason) {
+        self.connections_closed[why as usize].fetch_add(1, Relaxed);
+    }
+    /// Renders `waitroom_connections_closed_total` by reason.
+    pub fn render_closed(&self, out: &mut String) {
+        for why in CloseReason::ALL {
+            let _ = writeln!(
+                out,
+                "waitroom_connections_closed_total{{reason=\"{}\"}} {}",
+                why.label(),
+                self.connections_closed[why as usize].load(Relaxed)
+            );
+        }
     }
 }
 
@@ -180,6 +240,11 @@ pub fn render_room(out: &mut String, room: &str, m: &RoomMetrics) {
         out,
         "waitroom_proxy_errors_total{{{l}}} {}",
         m.proxy_errors.load(Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "waitroom_client_body_errors_total{{{l}}} {}",
+        m.client_body_errors.load(Relaxed)
     );
     for (i, why) in CookieFailure::ALL.iter().enumerate() {
         let _ = writeln!(
@@ -212,5 +277,22 @@ mod tests {
         assert!(out.contains("x_bucket{le=\"10\"} 2"), "{out}");
         assert!(out.contains("x_bucket{le=\"+Inf\"} 3"), "{out}");
         assert!(out.contains("x_count{} 3"), "{out}");
+    }
+
+    #[test]
+    fn close_reasons_index_their_own_counter() {
+        let m = NodeMetrics::default();
+        for (i, why) in CloseReason::ALL.iter().enumerate() {
+            assert_eq!(*why as usize, i);
+        }
+        m.connection_opened();
+        m.connection_closed(CloseReason::SendTimeout);
+        m.count_close(CloseReason::AddressLimit);
+        let mut out = String::new();
+        m.render_closed(&mut out);
+        assert!(out.contains("{reason=\"send_timeout\"} 1"), "{out}");
+        assert!(out.contains("{reason=\"address_limit\"} 1"), "{out}");
+        assert!(out.contains("{reason=\"ended\"} 0"), "{out}");
+        assert_eq!(m.connections_open.load(Relaxed), 0);
     }
 }

@@ -27,7 +27,14 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub max_connections_per_worker: usize,
+    /// 0: no per-address cap.
+    pub max_connections_per_address: usize,
+    /// From accept to the first complete request head.
     pub header_read_timeout: Duration,
+    /// No request in flight for this long: the connection is closed.
+    pub keepalive_timeout: Duration,
+    /// A response write stuck this long: the connection is closed.
+    pub send_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_headers: usize,
     pub shutdown_grace: Duration,
@@ -38,7 +45,10 @@ impl Settings {
     pub fn from_node(n: &NodeSection) -> Self {
         Self {
             max_connections_per_worker: n.max_connections_per_worker.max(1),
+            max_connections_per_address: n.max_connections_per_address,
             header_read_timeout: Duration::from_millis(n.header_read_timeout_ms.max(1)),
+            keepalive_timeout: Duration::from_millis(n.keepalive_timeout_ms.max(1)),
+            send_timeout: Duration::from_millis(n.send_timeout_ms.max(1)),
             max_header_bytes: n.max_header_bytes,
             max_headers: n.max_headers,
             shutdown_grace: Duration::from_millis(n.shutdown_grace_ms),
@@ -143,6 +153,8 @@ pub struct Node {
     /// Cookie keys; a reload may rotate them.
     pub keys: ArcSwap<CookieKeys>,
     pub metrics: metrics::NodeMetrics,
+    /// Open visitor connections per client address, across workers.
+    pub connections_per_address: Arc<crate::http::conn::AddressCounts>,
     pub id: String,
     pub colo: String,
     /// Where the request path and the refresh loop read the time.
@@ -183,6 +195,7 @@ impl Node {
             counters: parts.counters,
             keys: ArcSwap::from_pointee(parts.keys),
             metrics: metrics::NodeMetrics::default(),
+            connections_per_address: Arc::default(),
             id: config.node.id.clone(),
             colo: config.node.colo.clone(),
             clock: parts.clock,

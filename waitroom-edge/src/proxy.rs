@@ -6,7 +6,13 @@
 //! from the room's [`Upstream`]; one that cannot be reached is retried once
 //! elsewhere for idempotent requests, else answers a clear 502 page within the
 //! timeout; with every pool down the answer is a clear 503 page, never a hang.
-use std::{net::SocketAddr, sync::atomic::Ordering::Relaxed, time::Duration};
+use std::{
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, atomic::Ordering::Relaxed},
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use http::{
@@ -15,7 +21,7 @@ use http::{
     uri::{Authority, PathAndQuery},
 };
 use http_body_util::{BodyExt as _, Empty};
-use hyper::body::{Body as _, Incoming};
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 
 use waitroom_runtime::body::{Body, BoxError, full};
@@ -84,6 +90,12 @@ pub enum ProxyError {
         origin: Authority,
         source: hyper_util::client::legacy::Error,
     },
+    /// The visitor's request body ended early or was malformed: the
+    /// visitor's fault, a 400, and no mark against the origin.
+    #[error("the client's request body failed: {source}")]
+    ClientBody {
+        source: hyper_util::client::legacy::Error,
+    },
     #[error("cannot build the origin URI: {0}")]
     Uri(#[from] http::Error),
 }
@@ -91,12 +103,14 @@ pub enum ProxyError {
 /// Forwards `req` to an origin of `upstream` and streams the answer back.
 ///
 /// The origin comes from [`Upstream::select`]. A request that cannot reach it
-/// (refused, reset, closed before an answer: not an HTTP error status) counts
-/// against that origin's health and, when its method is idempotent and it has
-/// no body to lose, goes once more to another healthy origin.
+/// (refused, reset, closed before an answer or in the middle of it: not an
+/// HTTP error status) counts against that origin's health and, when its
+/// method is idempotent and it has no body to lose, goes once more to another
+/// healthy origin. A request whose body the *visitor* cuts short or garbles
+/// is [`ProxyError::ClientBody`] and counts against nobody.
 pub async fn forward(
     client: &OriginClient,
-    upstream: &Upstream,
+    upstream: &Arc<Upstream>,
     response_timeout: Duration,
     req: Request<Incoming>,
     peer: SocketAddr,
@@ -145,7 +159,7 @@ pub async fn forward(
             .path_and_query(path_and_query.clone())
             .build()?;
         let body = match body.take() {
-            Some(b) => b.map_err(BoxError::from).boxed_unsync(),
+            Some(b) => ClientBody(b).boxed_unsync(),
             None => Empty::new().map_err(|never| match never {}).boxed_unsync(),
         };
         let mut req = Request::new(body);
@@ -157,7 +171,7 @@ pub async fn forward(
         } else {
             std::mem::take(&mut parts.headers)
         };
-        match send(client, &origin.authority, response_timeout, req).await {
+        match send(client, upstream, choice, response_timeout, req).await {
             Ok(resp) => {
                 origin.requests.fetch_add(1, Relaxed);
                 return Ok(resp);
@@ -188,14 +202,17 @@ fn is_idempotent(method: &Method) -> bool {
     .contains(method)
 }
 
-/// One attempt: `Unreachable` only when the origin's connection failed, any
-/// other failure of the origin (a malformed answer) is `Invalid`.
+/// One attempt: `ClientBody` when the visitor's body failed, `Unreachable`
+/// only when the origin's connection failed, any other failure of the origin
+/// (a malformed answer) is `Invalid`.
 async fn send(
     client: &OriginClient,
-    origin: &Authority,
+    upstream: &Arc<Upstream>,
+    choice: OriginChoice,
     response_timeout: Duration,
     req: Request<Body>,
 ) -> Result<Response<Body>, ProxyError> {
+    let origin = &upstream.origin(choice).authority;
     let response = tokio::time::timeout(response_timeout, client.request(req))
         .await
         .map_err(|_| ProxyError::Timeout {
@@ -203,7 +220,9 @@ async fn send(
             timeout: response_timeout,
         })?
         .map_err(|source| {
-            if is_connection_failure(&source) {
+            if caused_by_client_body(&source) {
+                ProxyError::ClientBody { source }
+            } else if is_connection_failure(&source) {
                 ProxyError::Unreachable {
                     origin: origin.clone(),
                     source,
@@ -222,8 +241,97 @@ async fn send(
         .append(header::VIA, via_value(Version::HTTP_11));
     Ok(Response::from_parts(
         parts,
-        body.map_err(BoxError::from).boxed_unsync(),
+        OriginBody {
+            inner: body,
+            upstream: Arc::clone(upstream),
+            choice,
+        }
+        .boxed_unsync(),
     ))
+}
+
+/// The visitor's request body on its way to the origin; its errors are marked
+/// [`ClientBodyError`] so a failed forward can tell whose fault it was.
+#[derive(Debug)]
+struct ClientBody(Incoming);
+
+/// The visitor's request body failed (cut short, malformed chunking).
+#[derive(Debug, thiserror::Error)]
+#[error("client request body: {0}")]
+pub struct ClientBodyError(#[source] hyper::Error);
+
+impl HttpBody for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.0)
+            .poll_frame(cx)
+            .map_err(|e| BoxError::from(ClientBodyError(e)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.0.size_hint()
+    }
+}
+
+/// The origin's response body on its way to the visitor: an origin that
+/// resets or closes in the middle of it counts against its health, like one
+/// that fails before the head.
+#[derive(Debug)]
+struct OriginBody {
+    inner: Incoming,
+    upstream: Arc<Upstream>,
+    choice: OriginChoice,
+}
+
+impl HttpBody for OriginBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        Pin::new(&mut this.inner).poll_frame(cx).map_err(|e| {
+            if e.is_incomplete_message()
+                || std::error::Error::source(&e)
+                    .is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some())
+            {
+                tracing::debug!(origin = %this.upstream.origin(this.choice).authority, err = %e, "origin failed mid-response");
+                this.upstream.connection_failed(this.choice);
+            }
+            BoxError::from(e)
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The forward failed because the visitor's body did (anywhere in the chain).
+fn caused_by_client_body(err: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        if e.downcast_ref::<ClientBodyError>().is_some() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// Connecting failed, or the connection closed or reset before an answer.
@@ -267,12 +375,31 @@ fn via_value(version: Version) -> HeaderValue {
     })
 }
 
-/// The page for a failed forward: 503 when every pool is down, else 502.
+/// The page for a failed forward: 503 when every pool is down, 400 when the
+/// visitor's body failed, else 502.
 pub fn error_page(err: &ProxyError) -> Response<Body> {
     match err {
         ProxyError::NoHealthyOrigin { .. } => unavailable(err),
+        ProxyError::ClientBody { .. } => bad_request_body(err),
         _ => bad_gateway(err),
     }
+}
+
+/// The answer to a visitor whose request body broke off or was malformed.
+fn bad_request_body(err: &ProxyError) -> Response<Body> {
+    tracing::debug!(%err, "client request body failed");
+    let mut resp = Response::new(full(Bytes::from_static(
+        b"400 Bad Request: the request body was incomplete or malformed.\n",
+    )));
+    *resp.status_mut() = StatusCode::BAD_REQUEST;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 /// The page a visitor sees when no origin is healthy: nothing was tried.

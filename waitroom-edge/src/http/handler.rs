@@ -129,7 +129,12 @@ pub async fn handle(
             let mut resp = match result {
                 Ok(resp) => resp,
                 Err(err) => {
-                    room.metrics.proxy_errors.fetch_add(1, Relaxed);
+                    let counter = if matches!(err, proxy::ProxyError::ClientBody { .. }) {
+                        &room.metrics.client_body_errors
+                    } else {
+                        &room.metrics.proxy_errors
+                    };
+                    counter.fetch_add(1, Relaxed);
                     proxy::error_page(&err)
                 }
             };

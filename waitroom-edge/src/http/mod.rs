@@ -16,16 +16,23 @@ use std::{
 use hyper::service::service_fn;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::{conn::auto, graceful::GracefulShutdown},
+    server::conn::auto,
 };
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::{net::TcpListener, sync::Semaphore};
+use tokio::{
+    net::TcpListener,
+    sync::{Semaphore, TryAcquireError, mpsc},
+};
 use tracing::Instrument as _;
 
 use waitroom_runtime::shutdown::Shutdown;
 
-use crate::node::Node;
+use crate::{
+    metrics::CloseReason,
+    node::{Node, Settings},
+};
 
+pub mod conn;
 pub mod handler;
 
 /// Binds a non-blocking TCP listener with `SO_REUSEPORT`, so every worker can
@@ -123,7 +130,10 @@ fn worker_main(
         async move {
             let worker = Arc::new(handler::Worker::new(index, &node));
             let limit = Arc::new(Semaphore::new(node.settings.max_connections_per_worker));
-            let graceful = Arc::new(GracefulShutdown::new());
+            let registry = Arc::new(conn::Registry::default());
+            // Every connection task holds a sender; `recv` returns `None` once the
+            // last one is gone: the worker has drained.
+            let (drain_tx, mut drained) = mpsc::channel::<()>(1);
             let mut loops = Vec::new();
             for (socket, spec) in sockets {
                 let listener = match TcpListener::from_std(socket) {
@@ -139,26 +149,23 @@ fn worker_main(
                     Arc::clone(&node),
                     Arc::clone(&worker),
                     Arc::clone(&limit),
-                    Arc::clone(&graceful),
+                    Arc::clone(&registry),
+                    drain_tx.clone(),
                     shutdown.clone(),
                 )));
             }
+            drop(drain_tx);
             for l in loops {
                 let _ = l.await;
             }
             let grace = node.settings.shutdown_grace;
-            // The accept loops have returned, so theirs were the only other handles.
-            let Ok(graceful) = Arc::try_unwrap(graceful) else {
-                tracing::error!("shutdown handle still shared; not draining");
-                return;
-            };
             let started = Instant::now();
             tokio::select! {
-                () = graceful.shutdown() => {
+                _ = drained.recv() => {
                     tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "connections drained");
                 }
                 () = tokio::time::sleep(grace) => {
-                    tracing::warn!(grace_ms = grace.as_millis() as u64, "grace period over; closing remaining connections");
+                    tracing::warn!(grace_ms = grace.as_millis() as u64, open = registry.len(), "grace period over; closing remaining connections");
                 }
             }
         }
@@ -166,26 +173,47 @@ fn worker_main(
     );
 }
 
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site; each argument is a different shared part of the worker"
+)]
 async fn accept_loop(
     listener: TcpListener,
     spec: ListenerSpec,
     node: Arc<Node>,
     worker: Arc<handler::Worker>,
     limit: Arc<Semaphore>,
-    graceful: Arc<GracefulShutdown>,
+    registry: Arc<conn::Registry>,
+    drain: mpsc::Sender<()>,
     mut shutdown: Shutdown,
 ) {
     let scheme: &'static str = if spec.tls.is_some() { "https" } else { "http" };
     let builder = connection_builder(&node.settings);
     loop {
-        // Backpressure: at the limit we stop accepting and let the kernel backlog hold
-        // new connections until one closes.
-        let permit = tokio::select! {
-            permit = Arc::clone(&limit).acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-            () = shutdown.requested() => return,
+        // At the limit, the oldest idle connection makes room for the next
+        // visitor (nginx reuses keep-alive connections the same way); with
+        // every connection busy, the kernel backlog holds new ones until one
+        // closes.
+        let permit = match Arc::clone(&limit).try_acquire_owned() {
+            Ok(p) => p,
+            Err(TryAcquireError::Closed) => return,
+            Err(TryAcquireError::NoPermits) => {
+                let mut evicting = registry.evict_oldest_idle();
+                loop {
+                    tokio::select! {
+                        permit = Arc::clone(&limit).acquire_owned() => match permit {
+                            Ok(p) => break p,
+                            Err(_) => return,
+                        },
+                        // An idle HTTP/2 connection may take its goodbye: while it
+                        // does, the next oldest makes room.
+                        () = tokio::time::sleep(EVICT_AGAIN), if evicting => {
+                            evicting = registry.evict_oldest_idle();
+                        }
+                        () = shutdown.requested() => return,
+                    }
+                }
+            }
         };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -199,71 +227,175 @@ async fn accept_loop(
             },
             () = shutdown.requested() => return,
         };
+        let Some(address_slot) = node
+            .connections_per_address
+            .try_open(peer.ip(), node.settings.max_connections_per_address)
+        else {
+            // HAProxy's `tcp-request connection reject` on `src_conn_cur`: the
+            // cheapest answer is none.
+            node.metrics.count_close(CloseReason::AddressLimit);
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         node.metrics.connection_opened();
+        let registered = registry.register();
         let node = Arc::clone(&node);
         let worker = Arc::clone(&worker);
         let builder = builder.clone();
         let tls = spec.tls.clone();
-        // A watcher, not the Arc: once the accept loops end, the worker owns the
-        // shutdown handle alone and can drain.
-        let graceful = graceful.watcher();
+        let drain = drain.clone();
+        let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            let _address_slot = address_slot;
+            let _drain = drain;
+            let state = Arc::clone(&registered.state);
             let service = {
                 let node = Arc::clone(&node);
+                let state = Arc::clone(&state);
                 service_fn(move |req| {
+                    let in_flight = conn::InFlight::start(&state);
                     let node = Arc::clone(&node);
                     let worker = Arc::clone(&worker);
                     async move {
-                        Ok::<_, Infallible>(
-                            handler::handle(&node, &worker, req, peer, scheme).await,
-                        )
+                        let resp = handler::handle(&node, &worker, req, peer, scheme).await;
+                        Ok::<_, Infallible>(resp.map(|b| conn::TrackedBody::new(b, in_flight)))
                     }
                 })
             };
-            let result = match tls {
+            let io = conn::Watched::new(stream, Arc::clone(&state));
+            let why = match tls {
                 None => {
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    graceful.watch(conn.into_owned()).await
+                    serve(
+                        io,
+                        &builder,
+                        service,
+                        &state,
+                        &node.settings,
+                        shutdown,
+                        peer,
+                    )
+                    .await
                 }
                 Some(acceptor) => {
-                    let handshake = tokio::time::timeout(
-                        node.settings.header_read_timeout,
-                        acceptor.accept(stream),
-                    )
-                    .await;
-                    match handshake {
+                    // The TLS handshake is part of the way to the first request
+                    // head, under the same deadline.
+                    let deadline = state.next_check(&node.settings, Instant::now());
+                    match tokio::time::timeout_at(deadline.into(), acceptor.accept(io)).await {
                         Ok(Ok(tls)) => {
-                            let conn = builder.serve_connection(TokioIo::new(tls), service);
-                            graceful.watch(conn.into_owned()).await
+                            serve(
+                                tls,
+                                &builder,
+                                service,
+                                &state,
+                                &node.settings,
+                                shutdown,
+                                peer,
+                            )
+                            .await
                         }
                         Ok(Err(err)) => {
                             tracing::debug!(%peer, %err, "TLS handshake failed");
-                            Ok(())
+                            CloseReason::Ended
                         }
                         Err(_) => {
                             tracing::debug!(%peer, "TLS handshake timed out");
-                            Ok(())
+                            CloseReason::HeaderTimeout
                         }
                     }
                 }
             };
-            if let Err(err) = result {
-                tracing::debug!(%peer, %err, "connection ended with an error");
-            }
-            node.metrics.connection_closed();
+            drop(registered);
+            node.metrics.connection_closed(why);
         });
     }
 }
 
+/// How long a connection closed for idleness may take to say goodbye (GOAWAY).
+const GOODBYE: Duration = Duration::from_millis(500);
+
+/// At the connection limit, how long to wait for an evicted connection to go
+/// before evicting the next oldest idle one.
+const EVICT_AGAIN: Duration = Duration::from_millis(20);
+
+/// Serves one connection until it ends or one of its deadlines passes; says why
+/// it closed.
+async fn serve<I, S>(
+    io: I,
+    builder: &auto::Builder<TokioExecutor>,
+    service: S,
+    state: &conn::ConnState,
+    settings: &Settings,
+    mut shutdown: Shutdown,
+    peer: SocketAddr,
+) -> CloseReason
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<conn::TrackedBody<waitroom_runtime::body::Body>>,
+            Error = Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let mut draining = false;
+    loop {
+        let next = state.next_check(settings, Instant::now());
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(err) = result {
+                    tracing::debug!(%peer, %err, "connection ended with an error");
+                }
+                return CloseReason::Ended;
+            }
+            () = tokio::time::sleep_until(next.into()) => {
+                match state.overdue(settings, Instant::now()) {
+                    None => {}
+                    // Nothing worth a goodbye: a client that never finished a
+                    // request head, or one that does not read.
+                    Some(why @ (CloseReason::HeaderTimeout | CloseReason::SendTimeout)) => return why,
+                    Some(why) => {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(GOODBYE, conn.as_mut()).await;
+                        return why;
+                    }
+                }
+            }
+            () = state.wake.notified() => {
+                if state.evicted() {
+                    // A connection that never finished a request gets no
+                    // goodbye (an unfinished HTTP/2 handshake would wait for it).
+                    if state.had_request() {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(GOODBYE, conn.as_mut()).await;
+                    }
+                    return CloseReason::Evicted;
+                }
+            }
+            () = shutdown.requested(), if !draining => {
+                // HTTP/1: close once the response in flight is sent; HTTP/2: GOAWAY.
+                conn.as_mut().graceful_shutdown();
+                draining = true;
+            }
+        }
+    }
+}
+
 /// HTTP/1.1 and HTTP/2 with the limits that keep hostile clients cheap.
-fn connection_builder(settings: &crate::node::Settings) -> auto::Builder<TokioExecutor> {
+fn connection_builder(settings: &Settings) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
+        // hyper's timer runs from the end of one response to the next complete
+        // head: the keep-alive wait plus the header deadline, which is what
+        // nginx gives a later request on a kept-alive connection (the first
+        // request is under `ConnState`'s deadline from accept).
+        .header_read_timeout(settings.keepalive_timeout + settings.header_read_timeout)
         .max_buf_size(settings.max_header_bytes.max(8192))
         .max_headers(settings.max_headers)
         .keep_alive(true);

@@ -1,0 +1,506 @@
+//! Per-connection bookkeeping: the deadlines nginx and HAProxy put on a
+//! client, and the tables that let a worker close its oldest idle connection
+//! and a node cap connections per client address.
+//!
+//! A connection's task sleeps until its next deadline ([`ConnState::next_check`])
+//! and asks [`ConnState::overdue`] when it wakes. The request path touches only
+//! atomics here: [`InFlight`] when a request head arrives and when its response
+//! body is done, [`Watched`] when a write blocks or unblocks. No locks, no
+//! allocation per request; the tables below are locked once per connection.
+use std::{
+    collections::HashMap,
+    hash::{BuildHasher as _, RandomState},
+    io,
+    net::IpAddr,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed},
+    },
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
+use parking_lot::Mutex;
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    sync::Notify,
+};
+
+use crate::{metrics::CloseReason, node::Settings};
+
+/// What one connection's deadlines are measured from. Times are milliseconds
+/// since the worker's epoch plus one, so that 0 can mean "never".
+#[derive(Debug)]
+pub struct ConnState {
+    /// The worker's epoch: every connection of a worker counts from it, so
+    /// [`Registry::evict_oldest_idle`] can compare them.
+    epoch: Instant,
+    /// When the connection was accepted.
+    accepted_ms: u64,
+    /// Set when the first request head is complete; until then the header
+    /// deadline applies.
+    first_request: AtomicBool,
+    /// Requests whose response body is not yet done.
+    in_flight: AtomicU32,
+    /// When the last request finished (or the connection was accepted).
+    last_active_ms: AtomicU64,
+    /// When the current write started to block; 0: not blocked.
+    write_blocked_ms: AtomicU64,
+    /// Asked to close by [`Registry::evict_oldest_idle`].
+    evict: AtomicBool,
+    /// Wakes the connection's task: eviction, or a write that just blocked.
+    pub wake: Notify,
+}
+
+impl ConnState {
+    fn new(epoch: Instant) -> Self {
+        let now = ms_since(epoch, Instant::now());
+        Self {
+            epoch,
+            accepted_ms: now,
+            first_request: AtomicBool::new(false),
+            in_flight: AtomicU32::new(0),
+            last_active_ms: AtomicU64::new(now),
+            write_blocked_ms: AtomicU64::new(0),
+            evict: AtomicBool::new(false),
+            wake: Notify::new(),
+        }
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.epoch + Duration::from_millis(ms.saturating_sub(1))
+    }
+
+    /// When the task should look again: the earliest deadline that could be due.
+    pub fn next_check(&self, s: &Settings, now: Instant) -> Instant {
+        if !self.first_request.load(Relaxed) {
+            return self.at(self.accepted_ms) + s.header_read_timeout;
+        }
+        // Nothing due yet may become due (a request ends, a write blocks and
+        // wakes us): look again at least once per keep-alive period.
+        let mut next = now + s.keepalive_timeout;
+        if self.in_flight.load(Relaxed) == 0 {
+            next = next.min(self.at(self.last_active_ms.load(Relaxed)) + s.keepalive_timeout);
+        }
+        let blocked = self.write_blocked_ms.load(Relaxed);
+        if blocked != 0 {
+            next = next.min(self.at(blocked) + s.send_timeout);
+        }
+        next
+    }
+
+    /// The deadline that has passed at `now`, if any.
+    pub fn overdue(&self, s: &Settings, now: Instant) -> Option<CloseReason> {
+        if !self.first_request.load(Relaxed) {
+            return (now >= self.at(self.accepted_ms) + s.header_read_timeout)
+                .then_some(CloseReason::HeaderTimeout);
+        }
+        let blocked = self.write_blocked_ms.load(Relaxed);
+        if blocked != 0 && now >= self.at(blocked) + s.send_timeout {
+            return Some(CloseReason::SendTimeout);
+        }
+        let idle_since = self.at(self.last_active_ms.load(Relaxed));
+        if self.in_flight.load(Relaxed) == 0 && now >= idle_since + s.keepalive_timeout {
+            return Some(CloseReason::IdleTimeout);
+        }
+        None
+    }
+
+    /// True once a request head was complete on this connection.
+    pub fn had_request(&self) -> bool {
+        self.first_request.load(Relaxed)
+    }
+
+    /// True once [`Registry::evict_oldest_idle`] chose this connection.
+    pub fn evicted(&self) -> bool {
+        self.evict.load(Relaxed)
+    }
+
+    fn note_write(&self, pending: bool) {
+        let blocked = self.write_blocked_ms.load(Relaxed);
+        if pending {
+            if blocked == 0 {
+                self.write_blocked_ms
+                    .store(ms_since(self.epoch, Instant::now()), Relaxed);
+                self.wake.notify_one();
+            }
+        } else if blocked != 0 {
+            self.write_blocked_ms.store(0, Relaxed);
+        }
+    }
+}
+
+fn ms_since(epoch: Instant, t: Instant) -> u64 {
+    t.saturating_duration_since(epoch).as_millis() as u64 + 1
+}
+
+/// A worker's open connections, so that at its limit the oldest idle one can
+/// be closed for a new visitor.
+#[derive(Debug)]
+pub struct Registry {
+    epoch: Instant,
+    next_id: AtomicU64,
+    conns: Mutex<HashMap<u64, Arc<ConnState>>>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self {
+            epoch: Instant::now(),
+            next_id: AtomicU64::new(0),
+            conns: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Registry {
+    /// Registers a new connection; it leaves the registry when the guard drops.
+    pub fn register(self: &Arc<Self>) -> Registered {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let state = Arc::new(ConnState::new(self.epoch));
+        self.conns.lock().insert(id, Arc::clone(&state));
+        Registered {
+            registry: Arc::clone(self),
+            id,
+            state,
+        }
+    }
+
+    /// Asks the connection idle the longest (no request in flight, oldest
+    /// last activity) to close. False when every connection is busy.
+    pub fn evict_oldest_idle(&self) -> bool {
+        let conns = self.conns.lock();
+        let oldest = conns
+            .values()
+            .filter(|c| c.in_flight.load(Relaxed) == 0 && !c.evict.load(Relaxed))
+            .min_by_key(|c| c.last_active_ms.load(Relaxed));
+        match oldest {
+            Some(c) => {
+                c.evict.store(true, Relaxed);
+                c.wake.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.conns.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A connection's place in its worker's [`Registry`].
+#[derive(Debug)]
+pub struct Registered {
+    registry: Arc<Registry>,
+    id: u64,
+    pub state: Arc<ConnState>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.registry.conns.lock().remove(&self.id);
+    }
+}
+
+/// Open connections per client address, across the node's workers (the
+/// kernel spreads one client's connections over all of them).
+#[derive(Debug)]
+pub struct AddressCounts {
+    hasher: RandomState,
+    shards: Box<[Mutex<HashMap<IpAddr, u32>>]>,
+}
+
+const ADDRESS_SHARDS: usize = 16;
+
+impl Default for AddressCounts {
+    fn default() -> Self {
+        Self {
+            hasher: RandomState::new(),
+            shards: (0..ADDRESS_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+        }
+    }
+}
+
+impl AddressCounts {
+    /// Counts one more connection from `ip`, or `None` when it already has
+    /// `cap` (0: no cap, always counted).
+    pub fn try_open(self: &Arc<Self>, ip: IpAddr, cap: usize) -> Option<AddressSlot> {
+        let shard = self.hasher.hash_one(ip) as usize % ADDRESS_SHARDS;
+        let mut counts = self.shards[shard].lock();
+        let n = counts.entry(ip).or_insert(0);
+        if cap != 0 && *n as usize >= cap {
+            if *n == 0 {
+                counts.remove(&ip);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(AddressSlot {
+            counts: Arc::clone(self),
+            shard,
+            ip,
+        })
+    }
+
+    /// Connections open from `ip` now.
+    pub fn open_from(&self, ip: IpAddr) -> u32 {
+        let shard = self.hasher.hash_one(ip) as usize % ADDRESS_SHARDS;
+        self.shards[shard].lock().get(&ip).copied().unwrap_or(0)
+    }
+}
+
+/// One connection counted against its address; uncounted on drop.
+#[derive(Debug)]
+pub struct AddressSlot {
+    counts: Arc<AddressCounts>,
+    shard: usize,
+    ip: IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.shards[self.shard].lock();
+        if let Some(n) = counts.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// A request between its complete head and the end of its response body.
+#[derive(Debug)]
+pub struct InFlight(Arc<ConnState>);
+
+impl InFlight {
+    /// Called when hyper hands over a request: its head is complete.
+    pub fn start(state: &Arc<ConnState>) -> Self {
+        state.first_request.store(true, Relaxed);
+        state.in_flight.fetch_add(1, Relaxed);
+        Self(Arc::clone(state))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let s = &self.0;
+        s.last_active_ms
+            .store(ms_since(s.epoch, Instant::now()), Relaxed);
+        s.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+/// A response body that keeps its request [`InFlight`] until hyper is done
+/// with it (sent, or dropped with the connection). A plain struct around the
+/// already boxed body: no allocation.
+#[derive(Debug)]
+pub struct TrackedBody<B> {
+    inner: B,
+    _in_flight: InFlight,
+}
+
+impl<B> TrackedBody<B> {
+    pub fn new(inner: B, in_flight: InFlight) -> Self {
+        Self {
+            inner,
+            _in_flight: in_flight,
+        }
+    }
+}
+
+impl<B: HttpBody<Data = Bytes> + Unpin> HttpBody for TrackedBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The client's socket, telling its [`ConnState`] when a write blocks (the
+/// send timeout) and when it moves again.
+#[derive(Debug)]
+pub struct Watched<T> {
+    io: T,
+    state: Arc<ConnState>,
+}
+
+impl<T> Watched<T> {
+    pub fn new(io: T, state: Arc<ConnState>) -> Self {
+        Self { io, state }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.state.note_write(r.is_pending());
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.state.note_write(r.is_pending());
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> Settings {
+        Settings {
+            max_connections_per_worker: 10,
+            max_connections_per_address: 2,
+            header_read_timeout: Duration::from_millis(1000),
+            keepalive_timeout: Duration::from_millis(5000),
+            send_timeout: Duration::from_millis(3000),
+            max_header_bytes: 8192,
+            max_headers: 64,
+            shutdown_grace: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn the_header_deadline_runs_from_accept_until_a_first_request() {
+        let s = settings();
+        let registry = Arc::new(Registry::default());
+        let conn = registry.register();
+        let accepted = conn.state.at(conn.state.accepted_ms);
+        assert_eq!(
+            conn.state.next_check(&s, accepted),
+            accepted + s.header_read_timeout
+        );
+        assert_eq!(
+            conn.state
+                .overdue(&s, accepted + Duration::from_millis(999)),
+            None
+        );
+        assert_eq!(
+            conn.state.overdue(&s, accepted + s.header_read_timeout),
+            Some(CloseReason::HeaderTimeout)
+        );
+        // Once a request came, only the keep-alive and send deadlines apply.
+        let req = InFlight::start(&conn.state);
+        assert_eq!(
+            conn.state.overdue(&s, accepted + Duration::from_secs(60)),
+            None
+        );
+        drop(req);
+        let idle = conn.state.at(conn.state.last_active_ms.load(Relaxed));
+        assert_eq!(conn.state.next_check(&s, idle), idle + s.keepalive_timeout);
+        assert_eq!(
+            conn.state.overdue(&s, idle + s.keepalive_timeout),
+            Some(CloseReason::IdleTimeout)
+        );
+    }
+
+    #[test]
+    fn a_blocked_write_is_a_send_timeout_even_mid_request() {
+        let s = settings();
+        let registry = Arc::new(Registry::default());
+        let conn = registry.register();
+        let _req = InFlight::start(&conn.state);
+        conn.state.note_write(true);
+        let blocked = conn.state.at(conn.state.write_blocked_ms.load(Relaxed));
+        assert_eq!(conn.state.next_check(&s, blocked), blocked + s.send_timeout);
+        assert_eq!(
+            conn.state.overdue(&s, blocked + s.send_timeout),
+            Some(CloseReason::SendTimeout)
+        );
+        // A write that goes through again clears it.
+        conn.state.note_write(false);
+        assert_eq!(conn.state.overdue(&s, blocked + s.send_timeout), None);
+    }
+
+    #[test]
+    fn eviction_picks_the_oldest_idle_connection_and_never_a_busy_one() {
+        let registry = Arc::new(Registry::default());
+        let oldest = registry.register();
+        let busy = registry.register();
+        let newer = registry.register();
+        oldest.state.last_active_ms.store(5, Relaxed);
+        busy.state.last_active_ms.store(1, Relaxed);
+        newer.state.last_active_ms.store(9, Relaxed);
+        let _req = InFlight::start(&busy.state);
+        busy.state.last_active_ms.store(1, Relaxed);
+        assert!(registry.evict_oldest_idle());
+        assert!(oldest.state.evicted());
+        assert!(!busy.state.evicted() && !newer.state.evicted());
+        assert!(registry.evict_oldest_idle());
+        assert!(newer.state.evicted());
+        assert!(!registry.evict_oldest_idle(), "only a busy one is left");
+        drop(oldest);
+        assert_eq!(registry.len(), 2);
+    }
+
+    #[test]
+    fn an_address_gets_at_most_its_cap_and_slots_come_back() {
+        let counts = Arc::new(AddressCounts::default());
+        let ip: IpAddr = "192.0.2.7".parse().unwrap();
+        let other: IpAddr = "192.0.2.8".parse().unwrap();
+        let a = counts.try_open(ip, 2).unwrap();
+        let _b = counts.try_open(ip, 2).unwrap();
+        assert!(counts.try_open(ip, 2).is_none());
+        assert!(counts.try_open(other, 2).is_some());
+        drop(a);
+        assert_eq!(counts.open_from(ip), 1);
+        assert!(counts.try_open(ip, 2).is_some());
+        assert!(counts.try_open(ip, 0).is_some(), "0: no cap");
+    }
+}
