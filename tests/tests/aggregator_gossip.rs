@@ -68,6 +68,7 @@ fn node(
         key: files.key.clone(),
         interval_ms: 100,
         stale_after_ms: 1_000,
+        expected_nodes: None,
     };
     let identity = NodeIdentity {
         node: name.into(),

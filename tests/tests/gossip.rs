@@ -328,3 +328,63 @@ fn aggregator_check_validates_and_names_the_field() {
     assert!(!ok);
     assert!(out.contains("missing-ca.pem"), "{out}");
 }
+
+/// Three nodes started while the aggregator is unreachable, 200 visitors
+/// split 70/20/10: without `expected_nodes` nobody new is admitted until a
+/// share is known; with `expected_nodes = 3` each takes a third of the
+/// limit, so the minute's admits stay within it (never 3 × the room).
+#[test]
+fn nodes_started_without_the_aggregator_never_take_the_whole_room() {
+    let dir = TempDir::new("cold-start");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let certs = Certs::generate(&dir.path().join("certs"), &["c1", "c2", "c3"]).unwrap();
+    // Nobody listens there: the nodes never get an answer.
+    let nowhere: SocketAddr = format!("127.0.0.1:{}", free_udp_port().unwrap())
+        .parse()
+        .unwrap();
+    let per_minute = 30_u64;
+    let run = |tag: &str, extra: &str| -> u64 {
+        waitroom_tests::minutes::early_in_a_minute(20);
+        let nodes: Vec<Edge> = ["c1", "c2", "c3"]
+            .iter()
+            .map(|name| {
+                let gossip = node_gossip_table(nowhere, &certs, &certs, name, INTERVAL_MS) + extra;
+                let config = node_config(&dir, &format!("{tag}-{name}"), "x", origin, &gossip)
+                    .replace(
+                        &format!("new_users_per_minute = {NEW_USERS_PER_MINUTE}"),
+                        &format!("new_users_per_minute = {per_minute}"),
+                    )
+                    .replace(
+                        &format!("total_active_users = {TOTAL_ACTIVE_USERS}"),
+                        "total_active_users = 1000",
+                    )
+                    .replace("queueing_method = \"random\"", "queueing_method = \"fifo\"");
+                Edge::start(dir.path(), &format!("{tag}-{name}"), &config).unwrap()
+            })
+            .collect();
+        let mut admitted = 0;
+        for (edge, visitors) in nodes.iter().zip([70, 20, 10]) {
+            for _ in 0..visitors {
+                let mut resp = client().get(&edge.url("/")).call().unwrap();
+                if resp.body_mut().read_to_string().unwrap().contains(SITE) {
+                    admitted += 1;
+                }
+            }
+        }
+        admitted
+    };
+    let queued_all = run("default", "");
+    assert_eq!(
+        queued_all, 0,
+        "no share and no expected_nodes: everyone new waits"
+    );
+    let with_expected = run("expected", "expected_nodes = 3\n");
+    assert!(
+        with_expected <= per_minute + per_minute / 100,
+        "{with_expected} admitted against {per_minute} per minute"
+    );
+    assert!(
+        with_expected >= 20,
+        "each node takes its third: 10 + 10 + 10 (the third node has 10 visitors): {with_expected}"
+    );
+}

@@ -100,9 +100,60 @@ pub fn local_only_state(
     GlobalState::standalone(room, counters, rate, now)
 }
 
+/// What a node does while it has no share to go by: it never heard from the
+/// aggregator since it started and kept none from an earlier run (or the
+/// room was too empty for one). Taking the whole room, as a single node
+/// would, lets N nodes started during an aggregator outage admit N times
+/// the limits, so that is not an option.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ColdStart {
+    /// Queue every new visitor until a share is known (the default: the
+    /// limits hold whatever the cluster's size; sessions already running
+    /// go on).
+    #[default]
+    QueueAll,
+    /// Take `1 / n` of the room's limits, for an operator who knows the
+    /// cluster has about `n` nodes (`[aggregator] expected_nodes`).
+    ExpectedNodes(core::num::NonZeroU32),
+}
+
+/// The state of a node without a share (see [`ColdStart`]).
+#[must_use]
+pub fn cold_start_state(
+    room: &Room,
+    counters: &RoomCounters,
+    rate: &mut AdmitRate,
+    cold: ColdStart,
+    now: UnixMillis,
+) -> GlobalState {
+    match cold {
+        ColdStart::ExpectedNodes(n) => {
+            local_only_state(room, counters, rate, Some(1.0 / f64::from(n.get())), now)
+        }
+        ColdStart::QueueAll => {
+            // The node's own numbers (for honest wait estimates), and no
+            // allowance: new visitors queue, sessions go on.
+            let mut state = GlobalState::standalone(room, counters, rate, now);
+            state.slots_available = 0;
+            state.allowance = crate::counters::PoolCounts::default();
+            state
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::room::{CookieSameSite, CookieSecure, QueueingMethod};
+
+    /// Whether `decide` admits one new visitor with `state`.
+    fn admits_a_new_visitor(
+        room: &Room,
+        state: &GlobalState,
+        counters: &RoomCounters,
+        now: UnixMillis,
+    ) -> bool {
+        crate::engine::decide(room, state, counters, None, now, 7).is_admitted()
+    }
 
     use super::*;
 
@@ -174,10 +225,33 @@ mod tests {
         );
         let alone = local_only_state(&room, &counters, &mut rate, None, now);
         assert_eq!(alone.slots_available, 40);
+        let third = cold_start_state(
+            &room,
+            &counters,
+            &mut rate,
+            ColdStart::ExpectedNodes(core::num::NonZeroU32::new(4).unwrap()),
+            now,
+        );
+        assert_eq!(
+            third.slots_available, 10,
+            "a quarter for one of 4 expected nodes"
+        );
+        let queued = cold_start_state(&room, &counters, &mut rate, ColdStart::QueueAll, now);
+        assert_eq!(
+            (queued.slots_available, queued.allowance.total()),
+            (0, 0),
+            "no share, no guess: everyone new waits"
+        );
         let tiny = local_only_state(&room, &counters, &mut rate, Some(0.0), now);
         assert_eq!(
             tiny.slots_available, 1,
             "never a limit of zero (the config would be invalid)"
         );
+        // Last, since deciding takes tickets from the counters.
+        assert!(
+            !admits_a_new_visitor(&room, &queued, &counters, now),
+            "a new visitor is queued"
+        );
+        assert!(admits_a_new_visitor(&room, &third, &counters, now));
     }
 }

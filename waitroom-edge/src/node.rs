@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use waitroom_common::{
     counters::RoomCounters,
     room::Room,
-    share::local_only_state,
+    share::{ColdStart, cold_start_state, local_only_state},
     state::{AdmitRate, GlobalState},
 };
 use waitroom_runtime::{clock::Clock, tls::CertSwap};
@@ -170,6 +170,13 @@ pub struct Node {
     pub reloads: reload::ReloadState,
     /// Request targets refused before routing (400), by reason.
     pub refused_targets: crate::target::RefusedTargets,
+    /// Each room's share as last persisted, from an earlier run: what the
+    /// node goes by until the aggregator answers.
+    restored_shares: Vec<Option<f64>>,
+    /// Where shares are kept across restarts (beside the counters).
+    shares_path: std::path::PathBuf,
+    /// What a room without any share to go by does.
+    cold_start: ColdStart,
 }
 
 /// What [`Node::new`] is built from: each part made by its own start-up step.
@@ -188,6 +195,8 @@ pub struct NodeParts {
 impl Node {
     pub fn new(config: &EdgeConfig, parts: NodeParts) -> anyhow::Result<Self> {
         let now = parts.clock.now();
+        let shares_path = config.node.counters_path.with_extension("shares");
+        let restored = read_shares(&shares_path);
         Ok(Self {
             settings: Settings::from_node(&config.node),
             routes: rooms::RoomTable::new(&config.rooms),
@@ -206,6 +215,21 @@ impl Node {
             )?,
             reloads: reload::ReloadState::new(config, parts.https_cert, now),
             refused_targets: crate::target::RefusedTargets::default(),
+            restored_shares: config
+                .rooms
+                .iter()
+                .map(|r| {
+                    restored
+                        .get(&r.id)
+                        .copied()
+                        .filter(|s| (0.0..=1.0).contains(s))
+                })
+                .collect(),
+            shares_path,
+            cold_start: config
+                .aggregator
+                .as_ref()
+                .map_or(ColdStart::QueueAll, |g| g.cold_start()),
         })
     }
 
@@ -232,16 +256,28 @@ impl Node {
         let current = world.load();
         for (i, room) in self.rooms.iter().enumerate() {
             let view = current.room(room.spec.engine.id());
-            match view {
-                Some(view) if fresh => room.state.store(Arc::clone(&view.state)),
-                _ => room.state.store(Arc::new(local_only_state(
-                    &room.live.load().engine,
-                    self.room_counters(i),
-                    &mut rates[i],
-                    view.and_then(|v| v.share),
-                    now,
-                ))),
-            }
+            let engine = &room.live.load().engine;
+            let state = match view {
+                Some(view) if fresh => Arc::clone(&view.state),
+                _ => match view.and_then(|v| v.share).or(self.restored_shares[i]) {
+                    Some(share) => Arc::new(local_only_state(
+                        engine,
+                        self.room_counters(i),
+                        &mut rates[i],
+                        Some(share),
+                        now,
+                    )),
+                    // Never a share: not the whole room (see `ColdStart`).
+                    None => Arc::new(cold_start_state(
+                        engine,
+                        self.room_counters(i),
+                        &mut rates[i],
+                        self.cold_start,
+                        now,
+                    )),
+                },
+            };
+            room.state.store(state);
         }
     }
 
@@ -258,5 +294,67 @@ impl Node {
             );
             room.state.store(Arc::new(state));
         }
+    }
+}
+
+impl Node {
+    /// Writes each room's current share (from the aggregator's answers) to
+    /// the shares file, so a restart during an aggregator outage goes by it
+    /// instead of the cold-start rule. Written atomically; failures logged.
+    pub fn persist_shares(&self) {
+        let Some(gossip) = &self.gossip else { return };
+        let world = gossip.world.load();
+        let shares: std::collections::BTreeMap<&str, f64> = self
+            .rooms
+            .iter()
+            .filter_map(|r| {
+                let share = world.room(r.spec.engine.id())?.share?;
+                Some((r.spec.id.as_str(), share))
+            })
+            .collect();
+        if shares.is_empty() {
+            return;
+        }
+        let write = || -> std::io::Result<()> {
+            let tmp = self.shares_path.with_extension("shares.tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&shares)?)?;
+            std::fs::rename(&tmp, &self.shares_path)
+        };
+        if let Err(err) = write() {
+            tracing::warn!(%err, path = %self.shares_path.display(), "could not keep the rooms' shares");
+        }
+    }
+}
+
+/// The shares kept by an earlier run, by room name (none if unreadable).
+fn read_shares(path: &std::path::Path) -> std::collections::BTreeMap<String, f64> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|err| {
+            tracing::warn!(%err, path = %path.display(), "shares file unreadable; ignoring it");
+            Default::default()
+        }),
+        Err(_) => Default::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_shares_are_read_back_and_junk_is_ignored() {
+        let dir = std::env::temp_dir().join(format!("wr-shares-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("x.shares");
+        assert!(read_shares(&path).is_empty(), "no file: no shares");
+        std::fs::write(&path, br#"{"shop":0.25,"drop":1.0}"#).unwrap();
+        let shares = read_shares(&path);
+        assert_eq!(shares.get("shop"), Some(&0.25));
+        std::fs::write(&path, b"\x00garbage").unwrap();
+        assert!(
+            read_shares(&path).is_empty(),
+            "unreadable: the cold-start rule"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

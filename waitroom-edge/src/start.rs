@@ -376,6 +376,9 @@ fn spawn_state_refresh(
     node.refresh_states(&mut rates);
     control.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
+        // Shares are kept across restarts, written while the world is fresh.
+        let mut keep_shares = tokio::time::interval(Duration::from_secs(5));
+        keep_shares.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let world = node.gossip.as_ref().map(|g| Arc::clone(&g.world));
         let changed = async || match &world {
             Some(world) => world.changed().await,
@@ -386,6 +389,14 @@ fn spawn_state_refresh(
                 _ = tick.tick() => node.refresh_states(&mut rates),
                 () = changed() => node.refresh_states(&mut rates),
                 () = now.notified() => node.refresh_states(&mut rates),
+                _ = keep_shares.tick(), if world
+                    .as_ref()
+                    .is_some_and(|w| w.freshness(node.clock.now()).is_fresh()) =>
+                {
+                    let node = Arc::clone(&node);
+                    // A few bytes, but still file I/O: off the runtime.
+                    tokio::task::spawn_blocking(move || node.persist_shares());
+                }
                 () = shutdown.requested() => return,
             }
         }

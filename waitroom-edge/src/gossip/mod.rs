@@ -68,6 +68,13 @@ pub struct GossipConfig {
     /// `node_timeout_ms`, after which others are given this node's share.
     #[serde(default = "default_stale_after_ms")]
     pub stale_after_ms: u64,
+    /// What the node does while it has no share of a room to go by (never
+    /// heard from the aggregator since it started, and kept none from an
+    /// earlier run): unset, it queues new visitors until it has one; set to
+    /// the cluster's node count `n`, it takes `1/n` of the limits. Never the
+    /// whole room: N nodes started during an outage would admit N times it.
+    #[serde(default)]
+    pub expected_nodes: Option<std::num::NonZeroU32>,
 }
 
 /// The name in the development aggregator certificate (`cargo xtask certs`).
@@ -90,8 +97,23 @@ pub struct GossipConfigError {
 }
 
 impl GossipConfig {
+    /// What a node without a share does (see `expected_nodes`).
+    #[must_use]
+    pub fn cold_start(&self) -> waitroom_common::share::ColdStart {
+        match self.expected_nodes {
+            Some(n) => waitroom_common::share::ColdStart::ExpectedNodes(n),
+            None => waitroom_common::share::ColdStart::QueueAll,
+        }
+    }
+
     /// Checks the numbers (the files are checked by [`tls::check`]).
     pub fn validate(&self) -> Result<(), GossipConfigError> {
+        if self.expected_nodes.is_some_and(|n| n.get() > 100_000) {
+            return Err(GossipConfigError {
+                field: "expected_nodes",
+                problem: "more than 100000 nodes".into(),
+            });
+        }
         if !(100..=60_000).contains(&self.interval_ms) {
             return Err(GossipConfigError {
                 field: "interval_ms",
