@@ -21,7 +21,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::task::JoinHandle;
 use waitroom_common::cluster;
-use waitroom_runtime::{clock::now, shutdown, tls};
+use waitroom_runtime::{clock::now, shutdown, systemd, tls};
 
 pub mod admin;
 pub mod config;
@@ -196,7 +196,10 @@ fn restore(cluster: &mut cluster::Cluster, path: &std::path::Path) {
     }
 }
 
-/// Every second: forget silent nodes. Every `snapshot_every`: write a snapshot.
+/// Every second: forget silent nodes, and tell systemd's watchdog (when the
+/// unit has `WatchdogSec`) that the cluster state is still reachable: a stuck
+/// lock or a starved runtime stops the keep-alives and systemd restarts us.
+/// Every `snapshot_every`: write a snapshot.
 async fn housekeeping(
     shared: Arc<server::Shared>,
     path: std::path::PathBuf,
@@ -208,9 +211,15 @@ async fn housekeeping(
     expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     snap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     snap.tick().await;
+    let mut watchdog = systemd::Watchdog::from_env();
     loop {
         tokio::select! {
-            _ = expire.tick() => shared.cluster().expire(now()),
+            _ = expire.tick() => {
+                shared.cluster().expire(now());
+                if let Some(w) = &mut watchdog {
+                    w.alive();
+                }
+            }
             _ = snap.tick() => write_snapshot(&shared, &path).await,
             () = shutdown.requested() => return,
         }

@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use waitroom_aggregator::{Aggregator, AggregatorConfig};
-use waitroom_runtime::{devcerts, logging, signals, tls};
+use waitroom_runtime::{devcerts, logging, signals, systemd, tls};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -39,12 +39,24 @@ enum Command {
         #[arg(long = "name")]
         names: Vec<String>,
     },
+    /// Write the man pages and shell completions into a directory (packaging).
+    #[command(hide = true)]
+    GenerateDocs {
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     logging::init();
     let cli = Cli::parse();
     match cli.command {
+        Some(Command::GenerateDocs { out }) => {
+            for file in waitroom_runtime::docs::write(Cli::command(), &out)? {
+                println!("{}", file.display());
+            }
+            Ok(())
+        }
         Some(Command::GenCerts { out, nodes, names }) => {
             let names = if names.is_empty() {
                 (1..=nodes).map(|i| format!("node-{i}")).collect()
@@ -88,6 +100,8 @@ fn run(config: AggregatorConfig) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async {
+        // Listening before READY=1, so a stop right after it is not missed.
+        let mut terminate = signals::Terminate::listen().context("listening for SIGTERM")?;
         let aggregator = Aggregator::start(config).await?;
         // One machine-readable line that tests and scripts wait for.
         println!(
@@ -97,8 +111,12 @@ fn run(config: AggregatorConfig) -> anyhow::Result<()> {
                 .admin_addr()
                 .map_or_else(|| "-".to_owned(), |a| a.to_string()),
         );
-        signals::terminate().await;
+        // Listeners bound and the snapshot restored: systemd may start what
+        // waits for us. Keep-alives come from the housekeeping loop.
+        systemd::notify_ready();
+        terminate.recv().await;
         tracing::info!("stopping: closing node connections, writing a last snapshot");
+        systemd::stopping();
         aggregator.stop().await;
         Ok(())
     })
