@@ -46,9 +46,20 @@ pub enum AggregatorError {
     },
 }
 
+/// Why a reloaded configuration was refused; the running one stays.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("{field}: changed; a reload applies room limits only, restart for this")]
+    NeedsRestart { field: &'static str },
+    #[error(transparent)]
+    Rooms(#[from] cluster::RoomsChangeError),
+}
+
 /// A running aggregator.
 #[derive(Debug)]
 pub struct Aggregator {
+    /// What it was started with: a reload may change only the room limits.
+    config: AggregatorConfig,
     shared: Arc<server::Shared>,
     endpoint: quinn::Endpoint,
     quic_addr: SocketAddr,
@@ -117,6 +128,7 @@ impl Aggregator {
         )));
         tracing::info!(quic = %quic_addr, rooms = config.rooms.len(), "aggregator serving");
         Ok(Self {
+            config: config.clone(),
             shared,
             endpoint,
             quic_addr,
@@ -125,6 +137,32 @@ impl Aggregator {
             trigger,
             tasks,
         })
+    }
+
+    /// Applies `new`'s room limits (SIGHUP). Anything else changed, or a
+    /// room added or removed, is refused naming the field, changing nothing.
+    pub fn reload(&self, new: &AggregatorConfig) -> Result<(), ReloadError> {
+        let old = &self.config;
+        for (field, same) in [
+            ("listen", old.listen == new.listen),
+            ("admin_listen", old.admin_listen == new.admin_listen),
+            ("ca/cert/key", old.tls == new.tls),
+            ("snapshot_path", old.snapshot_path == new.snapshot_path),
+            (
+                "snapshot_interval_ms",
+                old.snapshot_interval_ms == new.snapshot_interval_ms,
+            ),
+            (
+                "node_timeout_ms",
+                old.node_timeout_ms == new.node_timeout_ms,
+            ),
+        ] {
+            if !same {
+                return Err(ReloadError::NeedsRestart { field });
+            }
+        }
+        self.shared.cluster().set_rooms(new.rooms.clone())?;
+        Ok(())
     }
 
     /// The bound QUIC (UDP) address.
@@ -288,6 +326,37 @@ mod tests {
             node_timeout_ms: 5_000,
             rooms: vec![shop()],
         }
+    }
+
+    /// A reload takes new limits and refuses anything else, naming the field.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reload_takes_room_limits_and_refuses_other_changes() {
+        let dir = temp_dir("reload");
+        let certs = devcerts::write(&dir, &["n1".into()]).unwrap();
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let started = config(&dir, certs.aggregator.clone(), loopback);
+        let aggregator = Aggregator::start(started.clone()).await.unwrap();
+        let mut moved = started.clone();
+        moved.listen = "127.0.0.1:1".parse().unwrap();
+        let err = aggregator.reload(&moved).unwrap_err();
+        assert!(err.to_string().starts_with("listen:"), "{err}");
+        let mut tighter = started.clone();
+        let limits: RoomConfig =
+            toml::from_str("total_active_users = 7\nnew_users_per_minute = 3").unwrap();
+        tighter.rooms[0].room = limits.clone().validate().unwrap().named("shop");
+        aggregator.reload(&tighter).unwrap();
+        let status = aggregator.status(clock::now());
+        assert_eq!(status.rooms[0].total_active_users, 7);
+        assert_eq!(status.rooms[0].new_users_per_minute, 3);
+        let mut more = tighter.clone();
+        more.rooms.push(cluster::RoomDef {
+            name: "other".into(),
+            room: limits.validate().unwrap().named("other"),
+        });
+        let err = aggregator.reload(&more).unwrap_err();
+        assert!(err.to_string().contains("needs a restart"), "{err}");
+        aggregator.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Raw frames on a real connection: refusals come back as frames, the

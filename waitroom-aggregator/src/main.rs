@@ -39,6 +39,13 @@ enum Command {
         #[arg(long = "name")]
         names: Vec<String>,
     },
+    /// Ask the running aggregator to re-read its room limits (sends it
+    /// SIGHUP). The unit's `ExecReload` uses this: no `kill` from procps.
+    Reload {
+        /// The aggregator's process id (`$MAINPID` in the unit).
+        #[arg(long)]
+        pid: i32,
+    },
     /// Write the man pages and shell completions into a directory (packaging).
     #[command(hide = true)]
     GenerateDocs {
@@ -57,6 +64,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Some(Command::Reload { pid }) => Ok(signals::send_hangup(pid)?),
         Some(Command::GenCerts { out, nodes, names }) => {
             let names = if names.is_empty() {
                 (1..=nodes).map(|i| format!("node-{i}")).collect()
@@ -88,12 +96,12 @@ fn main() -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
-            run(config)
+            run(config, &cli.config)
         }
     }
 }
 
-fn run(config: AggregatorConfig) -> anyhow::Result<()> {
+fn run(config: AggregatorConfig, path: &std::path::Path) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -114,7 +122,25 @@ fn run(config: AggregatorConfig) -> anyhow::Result<()> {
         // Listeners bound and the snapshot restored: systemd may start what
         // waits for us. Keep-alives come from the housekeeping loop.
         systemd::notify_ready();
-        terminate.recv().await;
+        let mut hangups = signals::hangups();
+        loop {
+            let hangup = async {
+                match &mut hangups {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = terminate.recv() => break,
+                _ = hangup => match AggregatorConfig::load(path) {
+                    Ok(new) => match aggregator.reload(&new) {
+                        Ok(()) => tracing::info!(file = %path.display(), "configuration reloaded: room limits applied"),
+                        Err(err) => tracing::error!("reload refused, the old configuration stays in force: {err}"),
+                    },
+                    Err(err) => tracing::error!("reload refused, the old configuration stays in force: {err}"),
+                },
+            }
+        }
         tracing::info!("stopping: closing node connections, writing a last snapshot");
         systemd::stopping();
         aggregator.stop().await;

@@ -27,6 +27,14 @@ enum Command {
     Run,
     /// Print this node's counters (from shared memory; the node need not run).
     Stats,
+    /// Ask the running node to re-read its configuration (sends it SIGHUP).
+    /// The unit's `ExecReload` uses this, so reloading needs no `kill` from
+    /// procps (absent on a minimal Debian).
+    Reload {
+        /// The node's process id (`$MAINPID` in the unit).
+        #[arg(long)]
+        pid: i32,
+    },
     /// Write the man pages and shell completions into a directory (packaging).
     #[command(hide = true)]
     GenerateDocs {
@@ -45,6 +53,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Some(Command::Reload { pid }) => Ok(waitroom_runtime::signals::send_hangup(pid)?),
         Some(Command::Stats) => {
             let config = waitroom_edge::config::load(&cli.config)?;
             print!("{}", waitroom_edge::stats::render(&config)?);

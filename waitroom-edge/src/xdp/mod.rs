@@ -157,13 +157,40 @@ pub enum XdpError {
     },
 }
 
-/// Appended to load/attach errors: the commonest cause, said plainly.
-fn privilege_hint() -> &'static str {
-    // SAFETY: `geteuid` has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        ""
+/// The capabilities loading, attaching and reading the XDP program need.
+const XDP_CAPABILITIES: [(u32, &str); 3] =
+    [(39, "CAP_BPF"), (12, "CAP_NET_ADMIN"), (38, "CAP_PERFMON")];
+
+/// Appended to load/attach errors: the capabilities this process lacks,
+/// from its effective set (a service runs as its own user with ambient
+/// capabilities; being uid 0 is neither needed nor enough).
+fn privilege_hint() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    missing_capabilities_hint(&status)
+}
+
+/// The hint for `/proc/self/status` text: empty when every capability is in
+/// `CapEff`, or when the set cannot be read.
+fn missing_capabilities_hint(status: &str) -> String {
+    let Some(effective) = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+    else {
+        return String::new();
+    };
+    let missing: Vec<&str> = XDP_CAPABILITIES
+        .iter()
+        .filter(|(bit, _)| effective & (1 << bit) == 0)
+        .map(|(_, name)| *name)
+        .collect();
+    if missing.is_empty() {
+        String::new()
     } else {
-        " (not running as root: XDP needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON)"
+        format!(
+            " (this process lacks {}: give the unit AmbientCapabilities= with them, or run with them)",
+            missing.join(", ")
+        )
     }
 }
 
@@ -591,6 +618,26 @@ fn prefix_of(len: u32, addr: IpAddr) -> Option<IpPrefix> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_privilege_hint_names_exactly_the_missing_capabilities() {
+        let status = |eff: &str| format!("Name:\tx\nCapInh:\t0\nCapEff:\t{eff}\nCapBnd:\t0\n");
+        // A user service with only CAP_NET_ADMIN (bit 12).
+        let hint = missing_capabilities_hint(&status("0000000000001000"));
+        assert!(hint.contains("CAP_BPF, CAP_PERFMON"), "{hint}");
+        assert!(
+            !hint.contains("NET_ADMIN") && !hint.contains("root"),
+            "{hint}"
+        );
+        // Bits 12, 38, 39: nothing missing, no hint.
+        assert_eq!(missing_capabilities_hint(&status("000000c000001000")), "");
+        // Nothing at all.
+        assert!(
+            missing_capabilities_hint(&status("0")).contains("CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON")
+        );
+        // Unreadable: say nothing rather than guess.
+        assert_eq!(missing_capabilities_hint("garbage"), "");
+    }
+
     use super::*;
 
     #[test]
