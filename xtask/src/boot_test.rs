@@ -21,7 +21,7 @@ use crate::cmd;
 /// The configs the test runs with: one room of one visitor, so the second
 /// visitor queues and a restart that lost the counters would admit them.
 const EDGE_TOML: &str = r#"[node]
-id = "boot-node"
+id = "node-1"   # the name in its certificate
 colo = "test"
 listen = "127.0.0.1:80"
 admin_listen = "127.0.0.1:9090"
@@ -202,10 +202,19 @@ fn checks(c: &Container) -> Result<()> {
     ensure_has(&first, SITE, "the first visitor sees the site")?;
     let second = c.curl("second", "http://127.0.0.1/")?;
     ensure_has(&second, QUEUE, "the second visitor queues (one place)")?;
-    let status = c.wait_for("the aggregator hears from the node", || {
-        let s = c.curl("admin", "http://127.0.0.1:9091/status")?;
-        Ok(s.contains("\"nodes_reporting\":1").then_some(s))
-    })?;
+    let status = c
+        .wait_for("the aggregator hears from the node", || {
+            let s = c.curl("admin", "http://127.0.0.1:9091/status")?;
+            Ok(s.replace(' ', "").contains("\"nodes_reporting\":1").then_some(s))
+        })
+        .with_context(|| {
+            format!(
+                "aggregator /status: {}\nnode log:\n{}\naggregator log:\n{}",
+                c.curl("admin", "http://127.0.0.1:9091/status").unwrap_or_default(),
+                c.journal("waitroom-edge").unwrap_or_default(),
+                c.journal("waitroom-aggregator").unwrap_or_default()
+            )
+        })?;
     println!(
         "    aggregator /status: {}",
         status.chars().take(160).collect::<String>()
@@ -215,7 +224,7 @@ fn checks(c: &Container) -> Result<()> {
     let pid = c.main_pid("waitroom-edge")?;
     c.write(
         "/etc/waitroom/edge.toml",
-        &EDGE_TOML.replace("new_users_per_minute = 1", "new_users_per_minute = 2"),
+        &EDGE_TOML.replace("total_active_users = 1", "total_active_users = 2"),
     )?;
     c.sh("systemctl reload waitroom-edge")?;
     c.wait_for("the node logs the reload", || {
@@ -242,7 +251,7 @@ fn checks(c: &Container) -> Result<()> {
     c.sh("systemctl reload waitroom-aggregator")?;
     c.wait_for("the aggregator applies the new limit", || {
         let s = c.curl("admin", "http://127.0.0.1:9091/status")?;
-        Ok(s.contains("\"total_active_users\":3").then_some(()))
+        Ok(s.replace(' ', "").contains("\"total_active_users\":3").then_some(()))
     })?;
     c.write(
         "/etc/waitroom/aggregator.toml",

@@ -173,7 +173,7 @@ pub fn run(args: &Args) -> Result<Vec<PathBuf>> {
         "\t# First install without certificates: development ones so the service\n\
          \t# starts; replace them with your cluster CA's (see OPERATIONS.md).\n\
          \tif [ ! -e /etc/waitroom/certs/ca.pem ]; then\n\
-         \t\t/usr/bin/waitroom-aggregator gen-certs --nodes 2 --out /etc/waitroom/certs >/dev/null\n\
+         \t\twaitroom-aggregator gen-certs --nodes 2 --out /etc/waitroom/certs >/dev/null\n\
          \t\t{}\
          \tfi\n",
         fix_cert_modes_sh("/etc/waitroom/certs").replace('\n', "\n\t\t")
@@ -408,7 +408,7 @@ fn build(
 fn common_docs(dir: &Path, package: &str, version: &str, date: &str) -> Result<()> {
     let copyright = "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\
                      Upstream-Name: waitroom\n\n\
-                     Files: *\nCopyright: the waitroom authors\nLicense: Apache-2.0\n \
+                     Files: *\nCopyright: 2026 the waitroom authors\nLicense: Apache-2.0\n \
                      On Debian systems, the full text of the Apache License 2.0 is in\n \
                      /usr/share/common-licenses/Apache-2.0.\n";
     put(
@@ -484,9 +484,9 @@ fn shared_libraries(binary: &Path) -> Result<Vec<String>> {
 }
 
 fn lintian(debs: &[PathBuf]) -> Result<()> {
-    cmd::step("lintian (each remaining tag is explained in docs/OPERATIONS.md, Packaging)");
+    cmd::step("lintian (any tag left is explained in docs/OPERATIONS.md, Packaging notes)");
     let out = Command::new("lintian")
-        .args(["--no-tag-display-limit", "--info"])
+        .args(["--tag-display-limit", "0"])
         .args(debs)
         .output()
         .context("running lintian: install it with `cargo xtask setup`")?;
