@@ -20,7 +20,8 @@ use crate::cmd;
 
 /// The configs the test runs with: one room of one visitor, so the second
 /// visitor queues and a restart that lost the counters would admit them.
-const EDGE_TOML: &str = r#"[node]
+const EDGE_TOML: &str = r#"# boot-test
+[node]
 id = "node-1"   # the name in its certificate
 colo = "test"
 listen = "127.0.0.1:80"
@@ -205,12 +206,15 @@ fn checks(c: &Container) -> Result<()> {
     let status = c
         .wait_for("the aggregator hears from the node", || {
             let s = c.curl("admin", "http://127.0.0.1:9091/status")?;
-            Ok(s.replace(' ', "").contains("\"nodes_reporting\":1").then_some(s))
+            Ok(s.replace(' ', "")
+                .contains("\"nodes_reporting\":1")
+                .then_some(s))
         })
         .with_context(|| {
             format!(
                 "aggregator /status: {}\nnode log:\n{}\naggregator log:\n{}",
-                c.curl("admin", "http://127.0.0.1:9091/status").unwrap_or_default(),
+                c.curl("admin", "http://127.0.0.1:9091/status")
+                    .unwrap_or_default(),
                 c.journal("waitroom-edge").unwrap_or_default(),
                 c.journal("waitroom-aggregator").unwrap_or_default()
             )
@@ -251,7 +255,9 @@ fn checks(c: &Container) -> Result<()> {
     c.sh("systemctl reload waitroom-aggregator")?;
     c.wait_for("the aggregator applies the new limit", || {
         let s = c.curl("admin", "http://127.0.0.1:9091/status")?;
-        Ok(s.replace(' ', "").contains("\"total_active_users\":3").then_some(()))
+        Ok(s.replace(' ', "")
+            .contains("\"total_active_users\":3")
+            .then_some(()))
     })?;
     c.write(
         "/etc/waitroom/aggregator.toml",
@@ -313,6 +319,29 @@ fn checks(c: &Container) -> Result<()> {
         "the aggregator stops cleanly",
     )?;
     println!("    both stopped with Result=success after draining");
+
+    cmd::step("boot test: reinstall, remove and purge keep or delete the right files");
+    c.sh("cd /root/debs && DEBIAN_FRONTEND=noninteractive timeout 120 apt-get install -y -q --reinstall ./waitroom-edge_*.deb </dev/null")?;
+    let kept = c.sh("cat /etc/waitroom/edge.toml")?;
+    ensure_has(&kept, "boot-test", "a reinstall keeps the edited edge.toml")?;
+    c.sh("DEBIAN_FRONTEND=noninteractive apt-get remove -y -q waitroom-edge waitroom-aggregator </dev/null")?;
+    let left = c.sh("ls /etc/waitroom /etc/waitroom/certs /var/lib/waitroom")?;
+    for file in [
+        "edge.toml",
+        "aggregator.toml",
+        "node-1.key",
+        "aggregator.snapshot",
+    ] {
+        ensure_has(&left, file, "remove keeps configs, certificates and state")?;
+    }
+    c.sh("DEBIAN_FRONTEND=noninteractive apt-get purge -y -q waitroom-edge waitroom-aggregator waitroom-common </dev/null")?;
+    let gone = c.sh("ls -d /etc/waitroom /var/lib/waitroom 2>&1 || true")?;
+    if gone.matches("No such file").count() != 2 {
+        bail!("purge left files: {gone}");
+    }
+    println!(
+        "    reinstall kept the edited config; remove kept configs, certificates, state; purge removed them"
+    );
     println!(
         "    not checked here: XDP on a veth under the unit (the minimal root has no iproute2 to make one)"
     );
