@@ -7,7 +7,8 @@
 //! registered with machined (`--register=no --keep-unit`) and commands run in
 //! it through `nsenter` into its PID 1. HTTP requests are made by the host's
 //! `curl` inside the container's network namespace only (the minimal root
-//! has no HTTP client).
+//! has no HTTP client), and the veth XDP attaches to is made by the host's
+//! `ip` in the container's network namespace (the root has no iproute2).
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -37,6 +38,11 @@ ca = "/etc/waitroom/certs/ca.pem"
 cert = "/etc/waitroom/certs/node-1.pem"
 key = "/etc/waitroom/certs/node-1.key"
 interval_ms = 500
+
+[xdp]
+interface = "wr0"
+mode = "skb"
+ports = [80]
 
 [[rooms]]
 id = "shop"
@@ -166,6 +172,20 @@ fn checks(c: &Container) -> Result<()> {
         }
     }
 
+    cmd::step("boot test: a veth for XDP (made by the host's ip in the container's network)");
+    let leader = c.leader.to_string();
+    for args in [
+        "link add wr0 type veth peer name wr1",
+        "link set wr0 up",
+        "link set wr1 up",
+    ] {
+        cmd::run(
+            &format!("ip {args}"),
+            Command::new("nsenter")
+                .args(["-t", &leader, "-n", "--", "ip"])
+                .args(args.split(' ')),
+        )?;
+    }
     cmd::step("boot test: test configs, WatchdogSec=2 drop-ins, the demo origin");
     c.write("/etc/waitroom/edge.toml", EDGE_TOML)?;
     c.write("/etc/waitroom/aggregator.toml", AGGREGATOR_TOML)?;
@@ -197,6 +217,15 @@ fn checks(c: &Container) -> Result<()> {
         }
     }
     println!("    both units active, same PIDs, no restarts after 7 s with WatchdogSec=2");
+    let edge_log = c.journal("waitroom-edge")?;
+    let uid = c.sh(&format!("stat -c %U /proc/{}", pids[1]))?;
+    if !edge_log.contains("XDP program attached") {
+        bail!("XDP did not attach under the unit (as {uid}):\n{edge_log}");
+    }
+    println!(
+        "    XDP program attached on wr0 by the unit running as user {}",
+        uid.trim()
+    );
 
     cmd::step("boot test: a visitor through the node to the demo origin; the node gossips");
     let first = c.curl("first", "http://127.0.0.1/")?;
@@ -341,9 +370,6 @@ fn checks(c: &Container) -> Result<()> {
     }
     println!(
         "    reinstall kept the edited config; remove kept configs, certificates, state; purge removed them"
-    );
-    println!(
-        "    not checked here: XDP on a veth under the unit (the minimal root has no iproute2 to make one)"
     );
     Ok(())
 }
