@@ -169,29 +169,34 @@ fn privilege_hint() -> String {
     missing_capabilities_hint(&status)
 }
 
-/// The hint for `/proc/self/status` text: empty when every capability is in
-/// `CapEff`, or when the set cannot be read.
-fn missing_capabilities_hint(status: &str) -> String {
-    let Some(effective) = status
+/// The XDP capabilities missing from this process's effective set, named
+/// (`"CAP_BPF, CAP_PERFMON"`), or `None` when none is (or the set cannot be read).
+pub fn missing_capabilities() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    missing_capability_names(&status)
+}
+
+fn missing_capability_names(status: &str) -> Option<String> {
+    let effective = status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-    else {
-        return String::new();
-    };
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())?;
     let missing: Vec<&str> = XDP_CAPABILITIES
         .iter()
         .filter(|(bit, _)| effective & (1 << bit) == 0)
         .map(|(_, name)| *name)
         .collect();
-    if missing.is_empty() {
-        String::new()
-    } else {
+    (!missing.is_empty()).then(|| missing.join(", "))
+}
+
+/// The hint for `/proc/self/status` text: empty when every capability is in
+/// `CapEff`, or when the set cannot be read.
+fn missing_capabilities_hint(status: &str) -> String {
+    missing_capability_names(status).map_or_else(String::new, |missing| {
         format!(
-            " (this process lacks {}: give the unit AmbientCapabilities= with them, or run with them)",
-            missing.join(", ")
+            " (this process lacks {missing}: give the unit AmbientCapabilities= with them, or run with them)"
         )
-    }
+    })
 }
 
 /// The loaded XDP program and its maps; detaches the program when dropped.
