@@ -21,7 +21,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::task::JoinHandle;
 use waitroom_common::{cluster, time::UnixMillis};
-use waitroom_runtime::{clock::Clock, shutdown, tls};
+use waitroom_runtime::{clock::Clock, shutdown, systemd, tls};
 
 pub mod admin;
 pub mod config;
@@ -46,9 +46,20 @@ pub enum AggregatorError {
     },
 }
 
+/// Why a reloaded configuration was refused; the running one stays.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("{field}: changed; a reload applies room limits only, restart for this")]
+    NeedsRestart { field: &'static str },
+    #[error(transparent)]
+    Rooms(#[from] cluster::RoomsChangeError),
+}
+
 /// A running aggregator.
 #[derive(Debug)]
 pub struct Aggregator {
+    /// What it was started with: a reload may change only the room limits.
+    config: AggregatorConfig,
     shared: Arc<server::Shared>,
     endpoint: quinn::Endpoint,
     quic_addr: SocketAddr,
@@ -123,6 +134,7 @@ impl Aggregator {
         )));
         tracing::info!(quic = %quic_addr, rooms = config.rooms.len(), "aggregator serving");
         Ok(Self {
+            config: config.clone(),
             shared,
             endpoint,
             quic_addr,
@@ -131,6 +143,32 @@ impl Aggregator {
             trigger,
             tasks,
         })
+    }
+
+    /// Applies `new`'s room limits (SIGHUP). Anything else changed, or a
+    /// room added or removed, is refused naming the field, changing nothing.
+    pub fn reload(&self, new: &AggregatorConfig) -> Result<(), ReloadError> {
+        let old = &self.config;
+        for (field, same) in [
+            ("listen", old.listen == new.listen),
+            ("admin_listen", old.admin_listen == new.admin_listen),
+            ("ca/cert/key", old.tls == new.tls),
+            ("snapshot_path", old.snapshot_path == new.snapshot_path),
+            (
+                "snapshot_interval_ms",
+                old.snapshot_interval_ms == new.snapshot_interval_ms,
+            ),
+            (
+                "node_timeout_ms",
+                old.node_timeout_ms == new.node_timeout_ms,
+            ),
+        ] {
+            if !same {
+                return Err(ReloadError::NeedsRestart { field });
+            }
+        }
+        self.shared.cluster().set_rooms(new.rooms.clone())?;
+        Ok(())
     }
 
     /// The bound QUIC (UDP) address.
@@ -205,7 +243,10 @@ fn restore(cluster: &mut cluster::Cluster, path: &std::path::Path, now: UnixMill
     }
 }
 
-/// Every second: forget silent nodes. Every `snapshot_every`: write a snapshot.
+/// Every second: forget silent nodes, and tell systemd's watchdog (when the
+/// unit has `WatchdogSec`) that the cluster state is still reachable: a stuck
+/// lock or a starved runtime stops the keep-alives and systemd restarts us.
+/// Every `snapshot_every`: write a snapshot.
 async fn housekeeping(
     shared: Arc<server::Shared>,
     path: std::path::PathBuf,
@@ -217,9 +258,15 @@ async fn housekeeping(
     expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     snap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     snap.tick().await;
+    let mut watchdog = systemd::Watchdog::from_env();
     loop {
         tokio::select! {
-            _ = expire.tick() => shared.cluster().expire(shared.clock.now()),
+            _ = expire.tick() => {
+                shared.cluster().expire(shared.clock.now());
+                if let Some(w) = &mut watchdog {
+                    w.alive();
+                }
+            }
             _ = snap.tick() => write_snapshot(&shared, &path).await,
             () = shutdown.requested() => return,
         }
@@ -354,6 +401,38 @@ mod tests {
         );
         assert!(room.admitted_this_minute <= 2 * 20 + 64);
         assert_eq!(status.nodes.len(), 2);
+        aggregator.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A reload takes new limits and refuses anything else, naming the field.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reload_takes_room_limits_and_refuses_other_changes() {
+        let dir = temp_dir("reload");
+        let certs = devcerts::write(&dir, &["n1".into()]).unwrap();
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let started = config(&dir, certs.aggregator.clone(), loopback);
+        let aggregator = Aggregator::start(started.clone(), Clock::system())
+            .await
+            .unwrap();
+        let mut moved = started.clone();
+        moved.listen = "127.0.0.1:1".parse().unwrap();
+        let err = aggregator.reload(&moved).unwrap_err();
+        assert!(err.to_string().starts_with("listen:"), "{err}");
+        let mut tighter = started.clone();
+        let limits = RoomConfig::with_limits(7, 3);
+        tighter.rooms[0].room = limits.clone().validate().unwrap().named("shop");
+        aggregator.reload(&tighter).unwrap();
+        let status = aggregator.status(clock::now());
+        assert_eq!(status.rooms[0].total_active_users, 7);
+        assert_eq!(status.rooms[0].new_users_per_minute, 3);
+        let mut more = tighter.clone();
+        more.rooms.push(cluster::RoomDef {
+            name: "other".into(),
+            room: limits.validate().unwrap().named("other"),
+        });
+        let err = aggregator.reload(&more).unwrap_err();
+        assert!(err.to_string().contains("needs a restart"), "{err}");
         aggregator.stop().await;
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use waitroom_aggregator::{Aggregator, AggregatorConfig};
-use waitroom_runtime::{clock::Clock, devcerts, logging, signals, tls};
+use waitroom_runtime::{clock::Clock, devcerts, logging, signals, systemd, tls};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -39,12 +39,32 @@ enum Command {
         #[arg(long = "name")]
         names: Vec<String>,
     },
+    /// Ask the running aggregator to re-read its room limits (sends it
+    /// SIGHUP). The unit's `ExecReload` uses this: no `kill` from procps.
+    Reload {
+        /// The aggregator's process id (`$MAINPID` in the unit).
+        #[arg(long)]
+        pid: i32,
+    },
+    /// Write the man pages and shell completions into a directory (packaging).
+    #[command(hide = true)]
+    GenerateDocs {
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     logging::init();
     let cli = Cli::parse();
     match cli.command {
+        Some(Command::GenerateDocs { out }) => {
+            for file in waitroom_runtime::docs::write(Cli::command(), &out)? {
+                println!("{}", file.display());
+            }
+            Ok(())
+        }
+        Some(Command::Reload { pid }) => Ok(signals::send_hangup(pid)?),
         Some(Command::GenCerts { out, nodes, names }) => {
             let names = if names.is_empty() {
                 (1..=nodes).map(|i| format!("node-{i}")).collect()
@@ -76,18 +96,20 @@ fn main() -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
-            run(config)
+            run(config, &cli.config)
         }
     }
 }
 
-fn run(config: AggregatorConfig) -> anyhow::Result<()> {
+fn run(config: AggregatorConfig, path: &std::path::Path) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async {
+        // Listening before READY=1, so a stop right after it is not missed.
+        let mut terminate = signals::Terminate::listen().context("listening for SIGTERM")?;
         let aggregator = Aggregator::start(config, Clock::system()).await?;
         // One machine-readable line that tests and scripts wait for.
         println!(
@@ -97,8 +119,30 @@ fn run(config: AggregatorConfig) -> anyhow::Result<()> {
                 .admin_addr()
                 .map_or_else(|| "-".to_owned(), |a| a.to_string()),
         );
-        signals::terminate().await;
+        // Listeners bound and the snapshot restored: systemd may start what
+        // waits for us. Keep-alives come from the housekeeping loop.
+        systemd::notify_ready();
+        let mut hangups = signals::hangups();
+        loop {
+            let hangup = async {
+                match &mut hangups {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = terminate.recv() => break,
+                _ = hangup => match AggregatorConfig::load(path) {
+                    Ok(new) => match aggregator.reload(&new) {
+                        Ok(()) => tracing::info!(file = %path.display(), "configuration reloaded: room limits applied"),
+                        Err(err) => tracing::error!("reload refused, the old configuration stays in force: {err}"),
+                    },
+                    Err(err) => tracing::error!("reload refused, the old configuration stays in force: {err}"),
+                },
+            }
+        }
         tracing::info!("stopping: closing node connections, writing a last snapshot");
+        systemd::stopping();
         aggregator.stop().await;
         Ok(())
     })

@@ -212,6 +212,24 @@ impl Cluster {
         }
     }
 
+    /// Takes new limits for the same rooms (a reload): the rooms' memory
+    /// and the nodes' reports stay; the next answers use the new limits.
+    /// Refused, changing nothing, when a room was added, removed or renamed.
+    pub fn set_rooms(&mut self, rooms: Vec<RoomDef>) -> Result<(), RoomsChangeError> {
+        let ids = |defs: &[RoomDef]| -> Vec<(String, RoomId)> {
+            defs.iter().map(|d| (d.name.clone(), d.room.id())).collect()
+        };
+        if ids(&self.rooms) != ids(&rooms) {
+            let names = |defs: &[RoomDef]| defs.iter().map(|d| d.name.clone()).collect();
+            return Err(RoomsChangeError::Ids {
+                before: names(&self.rooms),
+                after: names(&rooms),
+            });
+        }
+        self.rooms = rooms;
+        Ok(())
+    }
+
     fn index_of(&self, node: &str) -> Option<usize> {
         self.reports.iter().position(|r| r.node == node)
     }
@@ -530,6 +548,18 @@ pub enum RestoreError {
     },
 }
 
+/// Why new room definitions were refused on reload.
+#[derive(Debug, thiserror::Error)]
+pub enum RoomsChangeError {
+    #[error(
+        "rooms: the set of room ids changed ({before:?} -> {after:?}); adding or removing a room needs a restart"
+    )]
+    Ids {
+        before: Vec<String>,
+        after: Vec<String>,
+    },
+}
+
 /// Strips a departed node's room report down to what still counts.
 fn forget_live_counts(room: &mut RoomReport, minute: Minute) {
     room.waiting.clear();
@@ -805,6 +835,23 @@ mod tests {
             status.rooms[0].active_users, 0,
             "negative sessions saturate at zero instead of wrapping or panicking"
         );
+    }
+
+    #[test]
+    fn set_rooms_takes_new_limits_and_refuses_a_different_set_of_rooms() {
+        let mut cluster = Cluster::new(vec![room(100, 20)], 60_000);
+        let now = UnixMillis(1_000_000);
+        cluster.apply(report("a", "x", now, sessions(now, 30, 0, 0)), now);
+        cluster.set_rooms(vec![room(50, 5)]).unwrap();
+        let status = cluster.status(now);
+        assert_eq!(status.rooms[0].total_active_users, 50);
+        assert_eq!(status.rooms[0].new_users_per_minute, 5);
+        assert_eq!(status.rooms[0].active_users, 30, "the nodes' counts stay");
+        let mut other = room(50, 5);
+        other.name = "other".into();
+        let err = cluster.set_rooms(vec![other]).unwrap_err();
+        assert!(err.to_string().contains("needs a restart"), "{err}");
+        assert_eq!(cluster.status(now).rooms[0].id, "shop", "nothing changed");
     }
 
     #[test]

@@ -273,6 +273,11 @@ fn bind_listeners(
 /// userspace telemetry, saying so once.
 fn attach_xdp(config: &EdgeConfig, control: &tokio::runtime::Runtime) -> Option<NodeXdp> {
     let xdp_config = config.xdp.as_ref()?;
+    // A capability the unit grants but the system dropped (an old systemd,
+    // a container) is said at start, by name, before anything fails.
+    if let Some(missing) = xdp::missing_capabilities() {
+        tracing::warn!(%missing, "XDP is configured but this process lacks capabilities it needs");
+    }
     match xdp::XdpGuard::attach(xdp_config) {
         Ok(guard) => {
             let guard = Arc::new(guard);

@@ -18,6 +18,7 @@
 //! - [`frames`]: one gossip frame per QUIC stream direction.
 //! - [`admin`]: the operators' HTTP listener loop and its small responses.
 //! - [`body`]: the response body type every local page and proxied body uses.
+//! - [`docs`]: man pages and shell completions from a binary's clap definition.
 //! - `devcerts` (feature `devcerts`): a development CA and certificates.
 
 pub mod admin;
@@ -26,6 +27,7 @@ pub mod clock;
 pub mod config_file;
 #[cfg(any(test, feature = "devcerts"))]
 pub mod devcerts;
+pub mod docs;
 pub mod frames;
 pub mod logging;
 pub mod shutdown;

@@ -49,3 +49,30 @@ pub fn hangups() -> Option<Signal> {
         }
     }
 }
+
+/// Why a reload request could not be sent.
+#[derive(Debug, thiserror::Error)]
+pub enum HangupError {
+    #[error("--pid {0}: not a service's process id")]
+    BadPid(i32),
+    #[error("sending SIGHUP to {pid}: {source}")]
+    Kill { pid: i32, source: std::io::Error },
+}
+
+/// Sends SIGHUP to `pid`: what the units' `ExecReload` runs (`BIN reload
+/// --pid $MAINPID`), so a reload needs no `/bin/kill` (procps), which a
+/// minimal Debian lacks.
+pub fn send_hangup(pid: i32) -> Result<(), HangupError> {
+    if pid <= 1 {
+        return Err(HangupError::BadPid(pid));
+    }
+    // SAFETY: kill has no memory-safety preconditions; pid > 1 so it never
+    // names a process group, every process, or init.
+    if unsafe { libc::kill(pid, libc::SIGHUP) } != 0 {
+        return Err(HangupError::Kill {
+            pid,
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}

@@ -15,6 +15,12 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Cargo's target directory (`CARGO_TARGET_DIR`, else `target/` in the workspace).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from)
+}
+
 /// Prints a step heading in the same shape everywhere.
 pub fn step(what: &str) {
     println!("==> {what}");

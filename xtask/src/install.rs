@@ -1,6 +1,8 @@
 //! `cargo xtask install [--prefix DIR] [--root DIR]`: the binaries, the systemd
-//! units, a commented example config, and development certificates where none
-//! exist. Idempotent: binaries and units are replaced atomically, an operator's
+//! units, a commented example config, man pages and completions, the
+//! `waitroom` user (sysusers.d) and who owns what (tmpfiles.d), and
+//! development certificates where none exist: the same layout and owners as
+//! the Debian packages (`cargo xtask package`), from the same `deploy/` files. Idempotent: binaries and units are replaced atomically, an operator's
 //! own `edge.toml`/`aggregator.toml` and certificates are never overwritten.
 //!
 //! `--root` stages everything under a directory (for packaging, and for the
@@ -66,7 +68,8 @@ pub fn run(args: &Args) -> Result<()> {
     let docdir = prefix.join("share/doc/waitroom");
     let confdir = PathBuf::from("/etc/waitroom");
     let unitdir = PathBuf::from("/etc/systemd/system");
-    for d in [&bindir, &docdir, &confdir, &unitdir] {
+    let mandir = prefix.join("share/man/man1");
+    for d in [&bindir, &docdir, &confdir, &unitdir, &mandir] {
         std::fs::create_dir_all(staged(d))
             .with_context(|| format!("creating {}", staged(d).display()))?;
     }
@@ -82,6 +85,58 @@ pub fn run(args: &Args) -> Result<()> {
             );
         }
         replace(&staged(&bindir.join(bin)), &std::fs::read(&from)?, 0o755)?;
+    }
+    // sysusers.d and tmpfiles.d read /etc, not /usr/local: the local admin's place.
+    for (from, to) in crate::package::SHARED {
+        let to = Path::new("/etc").join(to.trim_start_matches("usr/lib/"));
+        std::fs::create_dir_all(staged(to.parent().unwrap_or(&to)))?;
+        replace(
+            &staged(&to),
+            &std::fs::read(ws.join("deploy").join(from))?,
+            0o644,
+        )?;
+    }
+    for bin in ["waitroom-edge", "waitroom-aggregator"] {
+        let generated = tempdir(&format!("waitroom-docs-{bin}"))?;
+        let ok = Command::new(staged(&bindir.join(bin)))
+            .arg("generate-docs")
+            .arg("--out")
+            .arg(&generated)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            for page in std::fs::read_dir(generated.join("man"))? {
+                let page = page?.path();
+                let name = page.file_name().unwrap_or_default().to_owned();
+                replace(&staged(&mandir).join(name), &std::fs::read(&page)?, 0o644)?;
+            }
+            for (file, to) in [
+                (
+                    format!("{bin}.bash"),
+                    format!("share/bash-completion/completions/{bin}"),
+                ),
+                (
+                    format!("_{bin}"),
+                    format!("share/zsh/vendor-completions/_{bin}"),
+                ),
+                (
+                    format!("{bin}.fish"),
+                    format!("share/fish/vendor_completions.d/{bin}.fish"),
+                ),
+            ] {
+                let to = staged(&prefix.join(to));
+                std::fs::create_dir_all(to.parent().unwrap_or(&to))?;
+                replace(
+                    &to,
+                    &std::fs::read(generated.join("completions").join(file))?,
+                    0o644,
+                )?;
+            }
+        } else {
+            println!("    {bin} generate-docs failed: no man pages or completions");
+        }
+        let _ = std::fs::remove_dir_all(&generated);
     }
     for unit in ["waitroom-edge.service", "waitroom-aggregator.service"] {
         let text = std::fs::read_to_string(ws.join("deploy/systemd").join(unit))?
@@ -110,7 +165,8 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     let certs = staged(&confdir.join("certs"));
-    if certs.join("ca.pem").exists() {
+    let made_certs = !certs.join("ca.pem").exists();
+    if !made_certs {
         println!("    kept the certificates in {}", certs.display());
     } else {
         cmd::run(
@@ -122,6 +178,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if root == Path::new("/") {
         ensure_user()?;
+        set_owners(made_certs.then_some(certs.as_path()))?;
         println!(
             "    next: edit {}/edge.toml, then `systemctl daemon-reload && systemctl enable --now waitroom-edge`",
             confdir.display()
@@ -162,12 +219,47 @@ fn verify_units(root: &Path, unitdir: &Path, dirs: &[&Path]) -> Result<()> {
     result
 }
 
-fn ensure_user() -> Result<()> {
+/// What the package scripts do: tmpfiles.d gives the config files and the
+/// certificate directory to the group `waitroom`; freshly made certificates
+/// are made readable by it (the CA key stays root's).
+fn set_owners(new_certs: Option<&Path>) -> Result<()> {
     if !cmd::is_root() {
         println!(
-            "    not root: create the system user yourself: useradd --system --no-create-home --shell /usr/sbin/nologin waitroom"
+            "    not root: run `systemd-tmpfiles --create waitroom.conf` as root so the services can read their config"
         );
         return Ok(());
+    }
+    if which("systemd-tmpfiles") {
+        cmd::run(
+            "systemd-tmpfiles --create waitroom.conf (owners and modes of /etc/waitroom, /var/lib/waitroom)",
+            Command::new("systemd-tmpfiles").args(["--create", "waitroom.conf"]),
+        )?;
+    } else {
+        println!("    no systemd-tmpfiles: apply /etc/tmpfiles.d/waitroom.conf by hand");
+    }
+    if let Some(certs) = new_certs {
+        cmd::run(
+            "certificates readable by the group waitroom (the CA key root's alone)",
+            Command::new("sh")
+                .arg("-c")
+                .arg(crate::package::fix_cert_modes_sh(
+                    &certs.display().to_string(),
+                )),
+        )?;
+    }
+    Ok(())
+}
+
+fn ensure_user() -> Result<()> {
+    if !cmd::is_root() {
+        println!("    not root: create the system user yourself: systemd-sysusers waitroom.conf");
+        return Ok(());
+    }
+    if which("systemd-sysusers") {
+        return cmd::run(
+            "systemd-sysusers waitroom.conf (the system user waitroom)",
+            Command::new("systemd-sysusers").arg("waitroom.conf"),
+        );
     }
     if Command::new("id")
         .arg("waitroom")

@@ -1,6 +1,8 @@
 //! `cargo xtask VERB`: the project's automation, one file per verb.
 //!
 //! - `setup`: installs what a fresh machine lacks (idempotent).
+//! - `package`: Debian packages of both services, checked by lintian.
+//! - `boot-test`: the packages under a real systemd (also run by `test` as root).
 //! - `test`: setup, fmt, clippy, every test (privileged ones too when root).
 //! - `demo`: a waitroom node in front of a demo origin, on loopback.
 //! - `certs`: a development CA and gossip certificates for the aggregator and nodes.
@@ -9,11 +11,13 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod boot_test;
 mod certs;
 mod cmd;
 mod demo;
 mod demo_traffic;
 mod install;
+mod package;
 mod setup;
 mod simulate;
 mod test;
@@ -29,6 +33,10 @@ struct Cli {
 enum Verb {
     /// Install the binaries, systemd units, example configs and dev certificates.
     Install(install::Args),
+    /// Build the Debian packages (waitroom-common, waitroom-edge, waitroom-aggregator) and run lintian.
+    Package(package::Args),
+    /// Package, boot a minimal Debian with systemd-nspawn, install and drive the units (root).
+    BootTest(boot_test::Args),
     /// Admission latency and throughput under load, side by side with nginx.
     Bench(bench::Args),
     /// Install the toolchain pieces and Debian packages the build and tests need.
@@ -47,6 +55,8 @@ fn main() -> Result<()> {
     match Cli::parse().verb {
         Verb::Setup => setup::run(),
         Verb::Install(args) => install::run(&args),
+        Verb::Package(args) => package::run(&args).map(drop),
+        Verb::BootTest(args) => boot_test::verb(&args),
         Verb::Bench(args) => bench::run(&args),
         Verb::Test(args) => test::run(&args),
         Verb::Demo(args) => demo::run(&args),

@@ -18,7 +18,20 @@ pub const TEST_PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip netns / veth for the XDP tests"),
     ("chromium", "the real-browser test of the queue page"),
     ("ca-certificates", "TLS roots for apt and cargo"),
-    ("curl", "HTTP/2 over TLS checks of the node's TLS listener"),
+    (
+        "curl",
+        "HTTP/2 over TLS checks of the node's TLS listener, requests in the boot test",
+    ),
+    ("binutils", "strip and objdump for `cargo xtask package`"),
+    (
+        "lintian",
+        "checks the .deb files `cargo xtask package` builds",
+    ),
+    ("debootstrap", "the minimal Debian root the boot test boots"),
+    (
+        "systemd-container",
+        "systemd-nspawn, which boots that root under a real systemd",
+    ),
 ];
 
 pub fn run() -> Result<()> {

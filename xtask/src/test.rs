@@ -2,7 +2,9 @@
 //!
 //! setup → `cargo fmt --check` → clippy `-D warnings` on every host target →
 //! clippy on the eBPF crate for the BPF target → build the binaries the
-//! integration tests start → every unit, integration and privileged test.
+//! integration tests start → staged install → as root: the Debian packages
+//! booted under systemd-nspawn (`boot_test`) → every unit, integration and
+//! privileged test.
 //! Privileged tests (XDP, network namespaces) run when this runs as root and
 //! print why they skip otherwise.
 use std::process::Command;
@@ -55,7 +57,12 @@ pub fn run(args: &Args) -> Result<()> {
     let _ = std::fs::remove_dir_all(&staged);
     cmd::step("staged install (target/install-check) and systemd-analyze verify of the units");
     crate::install::staged_check(&staged)?;
-    if !cmd::is_root() {
+    if cmd::is_root() {
+        cmd::step("the packages under a real systemd (cargo xtask boot-test)");
+        let debs = crate::package::run(&crate::package::Args::for_test(false))?;
+        crate::boot_test::run(&debs, &cmd::target_dir().join("debug/waitroom-demo-origin"))?;
+    } else {
+        println!("    skipping the boot test: needs root (debootstrap, systemd-nspawn)");
         println!(
             "    note: not root, so the privileged tests (XDP, network namespaces) will skip and say why"
         );

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -27,12 +27,33 @@ enum Command {
     Run,
     /// Print this node's counters (from shared memory; the node need not run).
     Stats,
+    /// Ask the running node to re-read its configuration (sends it SIGHUP).
+    /// The unit's `ExecReload` uses this, so reloading needs no `kill` from
+    /// procps (absent on a minimal Debian).
+    Reload {
+        /// The node's process id (`$MAINPID` in the unit).
+        #[arg(long)]
+        pid: i32,
+    },
+    /// Write the man pages and shell completions into a directory (packaging).
+    #[command(hide = true)]
+    GenerateDocs {
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     waitroom_runtime::logging::init();
     let cli = Cli::parse();
     match cli.command {
+        Some(Command::GenerateDocs { out }) => {
+            for file in waitroom_runtime::docs::write(Cli::command(), &out)? {
+                println!("{}", file.display());
+            }
+            Ok(())
+        }
+        Some(Command::Reload { pid }) => Ok(waitroom_runtime::signals::send_hangup(pid)?),
         Some(Command::Stats) => {
             let config = waitroom_edge::config::load(&cli.config)?;
             print!("{}", waitroom_edge::stats::render(&config)?);

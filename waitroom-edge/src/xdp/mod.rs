@@ -157,14 +157,46 @@ pub enum XdpError {
     },
 }
 
-/// Appended to load/attach errors: the commonest cause, said plainly.
-fn privilege_hint() -> &'static str {
-    // SAFETY: `geteuid` has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        ""
-    } else {
-        " (not running as root: XDP needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON)"
-    }
+/// The capabilities loading, attaching and reading the XDP program need.
+const XDP_CAPABILITIES: [(u32, &str); 3] =
+    [(39, "CAP_BPF"), (12, "CAP_NET_ADMIN"), (38, "CAP_PERFMON")];
+
+/// Appended to load/attach errors: the capabilities this process lacks,
+/// from its effective set (a service runs as its own user with ambient
+/// capabilities; being uid 0 is neither needed nor enough).
+fn privilege_hint() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    missing_capabilities_hint(&status)
+}
+
+/// The XDP capabilities missing from this process's effective set, named
+/// (`"CAP_BPF, CAP_PERFMON"`), or `None` when none is (or the set cannot be read).
+pub fn missing_capabilities() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    missing_capability_names(&status)
+}
+
+fn missing_capability_names(status: &str) -> Option<String> {
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())?;
+    let missing: Vec<&str> = XDP_CAPABILITIES
+        .iter()
+        .filter(|(bit, _)| effective & (1 << bit) == 0)
+        .map(|(_, name)| *name)
+        .collect();
+    (!missing.is_empty()).then(|| missing.join(", "))
+}
+
+/// The hint for `/proc/self/status` text: empty when every capability is in
+/// `CapEff`, or when the set cannot be read.
+fn missing_capabilities_hint(status: &str) -> String {
+    missing_capability_names(status).map_or_else(String::new, |missing| {
+        format!(
+            " (this process lacks {missing}: give the unit AmbientCapabilities= with them, or run with them)"
+        )
+    })
 }
 
 /// The loaded XDP program and its maps; detaches the program when dropped.
@@ -591,6 +623,26 @@ fn prefix_of(len: u32, addr: IpAddr) -> Option<IpPrefix> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_privilege_hint_names_exactly_the_missing_capabilities() {
+        let status = |eff: &str| format!("Name:\tx\nCapInh:\t0\nCapEff:\t{eff}\nCapBnd:\t0\n");
+        // A user service with only CAP_NET_ADMIN (bit 12).
+        let hint = missing_capabilities_hint(&status("0000000000001000"));
+        assert!(hint.contains("CAP_BPF, CAP_PERFMON"), "{hint}");
+        assert!(
+            !hint.contains("NET_ADMIN") && !hint.contains("root"),
+            "{hint}"
+        );
+        // Bits 12, 38, 39: nothing missing, no hint.
+        assert_eq!(missing_capabilities_hint(&status("000000c000001000")), "");
+        // Nothing at all.
+        assert!(
+            missing_capabilities_hint(&status("0")).contains("CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON")
+        );
+        // Unreadable: say nothing rather than guess.
+        assert_eq!(missing_capabilities_hint("garbage"), "");
+    }
+
     use super::*;
 
     #[test]
