@@ -81,6 +81,79 @@ pub struct NodeSection {
     pub cookie_keys: Vec<CookieKey>,
 }
 
+impl NodeSection {
+    /// Every number within what the node can run with: a value that would
+    /// only fail later (a worker that cannot start, a timeout of zero, a
+    /// connection limit the semaphore cannot hold) is refused here, so that
+    /// `--check` passing means the node starts. Returns the key and why.
+    pub fn check_ranges(&self) -> Result<(), (String, String)> {
+        fn within<T: PartialOrd + std::fmt::Display>(
+            key: &str,
+            value: T,
+            low: T,
+            high: T,
+        ) -> Result<(), (String, String)> {
+            if value < low || value > high {
+                return Err((
+                    key.to_owned(),
+                    format!("{value} is outside {low} ..= {high}"),
+                ));
+            }
+            Ok(())
+        }
+        within("workers", self.workers, 0, 1024)?;
+        within(
+            "max_connections_per_worker",
+            self.max_connections_per_worker,
+            1,
+            1_000_000,
+        )?;
+        within(
+            "max_connections_per_address",
+            self.max_connections_per_address,
+            0,
+            1_000_000,
+        )?;
+        within(
+            "header_read_timeout_ms",
+            self.header_read_timeout_ms,
+            1,
+            600_000,
+        )?;
+        within(
+            "keepalive_timeout_ms",
+            self.keepalive_timeout_ms,
+            1,
+            3_600_000,
+        )?;
+        within("send_timeout_ms", self.send_timeout_ms, 1, 3_600_000)?;
+        within("max_header_bytes", self.max_header_bytes, 1_024, 1_048_576)?;
+        within("max_headers", self.max_headers, 1, 1_024)?;
+        within("shutdown_grace_ms", self.shutdown_grace_ms, 0, 600_000)?;
+        if self.id.is_empty() || self.id.len() > 253 {
+            return Err(("id".into(), "must be 1 to 253 characters".into()));
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for (i, key) in self.cookie_keys.iter().enumerate() {
+            if !ids.insert(key.id) {
+                return Err((
+                    format!("cookie_keys[{i}].id"),
+                    format!("key id {} is used twice", key.id),
+                ));
+            }
+            let hex_ok =
+                key.secret_hex.len() == 64 && key.secret_hex.bytes().all(|b| b.is_ascii_hexdigit());
+            if !hex_ok {
+                return Err((
+                    format!("cookie_keys[{i}].secret_hex"),
+                    "must be 64 hex digits (32 bytes)".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// TLS listener settings.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -170,8 +243,21 @@ impl EdgeConfig {
         }
         let file = ConfigText::new(path, text);
         let raw: Raw = file.parse()?;
+        if let Err((key, problem)) = raw.node.check_ranges() {
+            return Err(file.invalid(format!("node.{key}"), problem));
+        }
         if raw.rooms.is_empty() {
             return Err(file.invalid("rooms", "at least one [[rooms]] table is required"));
+        }
+        if raw.rooms.len() > crate::counters::SLOTS {
+            return Err(file.invalid(
+                "rooms",
+                format!(
+                    "{} rooms; a node serves at most {} (the slots of its counters file)",
+                    raw.rooms.len(),
+                    crate::counters::SLOTS
+                ),
+            ));
         }
         let engines =
             room_table::validate_rooms(&raw.rooms).map_err(|e| file.invalid(e.key(), e.problem))?;

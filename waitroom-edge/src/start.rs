@@ -200,9 +200,25 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
-    let worker_threads =
-        http::spawn_workers(workers, Arc::clone(&node), listeners, shutdown.clone())
-            .context("starting worker threads")?;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let worker_threads = http::spawn_workers(
+        workers,
+        Arc::clone(&node),
+        listeners,
+        shutdown.clone(),
+        &ready_tx,
+    )
+    .context("starting worker threads")?;
+    drop(ready_tx);
+    if let Err(err) = wait_for_workers(&worker_threads, &ready_rx) {
+        // No ready line and a non-zero exit: a node with a dead worker
+        // would look up while dropping a share of its connections.
+        trigger.fire();
+        for h in worker_threads {
+            let _ = h.join();
+        }
+        return Err(err);
+    }
 
     let control_handle = control.handle().clone();
     let control = {
@@ -222,6 +238,38 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
         control,
         worker_threads,
     })
+}
+
+/// Waits until every worker said it started; fails on the first that could
+/// not, or that died (a panic) before saying so, or after 10 s.
+fn wait_for_workers(
+    threads: &[JoinHandle<()>],
+    ready: &std::sync::mpsc::Receiver<Result<(), String>>,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut started = 0;
+    while started < threads.len() {
+        match ready.recv_timeout(Duration::from_millis(50)) {
+            Ok(Ok(())) => started += 1,
+            Ok(Err(err)) => anyhow::bail!("{err}"),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let dead = threads.iter().filter(|t| t.is_finished()).count();
+                if dead > 0 {
+                    anyhow::bail!("{dead} worker thread(s) ended while starting (see the log)");
+                }
+                if std::time::Instant::now() > deadline {
+                    anyhow::bail!(
+                        "only {started} of {} workers started within 10 s",
+                        threads.len()
+                    );
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                anyhow::bail!("workers ended while starting (see the log)")
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Binds the plain listener and, with `[node.tls]`, the TLS one; port 0 is

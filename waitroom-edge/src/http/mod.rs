@@ -80,11 +80,15 @@ pub fn resolve(spec: &ListenerSpec) -> std::io::Result<(std::net::TcpListener, L
 
 /// Starts `count` worker threads serving `listeners`. Each returns when shutdown is
 /// requested and its connections have drained (or the grace period ran out).
+/// Each worker says once whether it started (its runtime and listeners are
+/// up) on `ready`; a node whose workers do not all start must not say it is
+/// serving (see `start`).
 pub fn spawn_workers(
     count: usize,
     node: Arc<Node>,
     listeners: Vec<(std::net::TcpListener, ListenerSpec)>,
     shutdown: Shutdown,
+    ready: &std::sync::mpsc::Sender<Result<(), String>>,
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
     let mut firsts: Vec<Option<std::net::TcpListener>> =
         listeners.iter().map(|(l, _)| l.try_clone().ok()).collect();
@@ -101,9 +105,10 @@ pub fn spawn_workers(
         }
         let node = Arc::clone(&node);
         let shutdown = shutdown.clone();
+        let ready = ready.clone();
         let handle = std::thread::Builder::new()
             .name(format!("waitroom-w{index}"))
-            .spawn(move || worker_main(index, node, sockets, shutdown))?;
+            .spawn(move || worker_main(index, node, sockets, shutdown, &ready))?;
         handles.push(handle);
     }
     Ok(handles)
@@ -114,6 +119,7 @@ fn worker_main(
     node: Arc<Node>,
     sockets: Vec<(std::net::TcpListener, ListenerSpec)>,
     shutdown: Shutdown,
+    ready: &std::sync::mpsc::Sender<Result<(), String>>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -121,7 +127,9 @@ fn worker_main(
     {
         Ok(rt) => rt,
         Err(err) => {
-            tracing::error!(worker = index, %err, "cannot start the worker runtime");
+            let _ = ready.send(Err(format!(
+                "worker {index}: cannot start its runtime: {err}"
+            )));
             return;
         }
     };
@@ -139,8 +147,11 @@ fn worker_main(
                 let listener = match TcpListener::from_std(socket) {
                     Ok(l) => l,
                     Err(err) => {
-                        tracing::error!(%err, addr = %spec.addr, "cannot register listener");
-                        continue;
+                        let _ = ready.send(Err(format!(
+                            "worker {index}: cannot register the listener on {}: {err}",
+                            spec.addr
+                        )));
+                        return;
                     }
                 };
                 loops.push(tokio::spawn(accept_loop(
@@ -155,6 +166,7 @@ fn worker_main(
                 )));
             }
             drop(drain_tx);
+            let _ = ready.send(Ok(()));
             for l in loops {
                 let _ = l.await;
             }
