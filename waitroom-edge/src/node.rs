@@ -131,6 +131,8 @@ pub struct NodeXdp {
     pub guard: Arc<xdp::XdpGuard>,
     /// Its telemetry, read every second off the request path.
     pub telemetry: Arc<xdp_signal::Telemetry>,
+    /// Where the admin listener keeps the deny list across restarts.
+    pub deny_file: std::path::PathBuf,
 }
 
 /// Everything the workers share: settings, rooms, counters, keys, metrics.
