@@ -2,7 +2,8 @@
 //!
 //! setup → `cargo fmt --check` → clippy `-D warnings` on every host target →
 //! clippy on the eBPF crate for the BPF target → build the binaries the
-//! integration tests start → every unit, integration and privileged test.
+//! integration tests start → every unit, integration and privileged test →
+//! each fuzz target for a bounded time (`xtask fuzz`), failing on a crash.
 //! Privileged tests (XDP, network namespaces) run when this runs as root and
 //! print why they skip otherwise.
 use std::process::Command;
@@ -16,6 +17,9 @@ pub struct Args {
     /// Skip `cargo xtask setup` (when you know the machine is ready).
     #[arg(long)]
     no_setup: bool,
+    /// Skip the bounded fuzzing runs (about 2 minutes plus their build).
+    #[arg(long)]
+    no_fuzz: bool,
     /// Extra arguments for `cargo test` (e.g. a test name filter).
     #[arg(last = true)]
     test_args: Vec<String>,
@@ -61,6 +65,9 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     let (passed, failed, ignored) = cargo_test(&args.test_args)?;
+    if failed == 0 && !args.no_fuzz {
+        crate::fuzz::run_all_bounded()?;
+    }
     if failed == 0 {
         println!(
             "==> all checks passed in {:.0}s",
