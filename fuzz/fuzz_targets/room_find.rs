@@ -19,18 +19,24 @@ id = "shop"
 host = "shop.example"
 path = "/"
 origin = "127.0.0.1:9"
+total_active_users = 10
+new_users_per_minute = 10
 
 [[rooms]]
 id = "drop"
 host = "*"
 path = "/drops/"
 origin = "127.0.0.1:9"
+total_active_users = 10
+new_users_per_minute = 10
 
 [[rooms]]
 id = "all"
 host = "*"
 path = "/"
 origin = "127.0.0.1:9"
+total_active_users = 10
+new_users_per_minute = 10
 "#;
 
 fn table() -> &'static RoomTable {
