@@ -1,7 +1,8 @@
 //! The node as a careful operator and a hostile neighbour see it (issue 14,
 //! items 5 and 6), with the real binary: the admin listener's token rules,
-//! `--check` refusing an exposed admin listener, a planted cookie key
-//! refused at start, and a counters file truncated under a running node.
+//! `--check` refusing an exposed admin listener, a silent admin client cut
+//! off, a planted cookie key refused at start, and a counters file truncated
+//! under a running node.
 use std::{
     net::SocketAddr,
     os::unix::fs::PermissionsExt as _,
@@ -226,4 +227,29 @@ fn a_counters_file_truncated_under_a_running_node_does_not_stop_it() {
     let _edge = Edge::start(dir.path(), "edge-again", &config(dir.path(), origin, "")).unwrap();
     assert!(counters.with_extension("old").exists());
     assert!(std::fs::metadata(&counters).unwrap().len() > 4096);
+}
+
+#[test]
+fn a_silent_admin_connection_is_closed_at_its_deadline() {
+    use std::io::Read as _;
+    let dir = TempDir::new("admin-deadline");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let edge = Edge::start(dir.path(), "edge", &config(dir.path(), origin, "")).unwrap();
+    let started = Instant::now();
+    let mut silent = std::net::TcpStream::connect(edge.admin).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    // Others are served meanwhile.
+    assert_eq!(get(&client(), &edge.admin_url("/healthz")).0, 200);
+    let mut buf = [0u8; 16];
+    let n = silent.read(&mut buf).unwrap_or(0);
+    let held = started.elapsed();
+    assert_eq!(n, 0, "the node sent something to a silent client");
+    // Held a while (not refused), then closed by CONNECTION_DEADLINE (10 s)
+    // in waitroom-runtime's admin loop, not left open for ever.
+    assert!(
+        held >= Duration::from_secs(2) && held < Duration::from_secs(15),
+        "closed after {held:?}"
+    );
 }
