@@ -158,6 +158,29 @@ fn check_refuses_an_admin_listener_off_loopback_without_a_token() {
 }
 
 #[test]
+fn check_refuses_a_state_dir_others_may_write() {
+    let dir = TempDir::new("state-shm");
+    let origin: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let out = check(dir.path(), "shm", &config(dir.path(), origin, ""));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "--check accepted it: {stderr}");
+    assert!(
+        stderr.contains("node.state_dir") && stderr.contains(&state.display().to_string()),
+        "{stderr}"
+    );
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = check(dir.path(), "private", &config(dir.path(), origin, ""));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn a_planted_cookie_key_is_refused_at_start() {
     let dir = TempDir::new("planted-key");
     let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();

@@ -89,6 +89,45 @@ pub fn prepare(dir: &Path) -> Result<(), StateFileError> {
     check_dir(dir, &meta)
 }
 
+/// What `--check` can say without changing anything: an existing `dir`
+/// that the node would refuse at start (not its own, or others may write
+/// it), and an existing cookie key in it that would be refused. A missing
+/// directory is fine (start makes it).
+pub fn check(dir: &Path) -> Result<(), StateFileError> {
+    let meta = match std::fs::metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(dir)(e)),
+    };
+    if !meta.is_dir() {
+        return Err(StateFileError::NotADirectory {
+            path: dir.to_owned(),
+        });
+    }
+    let us = euid();
+    if meta.uid() != us {
+        return Err(StateFileError::Owner {
+            path: dir.to_owned(),
+            owner: meta.uid(),
+            us,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(StateFileError::Mode {
+            path: dir.to_owned(),
+            mode,
+            what: "create and replace files in it",
+            want: 0o700,
+        });
+    }
+    let key = dir.join(crate::keys::KEY_FILE);
+    if let Some(file) = open_existing(&key, false)? {
+        check_private(&file, &key)?;
+    }
+    Ok(())
+}
+
 fn check_dir(dir: &Path, meta: &std::fs::Metadata) -> Result<(), StateFileError> {
     if !meta.is_dir() {
         return Err(StateFileError::NotADirectory {
@@ -262,8 +301,11 @@ mod tests {
     #[test]
     fn a_directory_others_may_write_is_refused() {
         let dir = scratch("shm");
+        check(&dir).unwrap();
         prepare(&dir).unwrap();
+        check(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(matches!(check(&dir), Err(StateFileError::Mode { .. })));
         let err = prepare(&dir).unwrap_err();
         assert!(matches!(err, StateFileError::Mode { .. }), "{err}");
         assert!(err.to_string().contains(&dir.display().to_string()));
