@@ -1,13 +1,15 @@
 //! The node with its XDP program, end to end (privileged): `waitroom-edge`
 //! attaches to the host end of a veth pair the test made, visitors connect
 //! from inside the namespace, the node's metrics show what the kernel counted,
-//! the admin listener's deny list drops a source before it costs a socket,
-//! and a stopped node leaves no program behind.
+//! the admin listener's deny list drops a source before it costs a socket
+//! (changed only with the admin token, and kept across a restart), and a
+//! stopped node leaves no program behind.
 //!
 //! Skips, saying why, when not run as root.
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, SocketAddrV4, TcpStream},
+    os::unix::fs::PermissionsExt as _,
     process::Command,
     time::{Duration, Instant},
 };
@@ -18,6 +20,9 @@ use waitroom_tests::{
     procs::{TempDir, free_port, start_origin},
     require_root,
 };
+
+/// The admin bearer token the test's node reads from its token file.
+const TOKEN: &str = "a7e3b1c4d5f60718293a4b5c6d7e8f90";
 
 /// One HTTP request over a fresh connection from inside the namespace.
 fn visit_from_inside(ns: &NetNs, to: SocketAddr) -> std::io::Result<String> {
@@ -49,6 +54,9 @@ fn node_counts_connections_in_the_kernel_and_its_deny_list_drops_sources() {
     let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
     let port = free_port().unwrap();
     let listen = SocketAddr::V4(SocketAddrV4::new(ns.host_addr(), port));
+    let token_file = dir.path().join("admin.token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let config = format!(
         r#"[node]
 id = "xdp-node"
@@ -56,6 +64,7 @@ listen = "{listen}"
 admin_listen = "127.0.0.1:0"
 workers = 1
 counters_path = "{counters}"
+admin_token_file = "{token}"
 
 [xdp]
 interface = "{interface}"
@@ -68,6 +77,7 @@ total_active_users = 100
 new_users_per_minute = 100
 "#,
         counters = dir.path().join("counters.shm").display(),
+        token = token_file.display(),
         interface = ns.host_if(),
     );
     let mut edge = Edge::start(dir.path(), "edge", &config).unwrap();
@@ -112,11 +122,16 @@ new_users_per_minute = 100
     // Deny the namespace's address: its connection attempts die in XDP.
     let admin = client();
     let prefix = format!("{}/32", ns.peer_addr());
-    let resp = admin
-        .post(&edge.admin_url(&format!("/deny?prefix={prefix}")))
-        .send_empty()
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
+    let post = |edge: &Edge, query: &str, token: Option<&str>| {
+        let mut req = admin.post(&edge.admin_url(&format!("/deny?{query}")));
+        if let Some(t) = token {
+            req = req.header("Authorization", &format!("Bearer {t}"));
+        }
+        req.send_empty().unwrap().status().as_u16()
+    };
+    let deny_query = format!("prefix={prefix}");
+    assert_eq!(post(&edge, &deny_query, None), 401, "no token, no change");
+    assert_eq!(post(&edge, &deny_query, Some(TOKEN)), 200);
     assert!(
         visit_from_inside(&ns, listen).is_err(),
         "a denied source got through"
@@ -125,8 +140,38 @@ new_users_per_minute = 100
     let rows: serde_json::Value = serde_json::from_str(&list).unwrap();
     assert_eq!(rows[0]["prefix"], prefix.as_str(), "{list}");
     assert!(rows[0]["dropped_packets"].as_u64().unwrap() >= 1, "{list}");
+
+    // A restart keeps the entry: it is in the state dir and applied again
+    // when the program attaches.
+    let status = edge.proc.terminate(Duration::from_secs(10)).expect("exit");
+    assert!(status.success(), "{status:?}");
+    let persisted = std::fs::read_to_string(dir.path().join("deny.list")).unwrap();
+    assert!(persisted.lines().any(|l| l == prefix), "{persisted}");
+    edge = Edge::start(dir.path(), "edge-restarted", &config).unwrap();
+    let list = get_text(&edge.admin_url("/deny"));
+    let rows: serde_json::Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(rows[0]["prefix"], prefix.as_str(), "after restart: {list}");
+    assert!(
+        visit_from_inside(&ns, listen).is_err(),
+        "a denied source got through after a restart"
+    );
+
+    // Too broad without force, or host bits set: refused, nothing changes.
+    assert_eq!(post(&edge, "prefix=0.0.0.0/0", Some(TOKEN)), 400);
+    assert_eq!(post(&edge, "prefix=10.1.2.3/8", Some(TOKEN)), 400);
+    let list = get_text(&edge.admin_url("/deny"));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&list)
+            .unwrap()
+            .as_array()
+            .map(Vec::len),
+        Some(1),
+        "{list}"
+    );
+
     let resp = admin
         .delete(&edge.admin_url(&format!("/deny?prefix={prefix}")))
+        .header("Authorization", &format!("Bearer {TOKEN}"))
         .call()
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
@@ -135,11 +180,12 @@ new_users_per_minute = 100
             .unwrap()
             .starts_with("HTTP/1.1 200")
     );
-    let bad = admin
-        .post(&edge.admin_url("/deny?prefix=not-an-ip"))
-        .send_empty()
-        .unwrap();
-    assert_eq!(bad.status().as_u16(), 400);
+    assert_eq!(post(&edge, "prefix=not-an-ip", Some(TOKEN)), 400);
+    let persisted = std::fs::read_to_string(dir.path().join("deny.list")).unwrap();
+    assert!(
+        !persisted.contains(&prefix),
+        "removal persisted: {persisted}"
+    );
 
     // A clean stop detaches the program.
     let status = edge.proc.terminate(Duration::from_secs(10)).expect("exit");

@@ -44,6 +44,19 @@ pub enum AggregatorError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(
+        "admin_listen {addr}: not a loopback address; the aggregator's admin listener has no authentication, so bind it to 127.0.0.1 or ::1 (and scrape through a tunnel or a local agent)"
+    )]
+    AdminNotLoopback { addr: SocketAddr },
+}
+
+/// The rule `--check` and start share: the admin listener (status and
+/// metrics, no token) stays on loopback, as the node's does without a token.
+pub fn check_admin_listen(admin_listen: Option<SocketAddr>) -> Result<(), AggregatorError> {
+    match admin_listen {
+        Some(addr) if !addr.ip().is_loopback() => Err(AggregatorError::AdminNotLoopback { addr }),
+        _ => Ok(()),
+    }
 }
 
 /// Why a reloaded configuration was refused; the running one stays.
@@ -77,6 +90,7 @@ impl Aggregator {
     /// production; a driven one lets a test age reports, depart silent nodes
     /// and cross minutes without waiting for them.
     pub async fn start(config: AggregatorConfig, clock: Clock) -> Result<Self, AggregatorError> {
+        check_admin_listen(config.admin_listen)?;
         let server_config = tls::server_config(&config.tls)?;
         let mut cluster = cluster::Cluster::new(config.rooms.clone(), config.node_timeout_ms);
         restore(&mut cluster, &config.snapshot_path, clock.now());
@@ -300,6 +314,15 @@ async fn write_snapshot(shared: &Arc<server::Shared>, path: &std::path::Path) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_admin_listener_stays_on_loopback() {
+        assert!(super::check_admin_listen(None).is_ok());
+        assert!(super::check_admin_listen(Some("127.0.0.1:9300".parse().unwrap())).is_ok());
+        assert!(super::check_admin_listen(Some("[::1]:9300".parse().unwrap())).is_ok());
+        let err = super::check_admin_listen(Some("0.0.0.0:9300".parse().unwrap())).unwrap_err();
+        assert!(err.to_string().contains("loopback"), "{err}");
+    }
+
     use std::{path::Path, time::Duration};
 
     use waitroom_common::{

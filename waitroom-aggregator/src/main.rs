@@ -86,6 +86,8 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Run) | None => {
             let config = AggregatorConfig::load(&cli.config)?;
             if cli.check {
+                waitroom_aggregator::check_admin_listen(config.admin_listen)
+                    .with_context(|| cli.config.display().to_string())?;
                 tls::check(&config.tls)
                     .with_context(|| format!("{}: ca/cert/key", cli.config.display()))?;
                 println!(

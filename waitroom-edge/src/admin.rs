@@ -1,9 +1,25 @@
-//! The admin listener: Prometheus metrics and status, for operators only.
+//! The admin listener: Prometheus metrics, status and the XDP deny list, for
+//! operators only.
 //!
-//! Bind it to loopback; it is not meant to face visitors.
-use std::{fmt::Write as _, sync::Arc, sync::atomic::Ordering::Relaxed};
+//! Safe by default, as nginx's `stub_status` behind `allow 127.0.0.1` and
+//! HAProxy's stats socket are: the listener is loopback unless
+//! `node.admin_token_file` is set (the config is refused otherwise, by
+//! `--check` too). Changing the deny list always needs the token
+//! (`Authorization: Bearer …`, compared in constant time), and without a
+//! token file it is refused outright: anyone on the machine can reach
+//! loopback. Off loopback every request but `/healthz` needs the token.
+//! Requests are bounded by the shared listener loop (a connection cap and a
+//! deadline per connection, `waitroom_runtime::admin`).
+use std::{
+    fmt::Write as _,
+    io::Read as _,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    sync::atomic::Ordering::Relaxed,
+};
 
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use waitroom_runtime::{
@@ -12,18 +28,144 @@ use waitroom_runtime::{
     shutdown::Shutdown,
 };
 
-use crate::{metrics, node::Node};
+use crate::{config::NodeSection, metrics, node::Node, xdp};
+
+/// Shortest token accepted: 16 bytes (`openssl rand -hex 16` gives 32).
+const MIN_TOKEN_BYTES: usize = 16;
+
+/// Why the admin token could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("node.admin_token_file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "node.admin_token_file {path}: mode {mode:04o} lets every user read the token (chmod 0600 or 0640 it)"
+    )]
+    Readable { path: PathBuf, mode: u32 },
+    #[error(
+        "node.admin_token_file {path}: the token is {len} bytes; use at least {MIN_TOKEN_BYTES} (`openssl rand -hex 32`)"
+    )]
+    Short { path: PathBuf, len: usize },
+}
+
+/// The configuration rule, checked when the file is parsed (so `--check`
+/// refuses it too): an admin listener off loopback needs a token file.
+pub fn check_listen(node: &NodeSection) -> Result<(), String> {
+    match node.admin_listen {
+        Some(addr) if !addr.ip().is_loopback() && node.admin_token_file.is_none() => Err(format!(
+            "{addr} is not a loopback address; the admin listener changes the XDP deny list, so off loopback it needs node.admin_token_file (or bind it to 127.0.0.1)"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Who may do what on the admin listener.
+#[derive(Clone)]
+pub struct AdminAuth {
+    /// SHA-256 of the token: comparing digests in constant time hides the
+    /// token's length as well as its bytes.
+    token: Option<[u8; 32]>,
+    /// Whether the listener is on loopback: there, reading needs no token.
+    loopback: bool,
+}
+
+impl std::fmt::Debug for AdminAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminAuth")
+            .field("token", &self.token.map(|_| "<redacted>"))
+            .field("loopback", &self.loopback)
+            .finish()
+    }
+}
+
+impl AdminAuth {
+    /// Reads `node.admin_token_file` if set (start and `--check`).
+    pub fn load(node: &NodeSection) -> Result<Self, AdminError> {
+        let loopback = node
+            .admin_listen
+            .is_none_or(|a: SocketAddr| a.ip().is_loopback());
+        let token = match &node.admin_token_file {
+            Some(path) => Some(read_token(path)?),
+            None => None,
+        };
+        Ok(Self { token, loopback })
+    }
+
+    /// Whether `req` carries the token.
+    fn authorized<B>(&self, req: &Request<B>) -> bool {
+        let Some(expected) = &self.token else {
+            return false;
+        };
+        let Some(given) = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+        else {
+            return false;
+        };
+        let given = ring::digest::digest(&ring::digest::SHA256, given.trim().as_bytes());
+        // Constant time: every byte is compared, whatever differs first.
+        given
+            .as_ref()
+            .iter()
+            .zip(expected)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
+
+fn read_token(path: &Path) -> Result<[u8; 32], AdminError> {
+    use std::os::unix::fs::MetadataExt as _;
+    let read = |source| AdminError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = std::fs::File::open(path).map_err(read)?;
+    let mode = file.metadata().map_err(read)?.mode() & 0o7777;
+    if mode & 0o004 != 0 {
+        return Err(AdminError::Readable {
+            path: path.to_owned(),
+            mode,
+        });
+    }
+    let mut text = String::new();
+    file.by_ref()
+        .take(4096)
+        .read_to_string(&mut text)
+        .map_err(read)?;
+    let token = text.trim();
+    if token.len() < MIN_TOKEN_BYTES {
+        return Err(AdminError::Short {
+            path: path.to_owned(),
+            len: token.len(),
+        });
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest.as_ref());
+    Ok(out)
+}
 
 /// Serves the node's admin endpoints until shutdown.
-pub async fn serve(listener: TcpListener, node: Arc<Node>, shutdown: Shutdown) {
-    serve_with(listener, node, shutdown, |node, req| async move {
-        route(&node, req).await
+pub async fn serve(listener: TcpListener, node: Arc<Node>, auth: AdminAuth, shutdown: Shutdown) {
+    let auth = Arc::new(auth);
+    serve_with(listener, node, shutdown, move |node, req| {
+        let auth = Arc::clone(&auth);
+        async move { route(&node, &auth, req).await }
     })
     .await;
 }
 
-async fn route(node: &Node, req: Request<Incoming>) -> Response<Body> {
-    match req.uri().path() {
+async fn route(node: &Node, auth: &AdminAuth, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path();
+    if path != "/healthz" && !auth.loopback && !auth.authorized(&req) {
+        return unauthorized();
+    }
+    match path {
         "/metrics" => text(
             StatusCode::OK,
             "text/plain; version=0.0.4",
@@ -35,22 +177,83 @@ async fn route(node: &Node, req: Request<Incoming>) -> Response<Body> {
             "application/json",
             serde_json::to_string_pretty(&status(node)).unwrap_or_default(),
         ),
-        "/deny" => deny(node, &req),
+        "/deny" => deny(node, auth, &req),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }
 
+fn unauthorized() -> Response<Body> {
+    let mut resp = text(
+        StatusCode::UNAUTHORIZED,
+        "text/plain",
+        "this needs the admin token: Authorization: Bearer <node.admin_token_file>\n".into(),
+    );
+    resp.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"waitroom-admin\""),
+    );
+    resp
+}
+
+/// What a deny-list change asks for: `prefix=P` and optionally `force=true`.
+#[derive(Debug, PartialEq, Eq)]
+struct DenyRequest {
+    prefix: xdp::IpPrefix,
+    force: bool,
+}
+
+impl DenyRequest {
+    /// Parses the query; the error is the response text.
+    fn parse(query: &str) -> Result<Self, String> {
+        let mut prefix = None;
+        let mut force = false;
+        for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+            match kv.split_once('=').unwrap_or((kv, "")) {
+                ("prefix", p) => prefix = Some(p),
+                ("force", "true" | "1") => force = true,
+                ("force", "false" | "0") => force = false,
+                (k, v) => {
+                    return Err(format!(
+                        "unknown parameter {k}={v} (use prefix= and force=true)"
+                    ));
+                }
+            }
+        }
+        let prefix: xdp::IpPrefix = prefix
+            .ok_or("missing prefix= (for example prefix=192.0.2.0/24)")?
+            .parse()
+            .map_err(|e| format!("prefix: {e}"))?;
+        Ok(Self { prefix, force })
+    }
+}
+
 /// The XDP deny list: `GET /deny` lists prefixes with their drop counts,
-/// `POST /deny?prefix=P` adds one, `DELETE /deny?prefix=P` removes one.
-fn deny(node: &Node, req: &Request<Incoming>) -> Response<Body> {
-    let guard = node.xdp.as_ref().map(|x| Arc::clone(&x.guard));
-    let Some(guard) = guard else {
+/// `POST /deny?prefix=P` adds one, `DELETE /deny?prefix=P` removes one. A
+/// prefix shorter than /8 (IPv4) or /32 (IPv6) needs `&force=true`.
+/// Changes need the token and are written to the state directory.
+fn deny(node: &Node, auth: &AdminAuth, req: &Request<Incoming>) -> Response<Body> {
+    let changing = matches!(
+        *req.method(),
+        http::Method::POST | http::Method::PUT | http::Method::DELETE
+    );
+    if changing && auth.token.is_none() {
+        return text(
+            StatusCode::FORBIDDEN,
+            "text/plain",
+            "changing the deny list needs node.admin_token_file to be set\n".into(),
+        );
+    }
+    if changing && !auth.authorized(req) {
+        return unauthorized();
+    }
+    let Some(x) = node.xdp.as_ref() else {
         return text(
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
             "the XDP program is not attached on this node (see the warning at start)\n".into(),
         );
     };
+    let guard = &x.guard;
     if req.method() == http::Method::GET {
         return match guard.deny_list() {
             Ok(list) => {
@@ -71,52 +274,71 @@ fn deny(node: &Node, req: &Request<Incoming>) -> Response<Body> {
             ),
         };
     }
-    let prefix = req
-        .uri()
-        .query()
-        .unwrap_or_default()
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("prefix="))
-        .unwrap_or_default();
-    let prefix: crate::xdp::IpPrefix = match prefix.parse() {
-        Ok(p) => p,
-        Err(err) => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                "text/plain",
-                format!("prefix: {err}\n"),
-            );
-        }
-    };
-    let result = match *req.method() {
-        http::Method::POST | http::Method::PUT => {
-            guard.deny(prefix).map(|()| format!("denied {prefix}\n"))
-        }
-        http::Method::DELETE => guard.allow(prefix).map(|was| {
+    if !changing {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "use GET, POST or DELETE\n".into(),
+        );
+    }
+    let DenyRequest { prefix, force } =
+        match DenyRequest::parse(req.uri().query().unwrap_or_default()) {
+            Ok(r) => r,
+            Err(msg) => return text(StatusCode::BAD_REQUEST, "text/plain", format!("{msg}\n")),
+        };
+    let result = if req.method() == http::Method::DELETE {
+        guard.allow(prefix).map(|was| {
             if was {
                 format!("allowed {prefix}\n")
             } else {
                 format!("{prefix} was not denied\n")
             }
-        }),
-        _ => {
+        })
+    } else {
+        if prefix.is_broad() && !force {
             return text(
-                StatusCode::METHOD_NOT_ALLOWED,
+                StatusCode::BAD_REQUEST,
                 "text/plain",
-                "use GET, POST or DELETE\n".into(),
+                format!(
+                    "{prefix} is shorter than /{} and would drop a large part of the Internet (your own SSH session too, perhaps); add &force=true if you mean it\n",
+                    if prefix.addr().is_ipv4() {
+                        xdp::IpPrefix::BROAD_V4
+                    } else {
+                        xdp::IpPrefix::BROAD_V6
+                    }
+                ),
+            );
+        }
+        guard.deny(prefix).map(|()| format!("denied {prefix}\n"))
+    };
+    let msg = match result {
+        Ok(msg) => msg,
+        Err(err) => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                format!("{err}\n"),
             );
         }
     };
-    match result {
-        Ok(msg) => {
-            tracing::info!(%prefix, method = %req.method(), "deny list changed");
-            text(StatusCode::OK, "text/plain", msg)
+    tracing::info!(%prefix, force, method = %req.method(), "deny list changed");
+    let saved = guard
+        .deny_list()
+        .map_err(|e| e.to_string())
+        .and_then(|list| {
+            let prefixes: Vec<xdp::IpPrefix> = list.into_iter().map(|(p, _)| p).collect();
+            xdp::deny_file::save(&x.deny_file, &prefixes).map_err(|e| e.to_string())
+        });
+    match saved {
+        Ok(()) => text(StatusCode::OK, "text/plain", msg),
+        Err(err) => {
+            tracing::error!(%err, "deny list changed but not saved; it is lost at restart");
+            text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                format!("{msg}but not saved (lost at restart): {err}\n"),
+            )
         }
-        Err(err) => text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "text/plain",
-            format!("{err}\n"),
-        ),
     }
 }
 
@@ -348,4 +570,82 @@ fn status(node: &Node) -> serde_json::Value {
         })
     });
     serde_json::json!({ "node": node.id, "colo": node.colo, "rooms": rooms, "gossip": gossip })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(text: &str) -> NodeSection {
+        toml::from_str(&format!("id = \"t\"\nlisten = \"127.0.0.1:0\"\n{text}")).unwrap()
+    }
+
+    #[test]
+    fn off_loopback_needs_a_token_file() {
+        assert!(check_listen(&node("")).is_ok());
+        assert!(check_listen(&node("admin_listen = \"127.0.0.1:9090\"")).is_ok());
+        assert!(check_listen(&node("admin_listen = \"[::1]:9090\"")).is_ok());
+        let err = check_listen(&node("admin_listen = \"0.0.0.0:9090\"")).unwrap_err();
+        assert!(err.contains("admin_token_file"), "{err}");
+        assert!(check_listen(&node("admin_listen = \"192.0.2.1:9090\"")).is_err());
+        assert!(
+            check_listen(&node(
+                "admin_listen = \"0.0.0.0:9090\"\nadmin_token_file = \"/etc/waitroom/admin.token\""
+            ))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn the_token_is_checked_whole() {
+        let dir = std::env::temp_dir().join(format!("wr-admin-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("token");
+        std::fs::write(&path, "0123456789abcdef0123\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let auth =
+            AdminAuth::load(&node(&format!("admin_token_file = \"{}\"", path.display()))).unwrap();
+        let with = |v: &str| {
+            Request::builder()
+                .header(header::AUTHORIZATION, v)
+                .body(())
+                .unwrap()
+        };
+        assert!(auth.authorized(&with("Bearer 0123456789abcdef0123")));
+        assert!(!auth.authorized(&with("Bearer 0123456789abcdef012")));
+        assert!(!auth.authorized(&with("Bearer 0123456789abcdef01234")));
+        assert!(!auth.authorized(&with("Basic 0123456789abcdef0123")));
+        assert!(!auth.authorized(&Request::new(())));
+
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = AdminAuth::load(&node(&format!("admin_token_file = \"{}\"", path.display())))
+            .unwrap_err();
+        assert!(matches!(err, AdminError::Readable { .. }), "{err}");
+        std::fs::write(&path, "short").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let err = AdminAuth::load(&node(&format!("admin_token_file = \"{}\"", path.display())))
+            .unwrap_err();
+        assert!(matches!(err, AdminError::Short { len: 5, .. }), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn deny_requests() {
+        let r = DenyRequest::parse("prefix=192.0.2.0/24").unwrap();
+        assert_eq!(r.prefix.to_string(), "192.0.2.0/24");
+        assert!(!r.force);
+        assert!(
+            DenyRequest::parse("prefix=0.0.0.0/0&force=true")
+                .unwrap()
+                .force
+        );
+        assert!(DenyRequest::parse("").is_err());
+        assert!(
+            DenyRequest::parse("prefix=10.1.2.3/8")
+                .unwrap_err()
+                .contains("host bits")
+        );
+        assert!(DenyRequest::parse("prefix=10.0.0.0/8&forse=true").is_err());
+    }
 }

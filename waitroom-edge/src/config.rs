@@ -30,15 +30,27 @@ pub struct NodeSection {
     /// Optional TLS listener (HTTP/1.1 and HTTP/2 via ALPN).
     #[serde(default)]
     pub tls: Option<TlsSection>,
-    /// Loopback-only admin listener: metrics, status, deny list.
+    /// Admin listener: metrics, status, deny list. Loopback unless
+    /// `admin_token_file` is set (see `crate::admin`).
     #[serde(default)]
     pub admin_listen: Option<SocketAddr>,
+    /// A file holding the admin bearer token. Changing the deny list always
+    /// needs it; an `admin_listen` off loopback needs it for every request.
+    #[serde(default)]
+    pub admin_token_file: Option<PathBuf>,
+    /// The directory the node owns for its private files: the cookie key it
+    /// makes without `cookie_keys`, the counters, the persisted deny list.
+    /// Default: `counters_path`'s directory when that is set (older
+    /// configs), else `/var/lib/waitroom` (the unit's `StateDirectory=`).
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
     /// Worker threads; 0 means one per core.
     #[serde(default)]
     pub workers: usize,
-    /// Shared-memory file holding the node counters (survives restarts).
-    #[serde(default = "default_counters_path")]
-    pub counters_path: PathBuf,
+    /// The file holding the node counters (survives restarts); default
+    /// `edge.counters` in the state directory. See [`Self::counters_file`].
+    #[serde(default)]
+    pub counters_path: Option<PathBuf>,
     /// Open connections per worker (nginx `worker_connections`, HAProxy
     /// `maxconn`). At the limit the oldest idle connection is closed for each
     /// new one (nginx does the same with keep-alive connections); with none
@@ -152,6 +164,27 @@ impl NodeSection {
         }
         Ok(())
     }
+
+    /// The state directory: see the field's docs.
+    #[must_use]
+    pub fn state_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.state_dir {
+            return dir.clone();
+        }
+        match self.counters_path.as_deref().and_then(Path::parent) {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+            _ => PathBuf::from("/var/lib/waitroom"),
+        }
+    }
+
+    /// Where the counters live: `counters_path`, or `edge.counters` in the
+    /// state directory.
+    #[must_use]
+    pub fn counters_file(&self) -> PathBuf {
+        self.counters_path
+            .clone()
+            .unwrap_or_else(|| self.state_dir().join("edge.counters"))
+    }
 }
 
 /// TLS listener settings.
@@ -182,9 +215,6 @@ impl std::fmt::Debug for CookieKey {
 
 fn default_colo() -> String {
     "local".into()
-}
-fn default_counters_path() -> PathBuf {
-    "/dev/shm/waitroom-edge.counters".into()
 }
 fn default_max_connections() -> usize {
     10_000
@@ -271,6 +301,8 @@ impl EdgeConfig {
                     .map_err(|e| file.invalid(format!("rooms[{index}].{}", e.field), e.problem))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        crate::admin::check_listen(&raw.node)
+            .map_err(|problem| file.invalid("node.admin_listen", problem))?;
         if let Some(gossip) = &raw.aggregator {
             gossip
                 .validate()

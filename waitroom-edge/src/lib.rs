@@ -10,7 +10,8 @@
 //! # Layout
 //! Start-up, in the order it runs:
 //! - [`config`]: the TOML file ([`config::EdgeConfig`]) and its validation.
-//! - [`counters`]: the node counters in a shared-memory file (they survive restarts).
+//! - [`counters`]: the node counters in a mapped file (they survive restarts).
+//! - [`state_dir`]: the directory the node owns and its private files.
 //! - [`keys`]: the cookie keys tickets are sealed with.
 //! - [`node`]: [`node::Node`], everything the workers share, and the rooms'
 //!   state refresh (global world or local-only share).
@@ -50,6 +51,7 @@ pub mod queue_page;
 pub mod reload;
 pub mod rooms;
 pub mod start;
+pub mod state_dir;
 pub mod stats;
 pub mod target;
 pub mod upstream;

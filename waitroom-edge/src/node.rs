@@ -141,6 +141,8 @@ pub struct NodeXdp {
     pub guard: Arc<xdp::XdpGuard>,
     /// Its telemetry, read every second off the request path.
     pub telemetry: Arc<xdp_signal::Telemetry>,
+    /// Where the admin listener keeps the deny list across restarts.
+    pub deny_file: std::path::PathBuf,
 }
 
 /// Everything the workers share: settings, rooms, counters, keys, metrics.
@@ -173,7 +175,7 @@ pub struct Node {
     /// Each room's share as last persisted, from an earlier run: what the
     /// node goes by until the aggregator answers.
     restored_shares: Vec<Option<f64>>,
-    /// Where shares are kept across restarts (beside the counters).
+    /// Where shares are kept across restarts (in the state directory).
     shares_path: std::path::PathBuf,
     /// What a room without any share to go by does.
     cold_start: ColdStart,
@@ -195,7 +197,7 @@ pub struct NodeParts {
 impl Node {
     pub fn new(config: &EdgeConfig, parts: NodeParts) -> anyhow::Result<Self> {
         let now = parts.clock.now();
-        let shares_path = config.node.counters_path.with_extension("shares");
+        let shares_path = config.node.state_dir().join("shares.json");
         let restored = read_shares(&shares_path);
         Ok(Self {
             settings: Settings::from_node(&config.node),

@@ -1,7 +1,7 @@
 //! Start-up as named steps, and the running node's lifetime.
 //!
-//! [`start`] goes: bind the listeners → open the counters → load the cookie
-//! keys → build the rooms → start the background services (XDP, gossip) →
+//! [`start`] goes: bind the listeners → make the state directory private →
+//! open the counters → load the cookie keys → build the rooms → start the background services (XDP, gossip) →
 //! make the [`Node`] → start the control tasks (state refresh, health checks,
 //! admin, signals) → start the workers. Each step names what failed.
 //! [`run`] is what the binary calls: start, say ready, wait for SIGTERM, drain.
@@ -23,7 +23,7 @@ use crate::{
     http::{self, ListenerSpec},
     keys,
     node::{Node, NodeParts, NodeXdp, RoomRuntime},
-    upstream, xdp, xdp_signal,
+    state_dir, upstream, xdp, xdp_signal,
 };
 
 /// How a node is started besides its configuration.
@@ -126,9 +126,13 @@ pub fn run(config: EdgeConfig, config_path: &std::path::Path) -> anyhow::Result<
 pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
     let clock = options.clock;
     let (listeners, addresses, https_cert) = bind_listeners(&config)?;
+    let admin_auth = admin::AdminAuth::load(&config.node)?;
+    let state_dir = config.node.state_dir();
+    state_dir::prepare(&state_dir).context("node.state_dir")?;
+    let counters_file = config.node.counters_file();
     let counters = Arc::new(
         SharedCounters::open(
-            &config.node.counters_path,
+            &counters_file,
             &config
                 .rooms
                 .iter()
@@ -137,8 +141,8 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
         )
         .with_context(|| {
             format!(
-                "opening node.counters_path {}",
-                config.node.counters_path.display()
+                "opening the node counters {} (node.counters_path)",
+                counters_file.display()
             )
         })?,
     );
@@ -187,7 +191,12 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
                 .block_on(tokio::net::TcpListener::bind(addr))
                 .with_context(|| format!("binding node.admin_listen {addr}"))?;
             let bound = listener.local_addr()?;
-            control.spawn(admin::serve(listener, Arc::clone(&node), shutdown.clone()));
+            control.spawn(admin::serve(
+                listener,
+                Arc::clone(&node),
+                admin_auth,
+                shutdown.clone(),
+            ));
             Some(bound)
         }
         None => None,
@@ -330,12 +339,21 @@ fn attach_xdp(config: &EdgeConfig, control: &tokio::runtime::Runtime) -> Option<
         Ok(guard) => {
             let guard = Arc::new(guard);
             tracing::info!(interface = %xdp_config.interface, mode = ?guard.attach_mode(), "XDP program attached");
+            // What the admin listener denied before the restart, back again.
+            let deny_file = config.node.state_dir().join(xdp::deny_file::DENY_FILE);
+            for prefix in xdp::deny_file::load(&deny_file) {
+                match guard.deny(prefix) {
+                    Ok(()) => tracing::info!(%prefix, "persisted deny entry applied"),
+                    Err(err) => tracing::warn!(%prefix, %err, "persisted deny entry not applied"),
+                }
+            }
             let rx = control.block_on(async {
                 xdp::spawn_telemetry(Arc::clone(&guard), Duration::from_secs(1))
             });
             Some(NodeXdp {
                 guard,
                 telemetry: Arc::new(xdp_signal::Telemetry::new(rx)),
+                deny_file,
             })
         }
         Err(err) => {
@@ -437,9 +455,19 @@ fn spawn_state_refresh(
             Some(world) => world.changed().await,
             None => std::future::pending().await,
         };
+        let mut truncation_told = false;
         loop {
             tokio::select! {
-                _ = tick.tick() => node.refresh_states(&mut rates),
+                _ = tick.tick() => {
+                    node.refresh_states(&mut rates);
+                    if !truncation_told && node.counters.truncated() {
+                        truncation_told = true;
+                        tracing::error!(
+                            file = node.counters.path(),
+                            "the counters file was truncated underneath the node; serving on with counts in memory from zero (restart to keep them in a file again)"
+                        );
+                    }
+                }
                 () = changed() => node.refresh_states(&mut rates),
                 () = now.notified() => node.refresh_states(&mut rates),
                 _ = keep_shares.tick(), if world

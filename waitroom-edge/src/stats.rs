@@ -12,7 +12,7 @@ use crate::{config::EdgeConfig, counters::SharedCounters};
 
 /// A table of every configured room's counters for the current minute.
 pub fn render(config: &EdgeConfig) -> anyhow::Result<String> {
-    let path = &config.node.counters_path;
+    let path = &config.node.counters_file();
     let counters = SharedCounters::open_existing(path).with_context(|| {
         format!(
             "reading the node counters (is node.counters_path {} right?)",

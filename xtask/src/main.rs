@@ -7,6 +7,7 @@
 //! - `demo`: a waitroom node in front of a demo origin, on loopback.
 //! - `certs`: a development CA and gossip certificates for the aggregator and nodes.
 //! - `simulate`: the real engine in seeded virtual time (accuracy, fairness).
+//! - `fuzz`: the cargo-fuzz targets, for longer than `test` runs them.
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
@@ -16,6 +17,7 @@ mod certs;
 mod cmd;
 mod demo;
 mod demo_traffic;
+mod fuzz;
 mod install;
 mod package;
 mod setup;
@@ -49,6 +51,7 @@ enum Verb {
     Certs(certs::Args),
     /// Drive the real engine in seeded virtual time: accuracy scenarios and the fairness heatmaps.
     Simulate(simulate::Args),
+    Fuzz(fuzz::Args),
 }
 
 fn main() -> Result<()> {
@@ -62,5 +65,6 @@ fn main() -> Result<()> {
         Verb::Demo(args) => demo::run(&args),
         Verb::Certs(args) => certs::run(&args),
         Verb::Simulate(args) => simulate::run(&args),
+        Verb::Fuzz(args) => fuzz::run(&args),
     }
 }

@@ -12,6 +12,8 @@ use crate::cmd::{self, output, step};
 
 /// The bpf-linker release that works with the image's nightly (LLVM 22 inside rustc).
 const BPF_LINKER_VERSION: &str = "0.10.0";
+/// The cargo-fuzz release `cargo xtask fuzz` and `test` drive.
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 /// Debian packages the tests and the demo use; `(package, why)`.
 pub const TEST_PACKAGES: &[(&str, &str)] = &[
@@ -44,6 +46,7 @@ pub fn ensure_all(extra: &[(&str, &str)]) -> Result<()> {
     ensure_nightly()?;
     ensure_rust_src()?;
     ensure_bpf_linker()?;
+    ensure_cargo_fuzz()?;
     let mut packages: Vec<(&str, &str)> = TEST_PACKAGES.to_vec();
     packages.extend_from_slice(extra);
     ensure_debian_packages(&packages)?;
@@ -114,6 +117,31 @@ fn ensure_bpf_linker() -> Result<()> {
     .map_err(|e| {
         e.context(format!(
             "step 'bpf-linker' failed: run `cargo install bpf-linker@{BPF_LINKER_VERSION} --locked` by hand and read its error (newer versions need a system libLLVM that Debian 12 does not ship)"
+        ))
+    })
+}
+
+fn ensure_cargo_fuzz() -> Result<()> {
+    step(&format!(
+        "checking for cargo-fuzz {CARGO_FUZZ_VERSION} (the fuzz targets in fuzz/)"
+    ));
+    let version = output(Command::new("cargo").args(["fuzz", "--version"])).unwrap_or_default();
+    if version.contains(CARGO_FUZZ_VERSION) {
+        println!("    {}", version.trim());
+        return Ok(());
+    }
+    cmd::run(
+        &format!("installing cargo-fuzz {CARGO_FUZZ_VERSION} from crates.io (about 2 min)"),
+        cmd::cargo().args([
+            "install",
+            &format!("cargo-fuzz@{CARGO_FUZZ_VERSION}"),
+            "--locked",
+            "--force",
+        ]),
+    )
+    .map_err(|e| {
+        e.context(format!(
+            "step 'cargo-fuzz' failed: run `cargo install cargo-fuzz@{CARGO_FUZZ_VERSION} --locked` by hand and read its error"
         ))
     })
 }

@@ -4,7 +4,8 @@
 //! clippy on the eBPF crate for the BPF target → build the binaries the
 //! integration tests start → staged install → as root: the Debian packages
 //! booted under systemd-nspawn (`boot_test`) → every unit, integration and
-//! privileged test.
+//! privileged test → each fuzz target for a bounded time (`xtask fuzz`),
+//! failing on a crash.
 //! Privileged tests (XDP, network namespaces) run when this runs as root and
 //! print why they skip otherwise.
 use std::process::Command;
@@ -18,6 +19,9 @@ pub struct Args {
     /// Skip `cargo xtask setup` (when you know the machine is ready).
     #[arg(long)]
     no_setup: bool,
+    /// Skip the bounded fuzzing runs (about 2 minutes plus their build).
+    #[arg(long)]
+    no_fuzz: bool,
     /// Extra arguments for `cargo test` (e.g. a test name filter).
     #[arg(last = true)]
     test_args: Vec<String>,
@@ -67,7 +71,40 @@ pub fn run(args: &Args) -> Result<()> {
             "    note: not root, so the privileged tests (XDP, network namespaces) will skip and say why"
         );
     }
-    let (passed, failed, ignored) = cargo_test(&args.test_args)?;
+    let (mut passed, mut failed, mut ignored) = cargo_test(
+        "cargo test (unit, integration and privileged tests)",
+        &["--workspace"],
+        &args.test_args,
+        None,
+    )?;
+    if args.test_args.is_empty() {
+        // The hostile-connections test holds visitors' p99 to 100 ms only
+        // against an optimized node (debug builds are several times slower
+        // per request): run it once more against the release binaries.
+        cmd::run(
+            "building the release binaries for the connection deadlines test",
+            cmd::cargo().args([
+                "build",
+                "--release",
+                "--package",
+                "waitroom-edge",
+                "--package",
+                "waitroom-tests",
+                "--bins",
+            ]),
+        )?;
+        let release = cmd::target_dir().join("release");
+        let (p, f, i) = cargo_test(
+            "connection deadlines against the optimized node (p99 ≤ 100 ms)",
+            &["--package", "waitroom-tests", "--test", "connections"],
+            &[],
+            Some(&release),
+        )?;
+        (passed, failed, ignored) = (passed + p, failed + f, ignored + i);
+    }
+    if failed == 0 && !args.no_fuzz {
+        crate::fuzz::run_all_bounded()?;
+    }
     if failed == 0 {
         println!(
             "==> all checks passed in {:.0}s",
@@ -84,15 +121,28 @@ pub fn run(args: &Args) -> Result<()> {
 
 /// Runs `cargo test` over the workspace, echoing its output, and adds up the
 /// `test result:` lines of every test binary.
-fn cargo_test(extra: &[String]) -> Result<(u64, u64, u64)> {
+/// With `bin_dir`, the integration tests start the binaries found there
+/// (`WAITROOM_BIN_DIR`) instead of the debug ones.
+fn cargo_test(
+    what: &str,
+    select: &[&str],
+    extra: &[String],
+    bin_dir: Option<&std::path::Path>,
+) -> Result<(u64, u64, u64)> {
     use std::io::{BufRead as _, BufReader};
-    cmd::step("cargo test (unit, integration and privileged tests)");
-    let mut child = cmd::cargo()
-        .args(["test", "--workspace", "--no-fail-fast", "--"])
+    cmd::step(what);
+    let mut command = cmd::cargo();
+    command
+        .arg("test")
+        .args(select)
+        .args(["--no-fail-fast", "--"])
         .args(extra)
         .current_dir(cmd::workspace_root())
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
+        .stdout(std::process::Stdio::piped());
+    if let Some(dir) = bin_dir {
+        command.env("WAITROOM_BIN_DIR", dir);
+    }
+    let mut child = command.spawn()?;
     let (mut passed, mut failed, mut ignored) = (0, 0, 0);
     let stdout = child.stdout.take().expect("piped stdout");
     for line in BufReader::new(stdout).lines() {

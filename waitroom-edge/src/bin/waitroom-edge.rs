@@ -63,6 +63,10 @@ fn main() -> anyhow::Result<()> {
             let config = waitroom_edge::config::load(&cli.config)?;
             if cli.check {
                 // The files the config names must load too, not just parse.
+                waitroom_edge::admin::AdminAuth::load(&config.node)
+                    .with_context(|| cli.config.display().to_string())?;
+                waitroom_edge::state_dir::check(&config.node.state_dir())
+                    .with_context(|| format!("{}: node.state_dir", cli.config.display()))?;
                 if let Some(gossip) = &config.aggregator {
                     waitroom_runtime::tls::check(&gossip.tls_files())
                         .with_context(|| format!("{}: [aggregator]", cli.config.display()))?;

@@ -91,7 +91,9 @@ pub struct SynBudget {
 }
 
 /// An IPv4 or IPv6 prefix such as `192.0.2.0/24`; a bare address is a host
-/// prefix. Bits beyond the prefix length are cleared.
+/// prefix. Parsed text must have its host bits clear: `10.1.2.3/8` is an
+/// error, not `10.0.0.0/8`, because an operator who typed it meant something
+/// else (a host? a /24?) and a deny list is the wrong place to guess.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct IpPrefix {
@@ -102,7 +104,17 @@ pub struct IpPrefix {
 }
 
 impl IpPrefix {
-    /// The prefix of `len` bits of `addr`, or `None` if `len` is too long.
+    /// IPv4 prefixes shorter than this are refused by the admin listener
+    /// without `force=true`: a /7 is 2^25 addresses, and `0.0.0.0/0` drops
+    /// every packet, the operator's SSH session included.
+    pub const BROAD_V4: u8 = 8;
+    /// The same for IPv6: shorter than a /32 (one regional registry's
+    /// allocation to a large network).
+    pub const BROAD_V6: u8 = 32;
+
+    /// The prefix of `len` bits that holds `addr` (host bits cleared: this is
+    /// for code that means "the network around this address"), or `None` if
+    /// `len` is too long.
     #[must_use]
     pub fn new(addr: IpAddr, len: u8) -> Option<Self> {
         let addr = match addr {
@@ -131,6 +143,18 @@ impl IpPrefix {
         self.len
     }
 
+    /// Whether the prefix is shorter than [`Self::BROAD_V4`] or
+    /// [`Self::BROAD_V6`]: too much of the Internet to drop without `force`.
+    #[must_use]
+    pub fn is_broad(&self) -> bool {
+        let limit = if self.addr.is_ipv4() {
+            Self::BROAD_V4
+        } else {
+            Self::BROAD_V6
+        };
+        self.len < limit
+    }
+
     /// Whether the prefix holds `addr`.
     #[must_use]
     pub fn contains(&self, addr: IpAddr) -> bool {
@@ -153,25 +177,46 @@ impl From<IpAddr> for IpPrefix {
 
 /// Why a string is not an [`IpPrefix`].
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("`{input}` is not an IP prefix like 192.0.2.0/24 or 2001:db8::/32")]
-pub struct IpPrefixParseError {
-    /// The text that failed to parse.
-    pub input: String,
+pub enum IpPrefixParseError {
+    #[error("`{input}` is not an IP prefix like 192.0.2.0/24 or 2001:db8::/32")]
+    Syntax {
+        /// The text that failed to parse.
+        input: String,
+    },
+    #[error("`{input}` has host bits set beyond /{len}; the network is {network}")]
+    HostBits {
+        input: String,
+        len: u8,
+        /// What the operator may have meant.
+        network: String,
+    },
 }
 
 impl FromStr for IpPrefix {
     type Err = IpPrefixParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || IpPrefixParseError {
+        let err = || IpPrefixParseError::Syntax {
             input: s.to_owned(),
         };
         match s.split_once('/') {
             None => s.parse::<IpAddr>().map(Self::from).map_err(|_| err()),
             Some((addr, len)) => {
                 let addr: IpAddr = addr.parse().map_err(|_| err())?;
+                // Digits only: `u8::from_str` would take "+8".
+                if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(err());
+                }
                 let len: u8 = len.parse().map_err(|_| err())?;
-                Self::new(addr, len).ok_or_else(err)
+                let prefix = Self::new(addr, len).ok_or_else(err)?;
+                if prefix.addr != addr {
+                    return Err(IpPrefixParseError::HostBits {
+                        input: s.to_owned(),
+                        len,
+                        network: prefix.to_string(),
+                    });
+                }
+                Ok(prefix)
             }
         }
     }
@@ -201,7 +246,7 @@ mod tests {
             interface = "enp1s0"
             mode = "skb"
             ports = [80, 443]
-            deny = ["192.0.2.7/24", "2001:db8::1/32", "198.51.100.1"]
+            deny = ["192.0.2.0/24", "2001:db8::/32", "198.51.100.1"]
             syn_budget = { rate_per_sec = 20, burst = 40 }
         "#;
         let config: XdpConfig = toml::from_str(text).unwrap();
@@ -237,7 +282,7 @@ mod tests {
 
     #[test]
     fn prefixes() {
-        let p: IpPrefix = "10.1.2.3/8".parse().unwrap();
+        let p: IpPrefix = "10.0.0.0/8".parse().unwrap();
         assert_eq!(p.to_string(), "10.0.0.0/8");
         assert!(p.contains("10.255.0.1".parse().unwrap()));
         assert!(!p.contains("11.0.0.1".parse().unwrap()));
@@ -245,10 +290,13 @@ mod tests {
         assert_eq!("0.0.0.0/0".parse::<IpPrefix>().unwrap().prefix_len(), 0);
         assert_eq!("::/0".parse::<IpPrefix>().unwrap().to_string(), "::/0");
         assert_eq!(
-            "fe80::1/10".parse::<IpPrefix>().unwrap().to_string(),
+            "fe80::/10".parse::<IpPrefix>().unwrap().to_string(),
             "fe80::/10"
         );
         for bad in [
+            "+10.0.0.0/8",
+            "10.0.0.0/+8",
+            "10.0.0.0/ 8",
             "",
             "10.0.0.0/",
             "10.0.0.0/x",
@@ -257,6 +305,48 @@ mod tests {
             "10.0.0.0/8/8",
         ] {
             assert!(bad.parse::<IpPrefix>().is_err(), "{bad}");
+        }
+        // Code may ask for the network around an address; text may not.
+        let around = IpPrefix::new("10.1.2.3".parse().unwrap(), 8).unwrap();
+        assert_eq!(around.to_string(), "10.0.0.0/8");
+    }
+
+    #[test]
+    fn host_bits_are_an_error_naming_the_network() {
+        for (input, network) in [
+            ("10.1.2.3/8", "10.0.0.0/8"),
+            ("192.0.2.7/24", "192.0.2.0/24"),
+            ("2001:db8::1/32", "2001:db8::/32"),
+            ("fe80::1/10", "fe80::/10"),
+            ("0.0.0.1/0", "0.0.0.0/0"),
+        ] {
+            let err = input.parse::<IpPrefix>().unwrap_err();
+            assert!(
+                matches!(&err, IpPrefixParseError::HostBits { network: n, .. } if n == network),
+                "{input}: {err}"
+            );
+            assert!(err.to_string().contains(network), "{err}");
+        }
+        // The same in the [xdp] table.
+        assert!(
+            toml::from_str::<XdpConfig>("interface = \"x\"\nports = []\ndeny = [\"192.0.2.7/24\"]")
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn broad_prefixes_are_marked() {
+        for (p, broad) in [
+            ("0.0.0.0/0", true),
+            ("8.0.0.0/7", true),
+            ("8.0.0.0/8", false),
+            ("192.0.2.1", false),
+            ("::/0", true),
+            ("2001:d00::/31", true),
+            ("2001:db8::/32", false),
+            ("2001:db8::1", false),
+        ] {
+            assert_eq!(p.parse::<IpPrefix>().unwrap().is_broad(), broad, "{p}");
         }
     }
 }

@@ -10,10 +10,12 @@
 //!
 //! # Layout
 //! - `config`: the `[xdp]` table ([`XdpConfig`]) and [`IpPrefix`].
+//! - [`deny_file`]: the deny list kept across restarts.
 //! - `telemetry`: [`TelemetrySnapshot`] and the once-a-second reader.
 //! - `log`: routes the program's `aya-log` records into `tracing`.
 
 mod config;
+pub mod deny_file;
 mod log;
 mod telemetry;
 
