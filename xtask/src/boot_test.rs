@@ -165,7 +165,7 @@ fn checks(c: &Container) -> Result<()> {
         "/etc/waitroom/certs root:waitroom 750",
         "/etc/waitroom/certs/node-1.key root:waitroom 640",
         "/etc/waitroom/certs/ca.key root:root 600",
-        "/var/lib/waitroom waitroom:waitroom 750",
+        "/var/lib/waitroom waitroom:waitroom 700",
     ] {
         if !owners.contains(want) {
             bail!("expected `{want}`");
