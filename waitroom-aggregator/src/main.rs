@@ -54,9 +54,29 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+/// `EX_CONFIG` from sysexits.h; the unit has `RestartPreventExitStatus=78`.
+const EX_CONFIG: u8 = 78;
+
+fn main() -> std::process::ExitCode {
     logging::init();
     let cli = Cli::parse();
+    let mut config_fault = false;
+    match run_cli(cli, &mut config_fault) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            if config_fault {
+                std::process::ExitCode::from(EX_CONFIG)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// The command line's work; `config_fault` is set when an error is the
+/// configuration's (so the exit status says so).
+fn run_cli(cli: Cli, config_fault: &mut bool) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::GenerateDocs { out }) => {
             for file in waitroom_runtime::docs::write(Cli::command(), &out)? {
@@ -84,12 +104,14 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Some(Command::Run) | None => {
+            *config_fault = true;
             let config = AggregatorConfig::load(&cli.config)?;
+            waitroom_aggregator::check_admin_listen(config.admin_listen)
+                .with_context(|| cli.config.display().to_string())?;
+            tls::server_config(&config.tls)
+                .with_context(|| format!("{}: ca/cert/key", cli.config.display()))?;
+            *config_fault = false;
             if cli.check {
-                waitroom_aggregator::check_admin_listen(config.admin_listen)
-                    .with_context(|| cli.config.display().to_string())?;
-                tls::check(&config.tls)
-                    .with_context(|| format!("{}: ca/cert/key", cli.config.display()))?;
                 println!(
                     "{}: ok ({} room{})",
                     cli.config.display(),

@@ -316,6 +316,13 @@ impl SharedCounters {
 
     /// Where `room`'s counters are: resolve once, then use [`Self::slot`]
     /// on the request path (no lookup per request).
+    /// The rooms that have claimed a slot (by this process, or in the file
+    /// when read with [`Self::open_existing`]).
+    #[must_use]
+    pub fn claimed_rooms(&self) -> std::collections::HashSet<RoomId> {
+        self.index.keys().copied().collect()
+    }
+
     pub fn slot_of(&self, room: RoomId) -> Option<usize> {
         self.index.get(&room).copied()
     }

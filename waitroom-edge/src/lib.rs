@@ -15,6 +15,7 @@
 //! - [`keys`]: the cookie keys tickets are sealed with.
 //! - [`node`]: [`node::Node`], everything the workers share, and the rooms'
 //!   state refresh (global world or local-only share).
+//! - [`check`]: `--check`, every load step of a start without serving.
 //! - [`start`]: the steps above in order, the background services, the
 //!   workers; [`start::run`] is what the binary calls.
 //! - [`reload`]: SIGHUP, what a new file may change while requests flow.
@@ -38,6 +39,7 @@
 //! - [`metrics`], [`admin`], [`stats`]: what operators read.
 
 pub mod admin;
+pub mod check;
 pub mod config;
 pub mod cookie;
 pub mod counters;

@@ -2,7 +2,6 @@
 //! and hands over to the library.
 use std::path::PathBuf;
 
-use anyhow::Context as _;
 use clap::{CommandFactory as _, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -43,9 +42,44 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+/// `EX_CONFIG` from sysexits.h: the configuration is wrong. The unit has
+/// `RestartPreventExitStatus=78`, so systemd does not restart a node into
+/// the same bad file over and over.
+const EX_CONFIG: u8 = 78;
+
+fn main() -> std::process::ExitCode {
     waitroom_runtime::logging::init();
     let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(Failure::Config(err)) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::from(EX_CONFIG)
+        }
+        Err(Failure::Other(err)) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// A failure, sorted by whose it is: the configuration's (exit 78) or not.
+enum Failure {
+    Config(anyhow::Error),
+    Other(anyhow::Error),
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(err: E) -> Self {
+        Self::Other(err.into())
+    }
+}
+
+fn config_error(err: impl Into<anyhow::Error>) -> Failure {
+    Failure::Config(err.into())
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Some(Command::GenerateDocs { out }) => {
             for file in waitroom_runtime::docs::write(Cli::command(), &out)? {
@@ -55,27 +89,16 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::Reload { pid }) => Ok(waitroom_runtime::signals::send_hangup(pid)?),
         Some(Command::Stats) => {
-            let config = waitroom_edge::config::load(&cli.config)?;
+            let config = waitroom_edge::config::load(&cli.config).map_err(config_error)?;
             print!("{}", waitroom_edge::stats::render(&config)?);
             Ok(())
         }
         Some(Command::Run) | None => {
-            let config = waitroom_edge::config::load(&cli.config)?;
+            let config = waitroom_edge::config::load(&cli.config).map_err(config_error)?;
+            // The files the config names must load too, not just parse; a
+            // start runs the same checks first, so a bad file exits 78 there.
+            waitroom_edge::check::check(&config, &cli.config).map_err(config_error)?;
             if cli.check {
-                // The files the config names must load too, not just parse.
-                waitroom_edge::admin::AdminAuth::load(&config.node)
-                    .with_context(|| cli.config.display().to_string())?;
-                waitroom_edge::state_dir::check(&config.node.state_dir())
-                    .with_context(|| format!("{}: node.state_dir", cli.config.display()))?;
-                if let Some(gossip) = &config.aggregator {
-                    waitroom_runtime::tls::check(&gossip.tls_files())
-                        .with_context(|| format!("{}: [aggregator]", cli.config.display()))?;
-                }
-                if let Some(tls) = &config.node.tls {
-                    waitroom_runtime::tls::https_server_config(&tls.cert, &tls.key)
-                        .map(drop)
-                        .with_context(|| format!("{}: node.tls", cli.config.display()))?;
-                }
                 println!(
                     "{}: ok ({} room{})",
                     cli.config.display(),
@@ -84,7 +107,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
-            waitroom_edge::start::run(config, &cli.config)
+            Ok(waitroom_edge::start::run(config, &cli.config)?)
         }
     }
 }
