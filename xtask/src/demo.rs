@@ -34,6 +34,9 @@ pub struct Args {
     /// One node and no aggregator (the smallest complete deployment).
     #[arg(long)]
     single: bool,
+    /// Skip `cargo xtask setup` (when you know the machine is ready).
+    #[arg(long)]
+    no_setup: bool,
 }
 
 /// A started process that is stopped (SIGTERM, then SIGKILL) when dropped.
@@ -78,6 +81,11 @@ impl Drop for Service {
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    // The README's first command on a fresh machine: the eBPF build needs
+    // nightly rust-src and bpf-linker before anything else.
+    if !args.no_setup {
+        crate::setup::run()?;
+    }
     let root = cmd::workspace_root();
     let mut build = cmd::cargo();
     // The same build as `cargo xtask test` runs, so neither rebuilds for the other.

@@ -87,13 +87,17 @@ pub fn run(args: &Args) -> Result<Vec<PathBuf>> {
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| ws.join("target"), PathBuf::from);
     let out = args.out.clone().unwrap_or_else(|| target.join("debian"));
     if !args.no_build {
+        // One build per binary: built together, cargo would unify features
+        // and the node would link the aggregator's certificate generator.
         cmd::run(
-            "building the release binaries (the edge's with its eBPF object)",
+            "building the release node (with its eBPF object)",
+            cmd::cargo().args(["build", "--release", "--package", "waitroom-edge", "--bins"]),
+        )?;
+        cmd::run(
+            "building the release aggregator",
             cmd::cargo().args([
                 "build",
                 "--release",
-                "--package",
-                "waitroom-edge",
                 "--package",
                 "waitroom-aggregator",
                 "--bins",
