@@ -183,9 +183,6 @@ pub fn normalize<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Result<Target<'a>,
     // Origin-form (`/p`) or absolute-form (`http://h/p`); hyper has already
     // refused what is neither, except `*` and authority-form.
     let raw_path = uri.path();
-    if !raw_path.starts_with('/') {
-        return Err(TargetError::BadForm);
-    }
     let authority = match uri.authority() {
         Some(a) => a.as_str(),
         None => match headers.get(header::HOST) {
@@ -193,16 +190,9 @@ pub fn normalize<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Result<Target<'a>,
             None => "",
         },
     };
-    let (host, port) = split_host(authority)?;
-    let unmerged = normalize_path(raw_path)?;
-    let merged = merge_slashes(&unmerged);
-    Ok(Target {
-        host,
-        port,
-        merged,
-        unmerged,
-        query: uri.query(),
-    })
+    let mut target = from_parts(authority, raw_path)?;
+    target.query = uri.query();
+    Ok(target)
 }
 
 /// A target from a host (as in `Host`) and a path (no query).

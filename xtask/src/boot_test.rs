@@ -28,7 +28,6 @@ colo = "test"
 listen = "127.0.0.1:80"
 admin_listen = "127.0.0.1:9090"
 workers = 1
-counters_path = "/dev/shm/waitroom-edge.counters"
 shutdown_grace_ms = 2000
 
 [aggregator]
