@@ -15,6 +15,8 @@
 //!
 //! # Layout
 //! - [`xdp`]: map names and value layouts of the XDP program.
+//! - [`xdp_parse`]: the XDP program's packet parser, run by the kernel and by
+//!   userspace tests and the fuzzer alike.
 //! - `time`: [`UnixMillis`](time::UnixMillis) and [`Minute`](time::Minute), passed in by the caller.
 //! - `room`: [`RoomConfig`](room::RoomConfig) as configured, [`Room`](room::Room) once validated.
 //! - `room_table`: [`RoomTable`](room_table::RoomTable), one `[[rooms]]` table
@@ -35,6 +37,7 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod xdp;
+pub mod xdp_parse;
 
 #[cfg(feature = "std")]
 pub mod aggregate;
