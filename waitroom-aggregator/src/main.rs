@@ -54,9 +54,6 @@ enum Command {
     },
 }
 
-/// `EX_CONFIG` from sysexits.h; the unit has `RestartPreventExitStatus=78`.
-const EX_CONFIG: u8 = 78;
-
 fn main() -> std::process::ExitCode {
     logging::init();
     let cli = Cli::parse();
@@ -66,7 +63,7 @@ fn main() -> std::process::ExitCode {
         Err(err) => {
             eprintln!("error: {err:#}");
             if config_fault {
-                std::process::ExitCode::from(EX_CONFIG)
+                std::process::ExitCode::from(systemd::EX_CONFIG)
             } else {
                 std::process::ExitCode::FAILURE
             }

@@ -99,28 +99,7 @@ pub fn check(dir: &Path) -> Result<(), StateFileError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(io(dir)(e)),
     };
-    if !meta.is_dir() {
-        return Err(StateFileError::NotADirectory {
-            path: dir.to_owned(),
-        });
-    }
-    let us = euid();
-    if meta.uid() != us {
-        return Err(StateFileError::Owner {
-            path: dir.to_owned(),
-            owner: meta.uid(),
-            us,
-        });
-    }
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o022 != 0 {
-        return Err(StateFileError::Mode {
-            path: dir.to_owned(),
-            mode,
-            what: "create and replace files in it",
-            want: 0o700,
-        });
-    }
+    refuse_unsafe_dir(dir, &meta)?;
     let key = dir.join(crate::keys::KEY_FILE);
     if let Some(file) = open_existing(&key, false)? {
         check_private(&file, &key)?;
@@ -128,7 +107,9 @@ pub fn check(dir: &Path) -> Result<(), StateFileError> {
     Ok(())
 }
 
-fn check_dir(dir: &Path, meta: &std::fs::Metadata) -> Result<(), StateFileError> {
+/// Refuses a directory that is not a directory, not the node's, or that
+/// others may write; returns its mode bits. Changes nothing.
+fn refuse_unsafe_dir(dir: &Path, meta: &std::fs::Metadata) -> Result<u32, StateFileError> {
     if !meta.is_dir() {
         return Err(StateFileError::NotADirectory {
             path: dir.to_owned(),
@@ -151,6 +132,13 @@ fn check_dir(dir: &Path, meta: &std::fs::Metadata) -> Result<(), StateFileError>
             want: 0o700,
         });
     }
+    Ok(mode)
+}
+
+/// [`refuse_unsafe_dir`], then takes read and search access away from
+/// others on a directory the node owns.
+fn check_dir(dir: &Path, meta: &std::fs::Metadata) -> Result<(), StateFileError> {
+    let mode = refuse_unsafe_dir(dir, meta)?;
     if mode & 0o077 != 0 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io(dir))?;
         tracing::info!(dir = %dir.display(), old_mode = format!("{mode:04o}"), "state directory made private (0700)");

@@ -3,6 +3,11 @@
 //! (`NOTIFY_SOCKET` unset) these do nothing.
 use std::time::{Duration, Instant};
 
+/// `EX_CONFIG` from sysexits.h: the exit status of a binary whose
+/// configuration is wrong. Both units have `RestartPreventExitStatus=78`, so
+/// systemd does not restart a service into the same bad file over and over.
+pub const EX_CONFIG: u8 = 78;
+
 /// Says READY=1 and, when the unit has `WatchdogSec`, spawns keep-alives at
 /// half the period on `runtime`. The keep-alives stop when that runtime stops
 /// making progress, which is what the watchdog is for.

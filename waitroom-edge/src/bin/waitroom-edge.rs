@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{CommandFactory as _, Parser, Subcommand};
+use waitroom_runtime::systemd::EX_CONFIG;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -41,11 +42,6 @@ enum Command {
         out: PathBuf,
     },
 }
-
-/// `EX_CONFIG` from sysexits.h: the configuration is wrong. The unit has
-/// `RestartPreventExitStatus=78`, so systemd does not restart a node into
-/// the same bad file over and over.
-const EX_CONFIG: u8 = 78;
 
 fn main() -> std::process::ExitCode {
     waitroom_runtime::logging::init();
