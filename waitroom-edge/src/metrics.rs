@@ -135,6 +135,125 @@ impl CloseReason {
     }
 }
 
+/// What a hostile or broken client tried that the node caught: each is a
+/// counter `waitroom_defended_total{reason}` and a log line at most once per
+/// ten seconds per reason (see docs/OPERATIONS.md, "What waitroom defends
+/// against"). None of them is answered with a 5xx.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Defence {
+    /// A ticket whose counts were already moved came again (a replayed or
+    /// stale cookie): served as its ledger entry says, counters not moved twice.
+    TicketReplayed,
+    /// An admitted ticket used by more clients than its budget: the request
+    /// is treated as a new visitor.
+    TicketShared,
+    /// A ticket bound to another client network (`ticket_binding`): a new visitor.
+    TicketBinding,
+    /// Too many new tickets for one client address: 429 with Retry-After.
+    NewTicketRate,
+    /// The request already passed this node (its own `Via` token): 508.
+    Loop,
+    /// A PROXY protocol header missing or malformed on a listener that requires one.
+    ProxyProtocol,
+    /// Client-supplied `Forwarded`/`X-Forwarded-*`/`X-Real-IP` from a peer
+    /// outside `trusted_proxies`: removed before the origin sees them.
+    ForwardedUntrusted,
+    /// `Connection` nominating an end-to-end header the proxy sets (`Host`,
+    /// `Via`, `X-Forwarded-For`, ...): the nomination is ignored.
+    HopByHopNomination,
+}
+
+impl Defence {
+    pub const ALL: [Self; 8] = [
+        Self::TicketReplayed,
+        Self::TicketShared,
+        Self::TicketBinding,
+        Self::NewTicketRate,
+        Self::Loop,
+        Self::ProxyProtocol,
+        Self::ForwardedUntrusted,
+        Self::HopByHopNomination,
+    ];
+
+    /// The `reason` label.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::TicketReplayed => "ticket_replayed",
+            Self::TicketShared => "ticket_shared",
+            Self::TicketBinding => "ticket_binding",
+            Self::NewTicketRate => "new_ticket_rate",
+            Self::Loop => "loop",
+            Self::ProxyProtocol => "proxy_protocol",
+            Self::ForwardedUntrusted => "forwarded_untrusted",
+            Self::HopByHopNomination => "hop_by_hop_nomination",
+        }
+    }
+}
+
+/// Counts of [`Defence`]s with one rate-limited log gate per reason.
+#[derive(Debug)]
+pub struct Defences {
+    counts: [AtomicU64; Defence::ALL.len()],
+    gates: [waitroom_runtime::logging::LogGate; Defence::ALL.len()],
+}
+
+impl Default for Defences {
+    fn default() -> Self {
+        Self {
+            counts: Default::default(),
+            gates: [const { waitroom_runtime::logging::LogGate::new(10) }; Defence::ALL.len()],
+        }
+    }
+}
+
+impl Defences {
+    /// Counts one `what` at `now_secs`; logs `detail` (with the client address
+    /// when known) unless this reason logged in the last ten seconds.
+    pub fn record(
+        &self,
+        what: Defence,
+        now_secs: u64,
+        client: Option<std::net::IpAddr>,
+        detail: &str,
+    ) {
+        let i = what as usize;
+        self.counts[i].fetch_add(1, Relaxed);
+        if let Some(suppressed) = self.gates[i].pass(now_secs) {
+            tracing::warn!(
+                reason = what.label(),
+                client = client.map(tracing::field::display),
+                suppressed,
+                "{detail}"
+            );
+        }
+    }
+
+    /// How many of `what` so far.
+    #[must_use]
+    pub fn count(&self, what: Defence) -> u64 {
+        self.counts[what as usize].load(Relaxed)
+    }
+
+    /// `waitroom_defended_total{reason=...}`, every reason, zeros included.
+    pub fn render(&self, out: &mut String) {
+        waitroom_runtime::admin::family(
+            out,
+            "waitroom_defended_total",
+            "counter",
+            "Hostile or broken client behaviour caught, by reason (see OPERATIONS.md, What waitroom defends against).",
+        );
+        for what in Defence::ALL {
+            let _ = writeln!(
+                out,
+                "waitroom_defended_total{{reason=\"{}\"}} {}",
+                what.label(),
+                self.count(what)
+            );
+        }
+    }
+}
+
 /// Per-room counters.
 #[derive(Debug)]
 pub struct RoomMetrics {
@@ -277,6 +396,23 @@ mod tests {
         assert!(out.contains("x_bucket{le=\"10\"} 2"), "{out}");
         assert!(out.contains("x_bucket{le=\"+Inf\"} 3"), "{out}");
         assert!(out.contains("x_count{} 3"), "{out}");
+    }
+
+    #[test]
+    fn defences_index_their_own_counter_and_render_every_reason() {
+        for (i, what) in Defence::ALL.iter().enumerate() {
+            assert_eq!(*what as usize, i);
+        }
+        let d = Defences::default();
+        d.record(Defence::Loop, 5, None, "loop");
+        d.record(Defence::Loop, 6, None, "loop");
+        d.record(Defence::TicketShared, 6, None, "shared");
+        assert_eq!(d.count(Defence::Loop), 2);
+        let mut out = String::new();
+        d.render(&mut out);
+        assert!(out.contains("{reason=\"loop\"} 2"), "{out}");
+        assert!(out.contains("{reason=\"ticket_shared\"} 1"), "{out}");
+        assert!(out.contains("{reason=\"proxy_protocol\"} 0"), "{out}");
     }
 
     #[test]

@@ -172,6 +172,8 @@ pub struct Node {
     pub reloads: reload::ReloadState,
     /// Request targets refused before routing (400), by reason.
     pub refused_targets: crate::target::RefusedTargets,
+    /// Hostile or broken client behaviour caught, by reason.
+    pub defences: crate::metrics::Defences,
     /// Each room's share as last persisted, from an earlier run: what the
     /// node goes by until the aggregator answers.
     restored_shares: Vec<Option<f64>>,
@@ -217,6 +219,7 @@ impl Node {
             )?,
             reloads: reload::ReloadState::new(config, parts.https_cert, now),
             refused_targets: crate::target::RefusedTargets::default(),
+            defences: crate::metrics::Defences::default(),
             restored_shares: config
                 .rooms
                 .iter()

@@ -80,13 +80,19 @@ impl TargetError {
 
 /// Targets refused, by reason, and a log that speaks at most once per ten
 /// seconds (a scanner sends thousands of these).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RefusedTargets {
     counts: [AtomicU64; 7],
-    /// Seconds (of the caller's clock) of the last log line.
-    last_log_secs: AtomicU64,
-    /// Refusals since the last log line.
-    unlogged: AtomicU64,
+    log: waitroom_runtime::logging::LogGate,
+}
+
+impl Default for RefusedTargets {
+    fn default() -> Self {
+        Self {
+            counts: Default::default(),
+            log: waitroom_runtime::logging::LogGate::new(10),
+        }
+    }
 }
 
 impl RefusedTargets {
@@ -95,21 +101,12 @@ impl RefusedTargets {
     pub fn record(&self, err: TargetError, now_secs: u64) {
         let i = TargetError::ALL.iter().position(|e| *e == err).unwrap_or(0);
         self.counts[i].fetch_add(1, Relaxed);
-        let last = self.last_log_secs.load(Relaxed);
-        if now_secs >= last.saturating_add(10)
-            && self
-                .last_log_secs
-                .compare_exchange(last, now_secs, Relaxed, Relaxed)
-                .is_ok()
-        {
-            let suppressed = self.unlogged.swap(0, Relaxed);
+        if let Some(suppressed) = self.log.pass(now_secs) {
             tracing::warn!(
                 reason = err.reason(),
                 suppressed,
                 "request target refused (400): {err}"
             );
-        } else {
-            self.unlogged.fetch_add(1, Relaxed);
         }
     }
 
