@@ -4,7 +4,7 @@
 //! Nothing here waits on anything but the origin: the global state is an
 //! `ArcSwap` load, the counters are atomics in shared memory, and the cookie
 //! is sealed and opened in place.
-use std::{net::SocketAddr, sync::atomic::Ordering::Relaxed, time::Instant};
+use std::{sync::atomic::Ordering::Relaxed, time::Instant};
 
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, header};
 use hyper::body::Incoming;
@@ -20,6 +20,7 @@ use waitroom_runtime::body::{Body, full};
 
 use crate::{
     cookie,
+    http::ConnInfo,
     metrics::CookieFailure,
     node::{Node, RoomLive, RoomRuntime},
     proxy,
@@ -32,6 +33,8 @@ use crate::{
 pub struct Worker {
     pub index: usize,
     client: proxy::OriginClient,
+    /// Connections this worker accepted, for [`Worker::next_connection_id`].
+    connections: std::sync::atomic::AtomicU64,
 }
 
 impl Worker {
@@ -39,7 +42,15 @@ impl Worker {
         Self {
             index,
             client: proxy::client(std::time::Duration::from_secs(3), &node.origin_tls),
+            connections: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// A connection id unique on this node: the worker index in the top 16
+    /// bits, this worker's count of connections below.
+    pub fn next_connection_id(&self) -> u64 {
+        let n = self.connections.fetch_add(1, Relaxed) & ((1 << 48) - 1);
+        (self.index as u64) << 48 | n
     }
 }
 
@@ -48,7 +59,7 @@ pub async fn handle(
     node: &Node,
     worker: &Worker,
     req: Request<Incoming>,
-    peer: SocketAddr,
+    conn: ConnInfo,
     scheme: &'static str,
 ) -> Response<Body> {
     // 1. The room, by the one spelling of the target (`crate::target`); the
@@ -123,8 +134,15 @@ pub async fn handle(
             counter.fetch_add(1, Relaxed);
             let proxy_started = Instant::now();
             let timeout = room.spec.origin_timeout;
-            let result =
-                proxy::forward(&worker.client, &room.upstream, timeout, req, peer, scheme).await;
+            let result = proxy::forward(
+                &worker.client,
+                &room.upstream,
+                timeout,
+                req,
+                conn.peer,
+                scheme,
+            )
+            .await;
             room.metrics.proxy_latency.observe(proxy_started.elapsed());
             let mut resp = match result {
                 Ok(resp) => resp,

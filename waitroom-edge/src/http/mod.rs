@@ -7,7 +7,7 @@
 //! the core that accepted it.
 use std::{
     convert::Infallible,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     sync::Arc,
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -250,6 +250,11 @@ async fn accept_loop(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        let conn_info = ConnInfo {
+            peer,
+            client: peer.ip(),
+            id: worker.next_connection_id(),
+        };
         node.metrics.connection_opened();
         let registered = registry.register();
         let node = Arc::clone(&node);
@@ -271,7 +276,7 @@ async fn accept_loop(
                     let node = Arc::clone(&node);
                     let worker = Arc::clone(&worker);
                     async move {
-                        let resp = handler::handle(&node, &worker, req, peer, scheme).await;
+                        let resp = handler::handle(&node, &worker, req, conn_info, scheme).await;
                         Ok::<_, Infallible>(resp.map(|b| conn::TrackedBody::new(b, in_flight)))
                     }
                 })
@@ -322,6 +327,21 @@ async fn accept_loop(
             node.metrics.connection_closed(why);
         });
     }
+}
+
+/// Who is on the other end of a connection, as the request path needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// The socket's peer.
+    pub peer: SocketAddr,
+    /// The client's address: the peer, or what a trusted load balancer in
+    /// front said (PROXY protocol). Per-client budgets and the ticket binding
+    /// use it.
+    pub client: IpAddr,
+    /// Unique among this node's connections since it started (worker index in
+    /// the top 16 bits): what tells one client's connections from another's
+    /// when they share a ticket.
+    pub id: u64,
 }
 
 /// How long a connection closed for idleness may take to say goodbye (GOAWAY).
