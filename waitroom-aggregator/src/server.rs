@@ -22,6 +22,7 @@ use waitroom_common::{
 use waitroom_runtime::{
     clock::Clock,
     frames::{self, FrameError},
+    logging::LogGate,
     tls,
 };
 
@@ -52,6 +53,18 @@ pub struct ServerMetrics {
     pub snapshot_errors_total: AtomicU64,
     /// The clock's milliseconds at the last snapshot written, 0 if none.
     pub last_snapshot_ms: AtomicU64,
+    /// One log line per ten seconds per kind of refusal: an impostor or a
+    /// scanner retrying in a loop must not flood the journal.
+    pub logs: RefusalLogs,
+}
+
+/// The log gates of [`ServerMetrics`], one per kind of refusal.
+#[derive(Debug, Default)]
+pub struct RefusalLogs {
+    pub limit: LogGate,
+    pub handshake: LogGate,
+    pub identity: LogGate,
+    pub frames: LogGate,
 }
 
 /// What every connection task shares.
@@ -79,6 +92,11 @@ pub struct NodePools {
 }
 
 impl Shared {
+    /// Seconds of the clock, for the log gates.
+    fn now_secs(&self) -> u64 {
+        self.clock.now().0 / 1_000
+    }
+
     /// The cluster, even if a task panicked while holding the lock: the
     /// state is plain data and every update leaves it consistent.
     pub fn cluster(&self) -> parking_lot::MutexGuard<'_, Cluster> {
@@ -118,7 +136,9 @@ pub async fn accept_loop(endpoint: quinn::Endpoint, shared: Arc<Shared>) {
     while let Some(incoming) = endpoint.accept().await {
         let remote = incoming.remote_address();
         let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
-            tracing::warn!(%remote, "connection limit reached; refusing");
+            if let Some(suppressed) = shared.metrics.logs.limit.pass(shared.now_secs()) {
+                tracing::warn!(%remote, suppressed, "connection limit reached; refusing");
+            }
             incoming.refuse();
             continue;
         };
@@ -136,7 +156,11 @@ pub async fn accept_loop(endpoint: quinn::Endpoint, shared: Arc<Shared>) {
                     }
                     Err(err) => {
                         shared.metrics.handshakes_refused_total.fetch_add(1, Relaxed);
-                        tracing::warn!(%err, "refused connection: handshake failed (nodes need a client certificate issued by the cluster CA)");
+                        if let Some(suppressed) =
+                            shared.metrics.logs.handshake.pass(shared.now_secs())
+                        {
+                            tracing::warn!(%err, suppressed, "refused connection: handshake failed (nodes need a client certificate issued by the cluster CA)");
+                        }
                     }
                 }
             }
@@ -147,16 +171,11 @@ pub async fn accept_loop(endpoint: quinn::Endpoint, shared: Arc<Shared>) {
 
 async fn serve_connection(connection: quinn::Connection, shared: &Arc<Shared>) {
     tracing::debug!("node connected");
-    let warned = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    serve_streams(&connection, shared, &warned).await;
+    serve_streams(&connection, shared).await;
     shared.release(&connection);
 }
 
-async fn serve_streams(
-    connection: &quinn::Connection,
-    shared: &Arc<Shared>,
-    warned: &Arc<std::sync::atomic::AtomicBool>,
-) {
+async fn serve_streams(connection: &quinn::Connection, shared: &Arc<Shared>) {
     loop {
         let (send, recv) = match connection.accept_bi().await {
             Ok(streams) => streams,
@@ -174,9 +193,8 @@ async fn serve_streams(
         };
         let shared = Arc::clone(shared);
         let connection = connection.clone();
-        let warned = Arc::clone(warned);
         tokio::spawn(
-            async move { serve_stream(&connection, send, recv, &shared, &warned).await }
+            async move { serve_stream(&connection, send, recv, &shared).await }
                 .instrument(tracing::Span::current()),
         );
     }
@@ -188,7 +206,6 @@ async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     shared: &Shared,
-    warned: &std::sync::atomic::AtomicBool,
 ) {
     let message = match tokio::time::timeout(READ_TIMEOUT, frames::read(&mut recv)).await {
         Ok(Ok(message)) => message,
@@ -208,10 +225,11 @@ async fn serve_stream(
     let answer = match message {
         Message::Report(frame) if !tls::peer_is(connection, &frame.report.node) => {
             shared.metrics.identity_refused_total.fetch_add(1, Relaxed);
-            // Once per connection: an impostor retrying must not flood the log.
-            if !warned.swap(true, Relaxed) {
+            // An impostor retrying (or reconnecting) must not flood the log.
+            if let Some(suppressed) = shared.metrics.logs.identity.pass(shared.now_secs()) {
                 tracing::warn!(
                     claimed = %frame.report.node,
+                    suppressed,
                     "refusing reports: the connection's certificate does not certify this node id"
                 );
             }
@@ -247,7 +265,12 @@ async fn serve_stream(
         }
         Message::Answer(_) | Message::Refused(_) => {
             shared.metrics.frames_refused_total.fetch_add(1, Relaxed);
-            tracing::warn!("peer sent an answer or refusal where a report belongs");
+            if let Some(suppressed) = shared.metrics.logs.frames.pass(shared.now_secs()) {
+                tracing::warn!(
+                    suppressed,
+                    "peer sent an answer or refusal where a report belongs"
+                );
+            }
             Message::Refused(Refusal {
                 reason: RefusalReason::Unexpected,
                 detail: "the aggregator only accepts reports".into(),
@@ -273,7 +296,9 @@ async fn refuse(
         return;
     };
     shared.metrics.frames_refused_total.fetch_add(1, Relaxed);
-    tracing::warn!(%err, "refusing frame");
+    if let Some(suppressed) = shared.metrics.logs.frames.pass(shared.now_secs()) {
+        tracing::warn!(%err, suppressed, "refusing frame");
+    }
     // Whatever else the peer was sending on this stream is not wanted.
     let _ = recv.stop(err.close_code().into());
     let _ = frames::write(send, &Message::Refused(refusal)).await;

@@ -25,6 +25,13 @@ pub struct LogGate {
     held_back: AtomicU64,
 }
 
+impl Default for LogGate {
+    /// One line per ten seconds.
+    fn default() -> Self {
+        Self::new(10)
+    }
+}
+
 impl LogGate {
     #[must_use]
     pub const fn new(every_secs: u64) -> Self {
