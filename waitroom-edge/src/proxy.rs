@@ -424,7 +424,12 @@ fn unavailable(err: &ProxyError) -> Response<Body> {
 
 /// The page a visitor sees when the origin cannot be reached.
 pub fn bad_gateway(err: &ProxyError) -> Response<Body> {
-    tracing::warn!(%err, "origin request failed");
+    // A dead origin under load fails thousands of requests a second; the
+    // metric counts each, the log says it once per ten seconds.
+    static LOG: waitroom_runtime::logging::LogGate = waitroom_runtime::logging::LogGate::new(10);
+    if let Some(suppressed) = LOG.pass_now() {
+        tracing::warn!(%err, suppressed, "origin request failed");
+    }
     let body: &str = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Site unavailable</title></head>\
          <body style=\"font-family:system-ui,sans-serif;max-width:36rem;margin:4rem auto\">\
          <h1>The site is not answering</h1><p>The waiting room let you in, but the website behind it \

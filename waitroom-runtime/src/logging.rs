@@ -42,6 +42,15 @@ impl LogGate {
         }
     }
 
+    /// [`LogGate::pass`] at the wall clock's second: for logs outside any
+    /// decision, where no driven clock is at hand.
+    pub fn pass_now(&self) -> Option<u64> {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.pass(secs)
+    }
+
     /// `Some(held back since the last line)` when a line may be logged at
     /// `now_secs`, else `None` (and the event is counted as held back).
     pub fn pass(&self, now_secs: u64) -> Option<u64> {

@@ -232,7 +232,11 @@ async fn accept_loop(
                 Ok(conn) => conn,
                 Err(err) => {
                     // EMFILE and friends: back off a little instead of spinning.
-                    tracing::warn!(%err, "accept failed");
+                    static LOG: waitroom_runtime::logging::LogGate =
+                        waitroom_runtime::logging::LogGate::new(10);
+                    if let Some(suppressed) = LOG.pass_now() {
+                        tracing::warn!(%err, suppressed, "accept failed");
+                    }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }
