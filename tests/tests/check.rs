@@ -156,6 +156,11 @@ fn forty_bad_configs_are_refused_naming_the_field_and_good_ones_start() {
         ("world-writable state dir", set(&base, "state_dir", &format!("state_dir = \"{}\"", world_writable.display())), "node.state_dir"),
         ("public admin without token", set(&base, "admin_listen", "admin_listen = \"0.0.0.0:0\""), "node.admin_listen"),
         ("token file missing", add_to(&base, "[node]", "admin_token_file = \"/nonexistent/token\""), "admin_token_file"),
+        ("trusted proxy /33", add_to(&base, "[node]", "trusted_proxies = [\"127.0.0.1\", \"10.0.0.0/33\"]"), "node.trusted_proxies[1]"),
+        ("trusted proxy a name", add_to(&base, "[node]", "trusted_proxies = [\"lb.example\"]"), "node.trusted_proxies[0]"),
+        ("PROXY protocol, nobody trusted", add_to(&base, "[node]", "proxy_protocol = true"), "node.proxy_protocol"),
+        ("TLS PROXY protocol, nobody trusted", add_to(&base, "[node.tls]", "proxy_protocol = true"), "node.tls.proxy_protocol"),
+        ("PROXY protocol not a bool", add_to(&base, "[node]", "proxy_protocol = \"v2\""), "node.proxy_protocol"),
         // [node.tls]
         ("cert file missing", set(&base, "cert", "cert = \"/nonexistent/cert.pem\""), "node.tls"),
         ("key of another cert", set(&base, "key", &format!("key = \"{}\"", certs.join("good-node.key").display())), "node.tls"),
@@ -205,6 +210,7 @@ fn forty_bad_configs_are_refused_naming_the_field_and_good_ones_start() {
             format!("{}{}", &base[..start], &base[end..])
         }),
         ("no aggregator", base[..base.find("[aggregator]").unwrap()].to_owned()),
+        ("behind a PROXY load balancer", add_to(&add_to(&base, "[node]", "trusted_proxies = [\"127.0.0.1\", \"10.0.0.0/8\", \"2001:db8::/32\"]\nproxy_protocol = true"), "[node.tls]", "proxy_protocol = true")),
         ("defaults", "[node]\nid = \"n\"\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nstate_dir = \"STATE\"\n\n[[rooms]]\nid = \"shop\"\norigin = \"127.0.0.1:9\"\ntotal_active_users = 10\nnew_users_per_minute = 1\n".replace("STATE", &d.join("state2").display().to_string())),
     ];
     for (what, text) in accepted {

@@ -91,6 +91,20 @@ pub struct NodeSection {
     /// at first start and kept beside the counters file.
     #[serde(default)]
     pub cookie_keys: Vec<CookieKey>,
+    /// Load balancers and proxies in front of the node (addresses or CIDR
+    /// blocks): only their `X-Forwarded-For` / `Forwarded` are believed, and
+    /// only they may send a PROXY protocol header (nginx `set_real_ip_from`).
+    /// Empty (the default): every client is its connection's address, and
+    /// what clients say about themselves is removed before the origin sees
+    /// it. See [`crate::forwarded`].
+    #[serde(default)]
+    pub trusted_proxies: Vec<crate::forwarded::ProxyNet>,
+    /// Every connection to `listen` starts with a PROXY protocol header (v1
+    /// or v2) from an address in `trusted_proxies`, naming the client
+    /// (HAProxy `accept-proxy`, nginx `listen ... proxy_protocol`). A
+    /// connection without one is closed.
+    #[serde(default)]
+    pub proxy_protocol: bool,
 }
 
 impl NodeSection {
@@ -142,6 +156,19 @@ impl NodeSection {
         within("max_header_bytes", self.max_header_bytes, 1_024, 1_048_576)?;
         within("max_headers", self.max_headers, 1, 1_024)?;
         within("shutdown_grace_ms", self.shutdown_grace_ms, 0, 600_000)?;
+        let proxy_protocol_without_trust = self.trusted_proxies.is_empty()
+            && (self.proxy_protocol || self.tls.as_ref().is_some_and(|t| t.proxy_protocol));
+        if proxy_protocol_without_trust {
+            let key = if self.proxy_protocol {
+                "proxy_protocol"
+            } else {
+                "tls.proxy_protocol"
+            };
+            return Err((
+                key.into(),
+                "needs trusted_proxies: a PROXY header is accepted only from a listed proxy, so every connection would be closed".into(),
+            ));
+        }
         if self.id.is_empty() || self.id.len() > 253 {
             return Err(("id".into(), "must be 1 to 253 characters".into()));
         }
@@ -194,6 +221,10 @@ pub struct TlsSection {
     pub listen: SocketAddr,
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// Every connection to this listener starts with a PROXY protocol
+    /// header, before the TLS handshake (see `node.proxy_protocol`).
+    #[serde(default)]
+    pub proxy_protocol: bool,
 }
 
 /// One cookie key: an id carried in every cookie, and 32 bytes as hex.

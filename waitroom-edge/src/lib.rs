@@ -43,6 +43,7 @@ pub mod check;
 pub mod config;
 pub mod cookie;
 pub mod counters;
+pub mod forwarded;
 pub mod gossip;
 pub mod http;
 pub mod keys;

@@ -38,6 +38,10 @@ pub struct Settings {
     pub max_header_bytes: usize,
     pub max_headers: usize,
     pub shutdown_grace: Duration,
+    /// `node.trusted_proxies`: whose forwarding and PROXY headers are believed.
+    pub trusted_proxies: crate::forwarded::TrustedProxies,
+    /// This node's `Via` entry, which also tells a request that came round.
+    pub via: crate::forwarded::Via,
 }
 
 impl Settings {
@@ -52,6 +56,8 @@ impl Settings {
             max_header_bytes: n.max_header_bytes,
             max_headers: n.max_headers,
             shutdown_grace: Duration::from_millis(n.shutdown_grace_ms),
+            trusted_proxies: crate::forwarded::TrustedProxies::new(&n.trusted_proxies),
+            via: crate::forwarded::Via::new(&n.id),
         }
     }
 }

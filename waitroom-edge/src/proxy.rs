@@ -1,13 +1,14 @@
 //! The admitted path: a reverse proxy to an origin of the room's pools.
 //!
 //! One pooled hyper client per worker (connections are reused, never shared
-//! across cores). Bodies stream both ways; hop-by-hop headers are removed and
-//! `X-Forwarded-For`, `X-Forwarded-Proto` and `Via` are added. The origin comes
+//! across cores). Bodies stream both ways; hop-by-hop headers are removed (but
+//! never, on a client's `Connection` nomination, a header the node sets or
+//! routes by), the forwarding headers say what the node knows of the client
+//! (see [`crate::forwarded`]) and the node's `Via` is added. The origin comes
 //! from the room's [`Upstream`]; one that cannot be reached is retried once
 //! elsewhere for idempotent requests, else answers a clear 502 page within the
 //! timeout; with every pool down the answer is a clear 503 page, never a hang.
 use std::{
-    net::SocketAddr,
     pin::Pin,
     sync::{Arc, atomic::Ordering::Relaxed},
     task::{Context, Poll},
@@ -29,6 +30,10 @@ use waitroom_runtime::body::{Body, BoxError, full};
 use crate::upstream::{
     OriginChoice, Upstream,
     tls::{OriginConnector, OriginTls},
+};
+use crate::{
+    forwarded::{Forwarding, PROTECTED_FROM_NOMINATION, Via, rewrite_for_origin},
+    metrics::{Defence, Defences},
 };
 
 /// The pooled client a worker uses to reach origins (HTTP, or TLS for
@@ -57,6 +62,12 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 
 /// Removes hop-by-hop headers, including any named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    strip_hop_by_hop_except(headers, &[]);
+}
+
+/// Removes hop-by-hop headers, including any named in `Connection` but
+/// those in `protected`; returns whether `Connection` named one of those.
+fn strip_hop_by_hop_except(headers: &mut HeaderMap, protected: &[HeaderName]) -> bool {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -64,10 +75,66 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    let mut ignored = false;
+    for name in &named {
+        if protected.contains(name) {
+            ignored = true;
+        } else {
+            headers.remove(name);
+        }
+    }
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
     headers.remove(HeaderName::from_static("proxy-connection"));
+    ignored
+}
+
+/// What the node tells the origin about a request, and where it counts what
+/// it caught on the way.
+#[derive(Debug, Clone, Copy)]
+pub struct OriginRequest<'a> {
+    pub forwarding: Forwarding,
+    /// The node's own `Via` entry.
+    pub via: &'a Via,
+    pub defences: &'a Defences,
+    pub now_secs: u64,
+}
+
+/// What [`prepare_request_headers`] caught.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caught {
+    /// `Connection` nominated a header the node sets or routes by.
+    pub nomination_ignored: bool,
+    /// An untrusted client's forwarding headers were removed.
+    pub untrusted_removed: bool,
+}
+
+/// The origin's request headers from the client's: hop-by-hop headers
+/// removed (a nomination of a [`PROTECTED_FROM_NOMINATION`] header ignored),
+/// `Host` from `:authority` for HTTP/2, the forwarding headers rewritten
+/// ([`crate::forwarded::rewrite_for_origin`]) and the node's `Via` appended.
+pub fn prepare_request_headers(
+    headers: &mut HeaderMap,
+    version: Version,
+    authority: Option<&Authority>,
+    forwarding: &Forwarding,
+    via: &Via,
+) -> Caught {
+    let nomination_ignored = strip_hop_by_hop_except(headers, &PROTECTED_FROM_NOMINATION);
+    // HTTP/2 visitors carry the host in :authority; the origin speaks HTTP/1.1.
+    if !headers.contains_key(header::HOST)
+        && let Some(a) = authority
+        && let Ok(v) = HeaderValue::from_str(a.as_str())
+    {
+        headers.insert(header::HOST, v);
+    }
+    let untrusted_removed = rewrite_for_origin(headers, forwarding);
+    headers.append(header::VIA, via.value(version));
+    Caught {
+        nomination_ignored,
+        untrusted_removed,
+    }
 }
 
 /// Why forwarding failed; each becomes a 502 page, but `NoHealthyOrigin` a 503.
@@ -113,8 +180,7 @@ pub async fn forward(
     upstream: &Arc<Upstream>,
     response_timeout: Duration,
     req: Request<Incoming>,
-    peer: SocketAddr,
-    scheme: &'static str,
+    to_origin: &OriginRequest<'_>,
 ) -> Result<Response<Body>, ProxyError> {
     let (mut parts, body) = req.into_parts();
     let path_and_query = parts
@@ -122,21 +188,30 @@ pub async fn forward(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let headers = &mut parts.headers;
-    strip_hop_by_hop(headers);
-    // HTTP/2 visitors carry the host in :authority; the origin speaks HTTP/1.1.
-    if !headers.contains_key(header::HOST)
-        && let Some(a) = parts.uri.authority()
-        && let Ok(v) = HeaderValue::from_str(a.as_str())
-    {
-        headers.insert(header::HOST, v);
-    }
-    append_forwarded_for(headers, peer);
-    headers.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static(scheme),
+    let caught = prepare_request_headers(
+        &mut parts.headers,
+        parts.version,
+        parts.uri.authority(),
+        &to_origin.forwarding,
+        to_origin.via,
     );
-    headers.append(header::VIA, via_value(parts.version));
+    let visitor = Some(to_origin.forwarding.client);
+    if caught.nomination_ignored {
+        to_origin.defences.record(
+            Defence::HopByHopNomination,
+            to_origin.now_secs,
+            visitor,
+            "Connection named a header the node sets or routes by: the nomination was ignored",
+        );
+    }
+    if caught.untrusted_removed {
+        to_origin.defences.record(
+            Defence::ForwardedUntrusted,
+            to_origin.now_secs,
+            visitor,
+            "forwarding headers from a client outside trusted_proxies were removed",
+        );
+    }
 
     let replayable = is_idempotent(&parts.method) && body.is_end_stream();
     let mut body = Some(body);
@@ -171,7 +246,16 @@ pub async fn forward(
         } else {
             std::mem::take(&mut parts.headers)
         };
-        match send(client, upstream, choice, response_timeout, req).await {
+        match send(
+            client,
+            upstream,
+            choice,
+            response_timeout,
+            req,
+            to_origin.via,
+        )
+        .await
+        {
             Ok(resp) => {
                 origin.requests.fetch_add(1, Relaxed);
                 return Ok(resp);
@@ -211,6 +295,7 @@ async fn send(
     choice: OriginChoice,
     response_timeout: Duration,
     req: Request<Body>,
+    via: &Via,
 ) -> Result<Response<Body>, ProxyError> {
     let origin = &upstream.origin(choice).authority;
     let response = tokio::time::timeout(response_timeout, client.request(req))
@@ -238,7 +323,7 @@ async fn send(
     strip_hop_by_hop(&mut parts.headers);
     parts
         .headers
-        .append(header::VIA, via_value(Version::HTTP_11));
+        .append(header::VIA, via.value(Version::HTTP_11));
     Ok(Response::from_parts(
         parts,
         OriginBody {
@@ -353,26 +438,20 @@ fn is_connection_failure(err: &hyper_util::client::legacy::Error) -> bool {
     false
 }
 
-fn append_forwarded_for(headers: &mut HeaderMap, peer: SocketAddr) {
-    let ip = peer.ip().to_string();
-    let value = match headers.get(HeaderName::from_static("x-forwarded-for")) {
-        Some(prev) => match prev.to_str() {
-            Ok(prev) => format!("{prev}, {ip}"),
-            Err(_) => ip,
-        },
-        None => ip,
-    };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(HeaderName::from_static("x-forwarded-for"), v);
-    }
-}
-
-fn via_value(version: Version) -> HeaderValue {
-    HeaderValue::from_static(match version {
-        Version::HTTP_2 => "2 waitroom",
-        Version::HTTP_10 => "1.0 waitroom",
-        _ => "1.1 waitroom",
-    })
+/// The answer to a request that already passed this node (its own `Via`):
+/// forwarding it again would go round for ever.
+pub fn loop_detected() -> Response<Body> {
+    let mut resp = Response::new(full(Bytes::from_static(
+        b"508 Loop Detected: this request already passed this waiting room node.\n",
+    )));
+    *resp.status_mut() = StatusCode::LOOP_DETECTED;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
 }
 
 /// The page for a failed forward: 503 when every pool is down, 400 when the
@@ -443,4 +522,51 @@ pub fn bad_gateway(err: &ProxyError) -> Response<Body> {
     resp.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nomination_cannot_take_away_what_the_node_sets_or_routes_by() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("shop.example"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("Host, X-Forwarded-For, via, x-secret, keep-alive"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("accept", HeaderValue::from_static("*/*"));
+        let forwarding = Forwarding {
+            client: "198.51.100.7".parse().unwrap(),
+            hop: "198.51.100.7".parse().unwrap(),
+            trusted: false,
+            scheme: "http",
+        };
+        let via = Via::new("n1");
+        let caught = prepare_request_headers(&mut h, Version::HTTP_11, None, &forwarding, &via);
+        assert_eq!(
+            caught,
+            Caught {
+                nomination_ignored: true,
+                untrusted_removed: false
+            }
+        );
+        assert_eq!(h[header::HOST], "shop.example");
+        assert_eq!(h["x-forwarded-for"], "198.51.100.7");
+        assert_eq!(h[header::VIA], "1.1 waitroom-n1");
+        assert_eq!(h["accept"], "*/*");
+        for gone in ["x-secret", "keep-alive", "connection"] {
+            assert!(!h.contains_key(gone), "{gone} was forwarded");
+        }
+        // An ordinary nomination is not counted.
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("x-secret"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        let caught = prepare_request_headers(&mut h, Version::HTTP_2, None, &forwarding, &via);
+        assert!(!caught.nomination_ignored && !h.contains_key("x-secret"));
+        assert_eq!(h[header::VIA], "2 waitroom-n1");
+    }
 }

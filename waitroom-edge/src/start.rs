@@ -294,6 +294,7 @@ fn bind_listeners(
     let plain = ListenerSpec {
         addr: config.node.listen,
         tls: None,
+        proxy_protocol: config.node.proxy_protocol,
     };
     let (first, plain) = http::resolve(&plain)
         .with_context(|| format!("binding node.listen {}", config.node.listen))?;
@@ -315,6 +316,7 @@ fn bind_listeners(
         let spec = ListenerSpec {
             addr: tls.listen,
             tls: Some(tokio_rustls::TlsAcceptor::from(Arc::new(server))),
+            proxy_protocol: tls.proxy_protocol,
         };
         let (first, spec) = http::resolve(&spec)
             .with_context(|| format!("binding node.tls.listen {}", tls.listen))?;

@@ -345,11 +345,19 @@ impl<B: HttpBody<Data = Bytes> + Unpin> HttpBody for TrackedBody<B> {
 pub struct Watched<T> {
     io: T,
     state: Arc<ConnState>,
+    /// Bytes already read off `io` that the protocol reads first (what
+    /// followed a PROXY header in the same read).
+    prefix: Bytes,
 }
 
 impl<T> Watched<T> {
     pub fn new(io: T, state: Arc<ConnState>) -> Self {
-        Self { io, state }
+        Self::with_prefix(io, state, Bytes::new())
+    }
+
+    /// `prefix` is read before anything more from `io`.
+    pub fn with_prefix(io: T, state: Arc<ConnState>, prefix: Bytes) -> Self {
+        Self { io, state, prefix }
     }
 }
 
@@ -359,6 +367,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
@@ -413,6 +426,8 @@ mod tests {
             max_header_bytes: 8192,
             max_headers: 64,
             shutdown_grace: Duration::from_secs(1),
+            trusted_proxies: crate::forwarded::TrustedProxies::default(),
+            via: crate::forwarded::Via::new("test"),
         }
     }
 

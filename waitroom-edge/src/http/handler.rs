@@ -20,8 +20,9 @@ use waitroom_runtime::body::{Body, full};
 
 use crate::{
     cookie,
+    forwarded::Forwarding,
     http::ConnInfo,
-    metrics::CookieFailure,
+    metrics::{CookieFailure, Defence},
     node::{Node, RoomLive, RoomRuntime},
     proxy,
     queue_page::{self, QueueView},
@@ -62,6 +63,23 @@ pub async fn handle(
     conn: ConnInfo,
     scheme: &'static str,
 ) -> Response<Body> {
+    // 0. A request that already passed this node stops here; the client is
+    //    who a trusted proxy says it is (`crate::forwarded`).
+    if node.settings.via.seen_in(req.headers()) {
+        node.defences.record(
+            Defence::Loop,
+            node.clock.now().0 / 1_000,
+            Some(conn.client),
+            "a request came back carrying this node's own Via: 508",
+        );
+        return proxy::loop_detected();
+    }
+    let hop = conn.client;
+    let conn = ConnInfo {
+        client: node.settings.trusted_proxies.resolve(hop, req.headers()),
+        ..conn
+    };
+
     // 1. The room, by the one spelling of the target (`crate::target`); the
     //    origin gets that spelling too.
     let (index, rewrite) = match target::normalize(req.uri(), req.headers()) {
@@ -139,8 +157,17 @@ pub async fn handle(
                 &room.upstream,
                 timeout,
                 req,
-                conn.peer,
-                scheme,
+                &proxy::OriginRequest {
+                    forwarding: Forwarding {
+                        client: conn.client,
+                        hop,
+                        trusted: node.settings.trusted_proxies.contains(hop),
+                        scheme,
+                    },
+                    via: &node.settings.via,
+                    defences: &node.defences,
+                    now_secs: now.0 / 1_000,
+                },
             )
             .await;
             room.metrics.proxy_latency.observe(proxy_started.elapsed());

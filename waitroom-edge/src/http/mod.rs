@@ -28,12 +28,13 @@ use tracing::Instrument as _;
 use waitroom_runtime::shutdown::Shutdown;
 
 use crate::{
-    metrics::CloseReason,
+    metrics::{CloseReason, Defence},
     node::{Node, Settings},
 };
 
 pub mod conn;
 pub mod handler;
+pub mod proxy_protocol;
 
 /// Binds a non-blocking TCP listener with `SO_REUSEPORT`, so every worker can
 /// bind the same address.
@@ -53,6 +54,8 @@ pub fn bind_reuseport(addr: SocketAddr, backlog: i32) -> std::io::Result<std::ne
 pub struct ListenerSpec {
     pub addr: SocketAddr,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Every connection starts with a PROXY protocol header (before TLS).
+    pub proxy_protocol: bool,
 }
 
 impl std::fmt::Debug for ListenerSpec {
@@ -60,6 +63,7 @@ impl std::fmt::Debug for ListenerSpec {
         f.debug_struct("ListenerSpec")
             .field("addr", &self.addr)
             .field("tls", &self.tls.is_some())
+            .field("proxy_protocol", &self.proxy_protocol)
             .finish()
     }
 }
@@ -74,6 +78,7 @@ pub fn resolve(spec: &ListenerSpec) -> std::io::Result<(std::net::TcpListener, L
         ListenerSpec {
             addr,
             tls: spec.tls.clone(),
+            proxy_protocol: spec.proxy_protocol,
         },
     ))
 }
@@ -243,22 +248,42 @@ async fn accept_loop(
             },
             () = shutdown.requested() => return,
         };
-        let Some(address_slot) = node
-            .connections_per_address
-            .try_open(peer.ip(), node.settings.max_connections_per_address)
-        else {
-            // HAProxy's `tcp-request connection reject` on `src_conn_cur`: the
-            // cheapest answer is none.
-            node.metrics.count_close(CloseReason::AddressLimit);
+        let trusted_peer = node.settings.trusted_proxies.contains(peer.ip());
+        if spec.proxy_protocol && !trusted_peer {
+            node.defences.record(
+                Defence::ProxyProtocol,
+                node.clock.now().0 / 1_000,
+                Some(peer.ip()),
+                "a connection to a PROXY protocol listener from outside trusted_proxies: closed",
+            );
+            node.metrics.count_close(CloseReason::Ended);
             drop(stream);
             continue;
+        }
+        // A trusted proxy carries many clients: it is not capped itself; on a
+        // PROXY listener the cap applies to the client its header names.
+        let address_slot = if trusted_peer {
+            None
+        } else {
+            let Some(slot) = node
+                .connections_per_address
+                .try_open(peer.ip(), node.settings.max_connections_per_address)
+            else {
+                // HAProxy's `tcp-request connection reject` on `src_conn_cur`: the
+                // cheapest answer is none.
+                node.metrics.count_close(CloseReason::AddressLimit);
+                drop(stream);
+                continue;
+            };
+            Some(slot)
         };
         let _ = stream.set_nodelay(true);
-        let conn_info = ConnInfo {
+        let mut conn_info = ConnInfo {
             peer,
             client: peer.ip(),
             id: worker.next_connection_id(),
         };
+        let proxy_protocol = spec.proxy_protocol;
         node.metrics.connection_opened();
         let registered = registry.register();
         let node = Arc::clone(&node);
@@ -269,9 +294,25 @@ async fn accept_loop(
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let _address_slot = address_slot;
+            let mut _address_slot = address_slot;
             let _drain = drain;
             let state = Arc::clone(&registered.state);
+            let mut stream = stream;
+            let mut rest = bytes::Bytes::new();
+            if proxy_protocol {
+                match proxy_header(&node, &mut stream, &state, peer).await {
+                    Ok((client, after, slot)) => {
+                        conn_info.client = client;
+                        rest = after;
+                        _address_slot = slot;
+                    }
+                    Err(why) => {
+                        drop(registered);
+                        node.metrics.connection_closed(why);
+                        return;
+                    }
+                }
+            }
             let service = {
                 let node = Arc::clone(&node);
                 let state = Arc::clone(&state);
@@ -285,7 +326,7 @@ async fn accept_loop(
                     }
                 })
             };
-            let io = conn::Watched::new(stream, Arc::clone(&state));
+            let io = conn::Watched::with_prefix(stream, Arc::clone(&state), rest);
             let why = match tls {
                 None => {
                     serve(
@@ -333,14 +374,54 @@ async fn accept_loop(
     }
 }
 
+/// Reads a connection's PROXY header under its header deadline: the client
+/// it names (the peer for a load balancer's own connection), the bytes read
+/// past it, and the client's slot under `max_connections_per_address`. A
+/// missing or malformed header closes the connection and counts
+/// [`Defence::ProxyProtocol`].
+async fn proxy_header(
+    node: &Node,
+    stream: &mut tokio::net::TcpStream,
+    state: &conn::ConnState,
+    peer: SocketAddr,
+) -> Result<(IpAddr, bytes::Bytes, Option<conn::AddressSlot>), CloseReason> {
+    let deadline = state.next_check(&node.settings, Instant::now());
+    match proxy_protocol::read_header(stream, deadline).await {
+        Ok(header) => {
+            let Some(source) = header.source else {
+                return Ok((peer.ip(), header.rest, None));
+            };
+            let client = source.ip().to_canonical();
+            let slot = node
+                .connections_per_address
+                .try_open(client, node.settings.max_connections_per_address)
+                .ok_or(CloseReason::AddressLimit)?;
+            Ok((client, header.rest, Some(slot)))
+        }
+        Err(err) => {
+            node.defences.record(
+                Defence::ProxyProtocol,
+                node.clock.now().0 / 1_000,
+                Some(peer.ip()),
+                &format!("{err}: connection closed"),
+            );
+            Err(match err {
+                proxy_protocol::ProxyHeaderError::Timeout => CloseReason::HeaderTimeout,
+                _ => CloseReason::Ended,
+            })
+        }
+    }
+}
+
 /// Who is on the other end of a connection, as the request path needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnInfo {
     /// The socket's peer.
     pub peer: SocketAddr,
     /// The client's address: the peer, or what a trusted load balancer in
-    /// front said (PROXY protocol). Per-client budgets and the ticket binding
-    /// use it.
+    /// front said (PROXY protocol) at accept; in the request path, resolved
+    /// further from a trusted proxy's `X-Forwarded-For` (see
+    /// [`crate::forwarded`]). Per-client budgets and the ticket binding use it.
     pub client: IpAddr,
     /// Unique among this node's connections since it started (worker index in
     /// the top 16 bits): what tells one client's connections from another's
