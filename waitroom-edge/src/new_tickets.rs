@@ -102,8 +102,8 @@ impl NewTicketLimiter {
 fn address_key(client: IpAddr) -> u128 {
     match client.to_canonical() {
         IpAddr::V4(v4) => u128::from(u32::from(v4)),
-        // Tagged above the IPv4 range so no /64 equals an IPv4 address.
-        IpAddr::V6(v6) => (u128::from(v6) & !u128::from(u64::MAX)) | 1,
+        // The low 64 bits cleared, then bit 32 set: no /64 equals an IPv4 key.
+        IpAddr::V6(v6) => (u128::from(v6) & !u128::from(u64::MAX)) | 1 << 32,
     }
 }
 
@@ -176,6 +176,11 @@ mod tests {
         assert_ne!(
             address_key("2001:db8:1:2::1".parse().unwrap()),
             address_key("2001:db8:1:3::1".parse().unwrap())
+        );
+        assert_ne!(
+            address_key("::1".parse().unwrap()),
+            address_key("0.0.0.0".parse().unwrap()),
+            "the /64 of ::1 is not an IPv4 address"
         );
     }
 
