@@ -48,6 +48,12 @@ impl InProcNode {
     /// the clock standing at [`START`]. `room` adds the room's keys (limits,
     /// session duration, refresh interval, queueing method).
     pub fn start(tag: &str, room: &str) -> Result<Self> {
+        Self::start_with(tag, "", room)
+    }
+
+    /// As [`InProcNode::start`], with `node` added to the `[node]` table
+    /// (limits of the request path, for instance).
+    pub fn start_with(tag: &str, node: &str, room: &str) -> Result<Self> {
         let dir = TempDir::new(tag);
         let origin = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -70,6 +76,7 @@ listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
 workers = 1
 counters_path = "{counters}"
+{node}
 
 [[rooms]]
 id = "shop"

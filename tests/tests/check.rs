@@ -149,6 +149,8 @@ fn forty_bad_configs_are_refused_naming_the_field_and_good_ones_start() {
         ("zero connection limit", set(&base, "max_connections_per_worker", "max_connections_per_worker = 0"), "node.max_connections_per_worker"),
         ("grace of a day", set(&base, "shutdown_grace_ms", "shutdown_grace_ms = 86400000"), "node.shutdown_grace_ms"),
         ("negative workers", set(&base, "workers", "workers = -1"), "node.workers"),
+        ("new tickets faster than 1 a ms", add_to(&base, "[node]", "new_tickets_per_address_per_minute = 100000"), "node.new_tickets_per_address_per_minute"),
+        ("new-ticket burst 0", add_to(&base, "[node]", "new_tickets_burst_per_address = 0"), "node.new_tickets_burst_per_address"),
         ("non-hex secret", set(&base, "secret_hex", "secret_hex = \"zz0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\""), "secret_hex"),
         ("short secret", set(&base, "secret_hex", "secret_hex = \"0001\""), "secret_hex"),
         ("duplicate key ids", add_to(&base, "[node.tls]", "").replace("[node.tls]", "[[node.cookie_keys]]\nid = 1\nsecret_hex = \"1f1e1d1c1b1a191817161514131211100f0e0d0c0b0a09080706050403020100\"\n\n[node.tls]"), "cookie_keys[1].id"),

@@ -6,9 +6,29 @@
 //! 3. a queued visitor checking in before their refresh interval is up gets
 //!    no chance and consumes nothing;
 //! 4. `queue_all` queues;
-//! 5. otherwise the visitor tries for a slot from the pools they may use —
-//!    in FIFO by their bucket, in random queueing as if new — through the
-//!    node's ticket counter, and is admitted or queued with an estimate.
+//! 5. in random queueing the lottery is among the waiting, not among
+//!    requests: a new visitor (no usable ticket, or an ended session) joins
+//!    the queue while others wait ([`QueueReason::JoinedQueue`]) and first
+//!    gets a chance at their first on-time check-in, like everyone else.
+//!    Otherwise every cookie-less request would be a fresh lottery ticket,
+//!    and a client that drops its cookie and polls 20 times a second wins
+//!    nearly every released slot (issue 13, item 7). "Others wait" means the
+//!    global state's `total_waiting` is above zero: the whole room's queue,
+//!    other nodes included, as of the last state (about a second old),
+//!    counting everyone who checked in within the counters' waiting window.
+//!    It is read from the state, never summed from this node's counters on
+//!    the request path. When it is stale the error is on the safe side: a
+//!    queue that just emptied (or holds only visitors who gave up) makes a
+//!    newcomer wait one refresh interval before drawing, alone; a queue that
+//!    formed within the last second lets a newcomer draw at once, as the
+//!    first arrivals of that second did. With nobody waiting (an open room)
+//!    a new visitor goes on to step 6 and is admitted at once if a slot is
+//!    free: a quiet site queues nobody. FIFO is untouched: there new visitors
+//!    already stand behind the waiting buckets ([`pools_for`]);
+//! 6. otherwise the visitor tries for a slot from the pools they may use —
+//!    in FIFO by their bucket, in random queueing from the shared pools —
+//!    through the node's ticket counter, and is admitted or queued with an
+//!    estimate.
 //!
 //! It does no I/O, reads no clock and uses only the randomness it is given.
 //! The admitted path allocates nothing.
@@ -63,6 +83,9 @@ pub enum QueueReason {
     BehindOlderBuckets,
     /// Every pool this visitor may use is spent for this minute.
     NoSlotLeft,
+    /// Random queueing: a new visitor while others wait joins the lottery
+    /// and draws from their first on-time check-in (step 5).
+    JoinedQueue,
 }
 
 /// The engine's answer, always with the ticket to send back.
@@ -144,7 +167,7 @@ pub fn decide(
     // 2. Methods that do not queue.
     match room.queueing_method() {
         QueueingMethod::Passthrough => {
-            // Session first, then the admit count (see step 5).
+            // Session first, then the admit count (see step 6).
             let decision = admit(
                 room,
                 counters,
@@ -188,7 +211,29 @@ pub fn decide(
         );
     }
 
-    // 5. A slot, or the queue. The session is counted *before* the ticket is
+    // 5. Random queueing draws among the waiting: a newcomer joins them first.
+    if room.queueing_method() == QueueingMethod::Random
+        && visitor == Visitor::New
+        && global.total_waiting > 0
+    {
+        let mut decision = queue(
+            room,
+            global,
+            counters,
+            ticket,
+            visitor,
+            now,
+            rng,
+            QueueReason::JoinedQueue,
+        );
+        // The state does not count the newcomer yet; the queue they joined does.
+        if let Decision::Queue { estimate, .. } = &mut decision {
+            *estimate = WaitEstimate::random(global.total_waiting + 1, global.admits_per_minute);
+        }
+        return decision;
+    }
+
+    // 6. A slot, or the queue. The session is counted *before* the ticket is
     // taken (and uncounted if none is left): a snapshot of the counters taken
     // meanwhile (`GlobalState::standalone`, `RoomCounters::report`, which read
     // admits, then sessions, then admits again) may then count one visitor too
@@ -210,6 +255,21 @@ pub fn decide(
             counters.end_session(expiry);
             queue(room, global, counters, ticket, visitor, now, rng, reason)
         }
+    }
+}
+
+/// Whether [`decide`] would take this request for a [`Visitor::New`]: no
+/// usable ticket for this room, or one whose session has ended. The edge asks
+/// before deciding, so that it can refuse a client too many new tickets
+/// without the engine having moved any counter.
+#[must_use]
+pub fn is_new_visitor(room: &Room, ticket: Option<&Ticket>, now: UnixMillis) -> bool {
+    match ticket.filter(|t| t.version == TICKET_VERSION && t.room == room.id()) {
+        None => true,
+        // Only an admitted ticket has a session end; a queued one is Waiting.
+        Some(t) => t
+            .session_end(room.session_minutes(), room.session_renewal())
+            .is_some_and(|end| now >= end),
     }
 }
 
@@ -293,7 +353,7 @@ fn take_slot(
 }
 
 /// Admits the visitor; `started` is the expiry minute when the session was
-/// already counted (see step 5 of [`decide`]).
+/// already counted (see step 6 of [`decide`]).
 fn admit(
     room: &Room,
     counters: &RoomCounters,
@@ -1215,9 +1275,15 @@ mod tests {
             },
             true,
         );
+        // The hundred who wait check in on time (new visitors would only
+        // join them: see `random_mode_new_visitors_join_the_waiting_first`).
         let admitted_by = |now: UnixMillis| {
+            let waiter = Ticket {
+                last_check_in: now.minus_secs(25),
+                ..Ticket::new_visitor(ROOM, UnixMillis(start.0 - 180_000), 20)
+            };
             (0..100)
-                .filter(|&i| decide(&room, &global, &counters, None, now, i).is_admitted())
+                .filter(|&i| decide(&room, &global, &counters, Some(waiter), now, i).is_admitted())
                 .count()
         };
         assert_eq!(
@@ -1226,6 +1292,198 @@ mod tests {
             "a sixth of the minute: a sixth of the slots"
         );
         assert_eq!(admitted_by(start.plus_secs(59)), 49);
+    }
+
+    /// Issue 13, item 7: in random queueing a request without a ticket is
+    /// not a lottery ticket of its own. While others wait, a new visitor
+    /// joins them (and is counted waiting) and draws from their first
+    /// on-time check-in; checking in early still gets no chance.
+    #[test]
+    fn random_mode_new_visitors_join_the_waiting_first() {
+        let room = with_method(&room(1_000, 1_000), QueueingMethod::Random);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let t0 = at(10, 0, 30);
+        let global = |now: UnixMillis| {
+            state(
+                now,
+                &[(t0.minute().minus(2), 30)],
+                60,
+                PoolCounts {
+                    colo_share: 60,
+                    ..PoolCounts::default()
+                },
+                true,
+            )
+        };
+        let joined = decide(&room, &global(t0), &counters, None, t0, 3);
+        let Decision::Queue {
+            ticket,
+            visitor: Visitor::New,
+            reason: QueueReason::JoinedQueue,
+            estimate,
+        } = joined
+        else {
+            panic!("{joined:?}")
+        };
+        assert_eq!(counters.admits(t0.minute()), PoolCounts::default());
+        assert_eq!(
+            counters.waiting(t0.minute(), t0.minute()),
+            1,
+            "counted waiting"
+        );
+        assert_eq!(ticket.bucket, t0.minute());
+        assert_eq!(ticket.counted_waiting, Some(t0.minute()));
+        assert!(estimate.wait_time_known, "{estimate:?}");
+        assert_eq!(estimate.visitors_ahead, 31, "the 30 and the newcomer");
+        // Many fresh requests at once, while slots are free: none wins.
+        let fresh_wins = (0..100)
+            .filter(|&i| decide(&room, &global(t0), &counters, None, t0, i).is_admitted())
+            .count();
+        assert_eq!(fresh_wins, 0);
+        // Early: no chance, nothing moved.
+        let early = t0.plus_secs(2);
+        let too_early = decide(&room, &global(early), &counters, Some(ticket), early, 0);
+        assert!(
+            matches!(
+                too_early,
+                Decision::Queue {
+                    reason: QueueReason::TooEarly,
+                    visitor: Visitor::Waiting,
+                    ..
+                }
+            ),
+            "{too_early:?}"
+        );
+        // On time: a draw like everyone else's, and the slots are there.
+        let on_time = ticket.next_check_in();
+        let drawn = decide(&room, &global(on_time), &counters, Some(ticket), on_time, 0);
+        assert!(
+            matches!(
+                drawn,
+                Decision::Admit {
+                    visitor: Visitor::Waiting,
+                    reason: AdmitReason::Slot(Pool::ColoShare),
+                    ..
+                }
+            ),
+            "{drawn:?}"
+        );
+        // It left the queue; the hundred fresh requests are each still
+        // counted waiting (what the edge's per-address limit is for).
+        assert_eq!(counters.waiting(t0.minute(), on_time.minute()), 100);
+    }
+
+    /// With nobody waiting a random room queues nobody who can have a slot:
+    /// a quiet site lets a new visitor straight in.
+    #[test]
+    fn random_mode_with_nobody_waiting_admits_new_visitors_at_once() {
+        let room = with_method(&room(1_000, 1_000), QueueingMethod::Random);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let now = at(10, 0, 30);
+        let decision = decide(&room, &open(now, 10), &counters, None, now, 0);
+        assert!(
+            matches!(
+                decision,
+                Decision::Admit {
+                    visitor: Visitor::New,
+                    reason: AdmitReason::Slot(Pool::ColoShare),
+                    ..
+                }
+            ),
+            "{decision:?}"
+        );
+        // FIFO is untouched by the rule: a new visitor behind waiting
+        // buckets still waits for them, for its own reason.
+        let fifo = room_fifo_with_waiting(now);
+        let decision = decide(
+            &room_of(QueueingMethod::Fifo),
+            &fifo,
+            &counters,
+            None,
+            now,
+            0,
+        );
+        assert!(
+            matches!(
+                decision,
+                Decision::Queue {
+                    reason: QueueReason::BehindOlderBuckets,
+                    ..
+                }
+            ),
+            "{decision:?}"
+        );
+    }
+
+    fn room_of(method: QueueingMethod) -> Room {
+        with_method(&room(1_000, 1_000), method)
+    }
+
+    /// Two waiting buckets that the 10 slots do not cover.
+    fn room_fifo_with_waiting(now: UnixMillis) -> GlobalState {
+        state(
+            now,
+            &[(now.minute().minus(2), 8), (now.minute().minus(1), 8)],
+            10,
+            PoolCounts {
+                eligible: 8,
+                colo_share: 2,
+                ..PoolCounts::default()
+            },
+            false,
+        )
+    }
+
+    /// [`is_new_visitor`] is what the edge rate-limits by: it must say
+    /// exactly what `decide` then makes of the ticket.
+    #[test]
+    fn is_new_visitor_agrees_with_decide() {
+        let room = room(200, 200);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let t0 = at(20, 1, 13);
+        let admitted = ticket_of(&decide(&room, &open(t0, 10), &counters, None, t0, 0));
+        let queued = ticket_of(&decide(
+            &room,
+            &GlobalState::empty(t0),
+            &counters,
+            None,
+            t0,
+            0,
+        ));
+        let cases = [
+            (None, t0.plus_secs(30)),
+            (Some(admitted), t0.plus_secs(30)),
+            (Some(admitted), at(20, 6, 13)),
+            (Some(queued), t0.plus_secs(30)),
+            (Some(queued), t0.plus_secs(1)),
+            (
+                Some(Ticket {
+                    room: RoomId(1),
+                    ..admitted
+                }),
+                t0.plus_secs(30),
+            ),
+            (
+                Some(Ticket {
+                    version: 0,
+                    ..queued
+                }),
+                t0.plus_secs(30),
+            ),
+        ];
+        for (ticket, now) in cases {
+            let decision = decide(&room, &open(now, 10), &counters, ticket, now, 0);
+            let visitor = match decision {
+                Decision::Admit { visitor, .. }
+                | Decision::Queue { visitor, .. }
+                | Decision::Reject { visitor, .. } => visitor,
+            };
+            assert_eq!(
+                is_new_visitor(&room, ticket.as_ref(), now),
+                visitor == Visitor::New,
+                "{ticket:?} at {now:?}: {decision:?}"
+            );
+        }
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! - counting from 1, 2 and N threads: the exact ticket counter of
 //!   `RoomCounters` (one shared word, CAS) against a plain shared `fetch_add`
 //!   and against per-core shards — the figure behind the choice of one shared
-//!   word per pool: shards would be faster but cannot enforce a cap exactly.
+//!   word per pool: shards would be faster but cannot enforce a cap exactly;
+//! - the new-ticket limit per client address (`new_tickets`): what a request
+//!   with a ticket pays (telling it is not new) and what a new visitor pays
+//!   (that, plus a keyed hash of its address and one CAS).
 use std::{
     hint::black_box,
     sync::{
@@ -147,5 +150,46 @@ fn counters(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, cookie, counters);
+fn new_ticket_limit(c: &mut Criterion) {
+    use waitroom_common::{engine::is_new_visitor, room::RoomConfig};
+    use waitroom_edge::new_tickets::{NewTicketLimiter, NewTicketRate};
+    let room = RoomConfig::with_limits(1_000, 100)
+        .validate()
+        .expect("valid room")
+        .with_id(RoomId(1));
+    let now = UnixMillis(1_800_000_000_000);
+    let mut admitted = Ticket::new_visitor(RoomId(1), now, 20);
+    admitted.accepted_at = Some(now);
+    admitted.counted_expiry = Some(now.plus_minutes(5).minute());
+    let mut g = c.benchmark_group("new_ticket_limit");
+    g.bench_function("visitor_with_ticket", |b| {
+        b.iter(|| is_new_visitor(&room, black_box(Some(&admitted)), black_box(now)));
+    });
+    // One ticket a millisecond per address; 1,024 addresses in turn and the
+    // clock a millisecond on per request: every request is within its limit.
+    let limiter = NewTicketLimiter::new(NewTicketRate {
+        per_minute: 60_000,
+        burst: 1_000,
+    });
+    let mut i = 0_u32;
+    g.bench_function("new_visitor_within", |b| {
+        b.iter(|| {
+            i = i.wrapping_add(1);
+            let at = UnixMillis(now.0 + u64::from(i));
+            let client = std::net::IpAddr::from((0xc000_0200 + (i % 1_024)).to_be_bytes());
+            black_box(is_new_visitor(&room, black_box(None), at))
+                && limiter.take(black_box(client), at).is_ok()
+        });
+    });
+    let client = std::net::IpAddr::from([192, 0, 2, 7]);
+    g.bench_function("new_visitor_over", |b| {
+        b.iter(|| {
+            black_box(is_new_visitor(&room, black_box(None), now))
+                && limiter.take(black_box(client), now).is_ok()
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, cookie, counters, new_ticket_limit);
 criterion_main!(benches);

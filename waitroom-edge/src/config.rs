@@ -63,6 +63,24 @@ pub struct NodeSection {
     /// visitors behind one address.
     #[serde(default = "default_max_connections_per_address")]
     pub max_connections_per_address: usize,
+    /// New tickets one client address (an IPv6 client: its /64) may be
+    /// issued per minute in rooms that queue, sustained; over it the request
+    /// gets 429 with `Retry-After` and no ticket (see
+    /// [`crate::new_tickets`]). 0 turns the limit off. A browser keeps its
+    /// cookie and is issued a new ticket only on arrival and after its
+    /// session ends, so one person makes a handful an hour; a script that
+    /// drops its cookie at 20 requests a second makes 1,200 a minute. The
+    /// default, 120 (two a second), leaves room for the many people behind
+    /// one carrier-grade NAT address or one office gateway who keep arriving
+    /// during a launch, while cutting such a script to a tenth.
+    #[serde(default = "default_new_tickets_per_address_per_minute")]
+    pub new_tickets_per_address_per_minute: u32,
+    /// New tickets an address that has been quiet may be issued at once, on
+    /// top of the sustained rate. The default, 600, lets an office or a NAT
+    /// address full of people all arrive in the same second when a sale
+    /// opens.
+    #[serde(default = "default_new_tickets_burst_per_address")]
+    pub new_tickets_burst_per_address: u32,
     /// From accept to the first complete request head, milliseconds (nginx
     /// `client_header_timeout`, HAProxy `timeout http-request`): covers the TLS
     /// handshake, HTTP version detection, the HTTP/2 preface and SETTINGS.
@@ -138,6 +156,19 @@ impl NodeSection {
             "max_connections_per_address",
             self.max_connections_per_address,
             0,
+            1_000_000,
+        )?;
+        // At most one a millisecond: the limiter counts in milliseconds.
+        within(
+            "new_tickets_per_address_per_minute",
+            self.new_tickets_per_address_per_minute,
+            0,
+            60_000,
+        )?;
+        within(
+            "new_tickets_burst_per_address",
+            self.new_tickets_burst_per_address,
+            1,
             1_000_000,
         )?;
         within(
@@ -252,6 +283,12 @@ fn default_max_connections() -> usize {
 }
 fn default_max_connections_per_address() -> usize {
     512
+}
+fn default_new_tickets_per_address_per_minute() -> u32 {
+    120
+}
+fn default_new_tickets_burst_per_address() -> u32 {
+    600
 }
 fn default_header_timeout_ms() -> u64 {
     5_000

@@ -27,6 +27,7 @@
 //! - [`target`]: one spelling per path (normalization before routing).
 //! - [`rooms`]: room specs and routing by host and longest path prefix.
 //! - [`cookie`]: sealed tickets (ChaCha20-Poly1305, key rotation).
+//! - [`new_tickets`]: how many new tickets one client address may be issued.
 //! - [`queue_page`]: the Mustache queue page and its JSON twin.
 //! - [`proxy`]: the reverse proxy to the origin.
 //! - [`upstream`]: origin pools, steering, health checks, origin TLS.
@@ -48,6 +49,7 @@ pub mod gossip;
 pub mod http;
 pub mod keys;
 pub mod metrics;
+pub mod new_tickets;
 pub mod node;
 pub mod proxy;
 pub mod queue_page;

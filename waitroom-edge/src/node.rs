@@ -180,6 +180,8 @@ pub struct Node {
     pub refused_targets: crate::target::RefusedTargets,
     /// Hostile or broken client behaviour caught, by reason.
     pub defences: crate::metrics::Defences,
+    /// New tickets per client address (`new_tickets_per_address_per_minute`).
+    pub new_tickets: crate::new_tickets::NewTicketLimiter,
     /// Each room's share as last persisted, from an earlier run: what the
     /// node goes by until the aggregator answers.
     restored_shares: Vec<Option<f64>>,
@@ -226,6 +228,12 @@ impl Node {
             reloads: reload::ReloadState::new(config, parts.https_cert, now),
             refused_targets: crate::target::RefusedTargets::default(),
             defences: crate::metrics::Defences::default(),
+            new_tickets: crate::new_tickets::NewTicketLimiter::new(
+                crate::new_tickets::NewTicketRate {
+                    per_minute: config.node.new_tickets_per_address_per_minute,
+                    burst: config.node.new_tickets_burst_per_address,
+                },
+            ),
             restored_shares: config
                 .rooms
                 .iter()

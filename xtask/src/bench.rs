@@ -428,6 +428,9 @@ listen = "127.0.0.1:{port}"
 workers = 1
 counters_path = "{counters}"
 max_connections_per_worker = 100000
+# The load comes from one address and keeps no cookie in (b)-(d): the
+# per-address limit on new tickets would answer most of it with 429.
+new_tickets_per_address_per_minute = 0
 
 [[rooms]]
 id = "admit"

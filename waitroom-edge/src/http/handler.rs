@@ -124,6 +124,28 @@ pub async fn handle(
     let ticket = open_ticket(node, room, engine_room, req.headers(), now);
     let presented = ticket;
 
+    // 2b. A new ticket for this client address, if the room queues and the
+    //     engine is going to make a new visitor of this request (no usable
+    //     ticket, or a session that ended): within the address's limit, or a
+    //     429 with nothing issued and no counter moved. Asked here, before
+    //     the engine, because afterwards its counts would already have moved.
+    if node.new_tickets.is_on()
+        && matches!(
+            engine_room.queueing_method(),
+            QueueingMethod::Fifo | QueueingMethod::Random
+        )
+        && engine::is_new_visitor(engine_room, ticket.as_ref(), now)
+        && let Err(wait_ms) = node.new_tickets.take(conn.client, now)
+    {
+        node.defences.record(
+            Defence::NewTicketRate,
+            now.0 / 1_000,
+            Some(conn.client),
+            "too many new tickets for one client address",
+        );
+        return too_many_new_tickets(wait_ms);
+    }
+
     // 3. The decision.
     let state = room.state.load();
     let decision = engine::decide(
@@ -433,6 +455,23 @@ fn rejected(set_cookie: Option<HeaderValue>) -> Response<Body> {
     if let Some(c) = set_cookie {
         resp.headers_mut().append(header::SET_COOKIE, c);
     }
+    resp
+}
+
+/// 429 for a client address over its new-ticket limit: no cookie, and a
+/// `Retry-After` (whole seconds, rounded up) of when it may have one.
+fn too_many_new_tickets(wait_ms: u64) -> Response<Body> {
+    let mut resp = Response::new(full(
+        "too many new visitors from your address; keep the cookie this site sets, or retry later\n",
+    ));
+    *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(wait_ms.div_ceil(1_000).max(1)),
+    );
     resp
 }
 
