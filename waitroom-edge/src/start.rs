@@ -146,6 +146,16 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
             )
         })?,
     );
+    let ledger_file = config.node.ticket_ledger_file();
+    let ledger = Arc::new(
+        crate::ledger::SharedLedger::open(&ledger_file, config.node.ticket_ledger_entries)
+            .with_context(|| {
+                format!(
+                    "opening the ticket ledger {} (node.ticket_ledger_entries)",
+                    ledger_file.display()
+                )
+            })?,
+    );
     let keys = keys::load(&config.node)?;
     let rooms = RoomRuntime::build_all(&config, &counters, &clock)?;
 
@@ -164,6 +174,7 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
         &config,
         NodeParts {
             counters,
+            ledger,
             keys,
             rooms,
             clock,
