@@ -2,7 +2,9 @@
 //! (a) a returning admitted visitor, (b) a new visitor admitted, (c) a queued
 //! visitor checking in; each with the node's ticket ledger and with one
 //! that remembers nothing (`.../without_ledger`), so the ledger's cost per
-//! decision reads off the pair. `cargo bench -p waitroom-common --features std`.
+//! decision reads off the pair; and the connection budget's check
+//! (`ledger/note_connection_many`), which the node makes before deciding.
+//! `cargo bench -p waitroom-common --features std`.
 
 use std::hint::black_box;
 
@@ -85,6 +87,28 @@ fn bench(c: &mut Criterion) {
             })
         });
 
+        // (a') The same, over 100,000 visitors in turn: each one's ledger
+        // entry is cold in the cache, as on a busy node.
+        let many: Vec<Ticket> = (1..=100_000_u64)
+            .map(|id| Ticket { id, ..admitted })
+            .collect();
+        c.bench_function(&format!("decide/returning_admitted_many{suffix}"), |b| {
+            b.iter(|| {
+                i += 1;
+                let now = NOW.plus_millis(i % 1_000);
+                let ticket = many[(i.wrapping_mul(0x9e37_79b9) % many.len() as u64) as usize];
+                black_box(decide(
+                    &room,
+                    &global,
+                    &counters,
+                    ledger,
+                    black_box(Some(ticket)),
+                    now,
+                    i,
+                ))
+            })
+        });
+
         // (b) New visitor admitted: all buckets covered, plenty of colo-share slots.
         let open = GlobalState {
             first_uncovered: None,
@@ -135,5 +159,27 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// The connection budget the node checks before deciding: one of a
+/// browser's eight connections seen again, over 30,000 tickets in turn
+/// (cold rows; the default ledger keeps rows for 65,536 tickets active
+/// within the window).
+fn connections(c: &mut Criterion) {
+    let ledger = TicketLedger::new_boxed(1 << 20, [0x1234_5678, 0x9abc_def0]);
+    let mut i = 0_u64;
+    c.bench_function("ledger/note_connection_many", |b| {
+        b.iter(|| {
+            i += 1;
+            let ticket = 1 + i.wrapping_mul(0x9e37_79b9) % 30_000;
+            black_box(ledger.note_connection(
+                black_box(ticket),
+                ticket * 8 + i % 8,
+                1_700_000_000 + i / 1_000_000,
+                16,
+                10,
+            ))
+        })
+    });
+}
+
+criterion_group!(benches, bench, connections);
 criterion_main!(benches);

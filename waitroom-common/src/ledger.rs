@@ -68,7 +68,8 @@
 //!
 //! # Memory
 //! `#[repr(transparent)]` over `[AtomicU64]`: a header of [`HEADER_WORDS`],
-//! the entries, the connection rows. All zero is a valid, unclaimed ledger;
+//! up to 7 words of padding (so every bucket is one cache line), the
+//! entries, the connection rows. All zero is a valid, unclaimed ledger;
 //! the edge maps it from a file so entries survive a restart like the counters.
 //! [`TicketLedger::words_for`] gives the size: about 24 bytes per entry.
 
@@ -83,8 +84,12 @@ pub const LEDGER_LAYOUT_VERSION: u32 = 1;
 /// Marks a claimed ledger ("WTL" + version).
 const LAYOUT_MAGIC: u64 = 0x5754_4C00_0000_0000 | LEDGER_LAYOUT_VERSION as u64;
 
-/// Words before the entries: magic, two key words, entry count, row count.
+/// Words before the entries: magic, two key words, entry count, row count,
+/// the padding that puts each bucket on a cache line of its own.
 pub const HEADER_WORDS: usize = 8;
+
+/// Words of room for that padding (a page-aligned mapping needs none).
+const PAD_WORDS: usize = WAYS - 1;
 
 /// Entries per bucket: 64 bytes, one cache line.
 pub const WAYS: usize = 8;
@@ -188,7 +193,7 @@ impl TicketLedger {
     #[must_use]
     pub fn words_for(entries: usize) -> usize {
         let entries = Self::round_entries(entries);
-        HEADER_WORDS + entries + Self::rows_for(entries) * ROW_WORDS
+        HEADER_WORDS + PAD_WORDS + entries + Self::rows_for(entries) * ROW_WORDS
     }
 
     /// Bytes a ledger of `entries` takes.
@@ -257,6 +262,10 @@ impl TicketLedger {
         self.0[2].store(key[1], Ordering::Relaxed);
         self.0[3].store(entries as u64, Ordering::Relaxed);
         self.0[4].store(Self::rows_for(entries) as u64, Ordering::Relaxed);
+        // Buckets start on a cache line: one miss per lookup, not two.
+        let first = core::ptr::from_ref(&self.0[HEADER_WORDS]) as usize;
+        let pad = (64 - first % 64) % 64 / 8;
+        self.0[5].store(pad as u64, Ordering::Relaxed);
         self.0[0].store(LAYOUT_MAGIC, Ordering::Release);
     }
 
@@ -306,12 +315,17 @@ impl TicketLedger {
         mix(mix(x ^ k0 ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15)) ^ k1)
     }
 
+    /// Where the entries start (after the header and the padding).
+    fn base(&self) -> usize {
+        HEADER_WORDS + (self.0[5].load(Ordering::Relaxed) as usize).min(PAD_WORDS)
+    }
+
     fn entry(&self, index: usize) -> &AtomicU64 {
-        &self.0[HEADER_WORDS + index]
+        &self.0[self.base() + index]
     }
 
     fn row_word(&self, row: usize, word: usize) -> &AtomicU64 {
-        &self.0[HEADER_WORDS + self.entries() + row * ROW_WORDS + word]
+        &self.0[self.base() + self.entries() + row * ROW_WORDS + word]
     }
 
     // ---- entries ----
@@ -468,6 +482,11 @@ impl TicketLedger {
             for slot in 1..ROW_WORDS {
                 let word = self.row_word(row, slot).load(Ordering::Acquire);
                 if word >> SECOND_BITS == fingerprint {
+                    if live(word) {
+                        // The common case, and early: a browser's own connection.
+                        self.row_word(row, slot).store(stamp, Ordering::Release);
+                        return true;
+                    }
                     mine = Some((slot, word));
                 } else if live(word) {
                     others += 1;
@@ -476,10 +495,6 @@ impl TicketLedger {
                 }
             }
             let target = match mine {
-                Some((slot, word)) if live(word) => {
-                    self.row_word(row, slot).store(stamp, Ordering::Release);
-                    return true;
-                }
                 // Seen before, but not within the window: it competes anew.
                 Some(found) => found,
                 None => match free {

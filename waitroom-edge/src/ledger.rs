@@ -12,6 +12,11 @@
 //! as `PATH.old` and made afresh: the tickets it knew are then believed once
 //! more, which is the ledger's bound for any ticket it does not know.
 //!
+//! A file truncated underneath the mapping leaves zeroed memory in its
+//! place (the SIGBUS guard): a zeroed ledger remembers nothing, so every
+//! cookie's claim is believed again, as before the ledger, until the next
+//! start makes a new file; the control loop logs it once.
+//!
 //! The placement key is drawn at random when the file is made and kept in
 //! it (the file is private to the node), so a restart keeps finding its
 //! entries.

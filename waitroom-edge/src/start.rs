@@ -467,6 +467,7 @@ fn spawn_state_refresh(
             None => std::future::pending().await,
         };
         let mut truncation_told = false;
+        let mut ledger_truncation_told = false;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -476,6 +477,13 @@ fn spawn_state_refresh(
                         tracing::error!(
                             file = node.counters.path(),
                             "the counters file was truncated underneath the node; serving on with counts in memory from zero (restart to keep them in a file again)"
+                        );
+                    }
+                    if !ledger_truncation_told && node.ledger.truncated() {
+                        ledger_truncation_told = true;
+                        tracing::error!(
+                            file = node.ledger.path(),
+                            "the ticket ledger file was truncated underneath the node; serving on believing every ticket's cookie once more (restart to keep a ledger again)"
                         );
                     }
                 }
