@@ -298,3 +298,47 @@ fn the_ledger_survives_a_restart() {
         5
     );
 }
+
+/// `--check` ⇔ start: a ledger file others may write is refused by both,
+/// naming the counters file's key (the ledger lives beside it).
+#[test]
+fn check_refuses_a_ledger_file_others_may_write() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = waitroom_tests::procs::TempDir::new("ledger-perm");
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let ledger = state.join("edge.counters.tickets");
+    std::fs::write(&ledger, b"planted").unwrap();
+    std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let path = dir.path().join("edge.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[node]\nid = \"n\"\nlisten = \"127.0.0.1:0\"\nstate_dir = \"{}\"\n\n[[rooms]]\nid = \"shop\"\norigin = \"127.0.0.1:9\"\ntotal_active_users = 10\nnew_users_per_minute = 1\n",
+            state.display()
+        ),
+    )
+    .unwrap();
+    let check = || {
+        std::process::Command::new(waitroom_tests::procs::binary("waitroom-edge"))
+            .args(["--check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    };
+    let out = check();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("node.counters_path") && stderr.contains("edge.counters.tickets"),
+        "{stderr}"
+    );
+    std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = check();
+    assert!(
+        out.status.success(),
+        "an existing private file of another size is set aside at start, not refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -63,8 +63,12 @@
 //! beyond the budget is refused; the caller treats its request as a new
 //! visitor. The set is exact within one worker thread; workers racing for
 //! the last free place may each get it (at most one over per extra worker).
-//! A row taken over by another ticket (both sets full of live connections)
-//! starts that ticket's set afresh: it may then let in up to the budget again.
+//! A row taken over by another ticket (both rows of the set held by tickets
+//! with live connections) starts the evicted ticket's set afresh: it may then
+//! let in up to the budget again. There is one row per
+//! [`ENTRIES_PER_CONNECTION_ROW`] entries (65,536 rows with the default
+//! 2^20 entries): the table holds that many tickets active within one window;
+//! beyond it, takeovers weaken the bound as said.
 //!
 //! # Memory
 //! `#[repr(transparent)]` over `[AtomicU64]`: a header of [`HEADER_WORDS`],
