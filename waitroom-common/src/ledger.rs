@@ -22,7 +22,9 @@
 //!   ([`TicketLedger::replace`]). Two requests with the same ticket, racing
 //!   or one after the other, each move from the state the other left: the
 //!   counts telescope and every ticket is counted once. A cookie whose claim
-//!   is older than the ledger moves nothing that was already moved.
+//!   is older than the ledger moves nothing that was already moved; a stale
+//!   admitted cookie whose session has ended is then served as a new visitor
+//!   (a new ticket), as a request without a cookie would be.
 //! - A ticket the ledger does not know (issued on another node, issued
 //!   before the ledger existed, or its entry was evicted) is **believed once**:
 //!   its cookie's claim is taken as where it is counted, the move is made,
@@ -46,15 +48,18 @@
 //! minute, a waiting count's last minute in the waiting window, an
 //! uncounted ticket's last minute. Evicting an entry never changes a count:
 //! the counts it tracked age out of the counters as they always did. A fake
-//! fingerprint match (another id with the same bucket and 31-bit
-//! fingerprint) has odds of about `WAYS / 2^31` per lookup of an unknown id.
+//! fingerprint match (another id in the same bucket with the same 31-bit
+//! fingerprint, whose low bit is always set) has odds of about
+//! `WAYS / 2^30` (7.5e-9) per lookup of an unknown id; it would move the
+//! other ticket's count by one instead of believing this one's claim.
 //!
 //! Minutes are stored as their low 20 bits and read back as the minute
 //! nearest now (±364 days); a bucket as its age at the check-in (11 bits,
 //! buckets are never older than [`MAX_BUCKET_AGE_MINUTES`]).
 //!
 //! # Connections per ticket
-//! A shared admitted cookie lets every holder in. [`TicketLedger::note_connection`]
+//! A shared cookie lets every holder in. The node checks every presented
+//! ticket (admitted or waiting) before deciding. [`TicketLedger::note_connection`]
 //! keeps, per ticket, the exact set of connections (by a fingerprint of the
 //! node-unique connection id) seen in the last `window` seconds, in a
 //! parallel table of rows of [`CONNECTION_SLOTS`] (two rows per set, keyed
