@@ -37,6 +37,10 @@ pub struct InProcNode {
     /// The node; `None` only while dropping.
     running: Option<Running>,
     driver: ClockDriver,
+    /// The clock the node reads (kept for a restart).
+    clock: Clock,
+    /// The node's config file (kept for a restart).
+    config: std::path::PathBuf,
     /// Runs the demo origin; dropping it stops the origin.
     origin: Option<tokio::runtime::Runtime>,
     /// The config file and the counters; removed last.
@@ -91,7 +95,7 @@ origin = "{origin_addr}"
         let running = start::start(
             config,
             Options {
-                clock,
+                clock: clock.clone(),
                 signals_for: None,
             },
         )?;
@@ -103,9 +107,36 @@ origin = "{origin_addr}"
                 .context("the node has an admin listener")?,
             running: Some(running),
             driver,
+            clock,
+            config: path,
             origin: Some(origin),
             _dir: dir,
         })
+    }
+
+    /// Stops the node and starts it again on the same files (counters,
+    /// ticket ledger, keys) and clock, as a restarted process would: the
+    /// listeners are new (see [`InProcNode::http`]).
+    pub fn restart(&mut self) -> Result<()> {
+        if let Some(running) = self.running.take() {
+            running.stop();
+        }
+        let config = waitroom_edge::config::load(&self.config)?;
+        let running = start::start(
+            config,
+            Options {
+                clock: self.clock.clone(),
+                signals_for: None,
+            },
+        )?;
+        self.http = running.addresses.http;
+        self.admin = running
+            .addresses
+            .admin
+            .context("the node has an admin listener")?;
+        self.running = Some(running);
+        self.wait_for_state(self.now());
+        Ok(())
     }
 
     /// `http://NODE{path}`.

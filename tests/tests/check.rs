@@ -33,6 +33,7 @@ max_header_bytes = 16384
 max_headers = 64
 max_connections_per_worker = 1000
 shutdown_grace_ms = 1000
+ticket_ledger_entries = 65536
 
 [[node.cookie_keys]]
 id = 1
@@ -51,6 +52,9 @@ origin = "127.0.0.1:9"
 total_active_users = 100
 new_users_per_minute = 10
 queue_page = "{page}"
+ticket_connection_budget = 16
+ticket_connection_window_secs = 10
+ticket_binding = "network"
 
 [aggregator]
 address = "127.0.0.1:9"
@@ -151,6 +155,8 @@ fn forty_bad_configs_are_refused_naming_the_field_and_good_ones_start() {
         ("negative workers", set(&base, "workers", "workers = -1"), "node.workers"),
         ("new tickets faster than 1 a ms", add_to(&base, "[node]", "new_tickets_per_address_per_minute = 100000"), "node.new_tickets_per_address_per_minute"),
         ("new-ticket burst 0", add_to(&base, "[node]", "new_tickets_burst_per_address = 0"), "node.new_tickets_burst_per_address"),
+        ("ticket ledger of 10 entries", set(&base, "ticket_ledger_entries", "ticket_ledger_entries = 10"), "node.ticket_ledger_entries"),
+        ("ticket ledger of 2^40 entries", set(&base, "ticket_ledger_entries", "ticket_ledger_entries = 1099511627776"), "node.ticket_ledger_entries"),
         ("non-hex secret", set(&base, "secret_hex", "secret_hex = \"zz0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\""), "secret_hex"),
         ("short secret", set(&base, "secret_hex", "secret_hex = \"0001\""), "secret_hex"),
         ("duplicate key ids", add_to(&base, "[node.tls]", "").replace("[node.tls]", "[[node.cookie_keys]]\nid = 1\nsecret_hex = \"1f1e1d1c1b1a191817161514131211100f0e0d0c0b0a09080706050403020100\"\n\n[node.tls]"), "cookie_keys[1].id"),
@@ -177,6 +183,9 @@ fn forty_bad_configs_are_refused_naming_the_field_and_good_ones_start() {
         ("session of 0", add_to(&base, "[[rooms]]", "session_duration = 0"), "rooms[0].session_duration"),
         ("refresh of 1 s", add_to(&base, "[[rooms]]", "refresh_interval = 1"), "rooms[0].refresh_interval"),
         ("queue status 500", add_to(&base, "[[rooms]]", "queue_status = 500"), "rooms[0].queue_status"),
+        ("connection budget 100", set(&base, "ticket_connection_budget", "ticket_connection_budget = 100"), "rooms[0].ticket_connection_budget"),
+        ("connection window 0", set(&base, "ticket_connection_window_secs", "ticket_connection_window_secs = 0"), "rooms[0].ticket_connection_window_secs"),
+        ("binding to the moon", set(&base, "ticket_binding", "ticket_binding = \"moon\""), "rooms[0].ticket_binding"),
         ("path without slash", set(&base, "path", "path = \"drop\""), "rooms[0].path"),
         ("origin not host:port", set(&base, "origin", "origin = \"not a host\""), "rooms[0].origin"),
         ("missing queue page", set(&base, "queue_page", "queue_page = \"/nonexistent/page.html\""), "rooms[0].queue_page"),

@@ -620,6 +620,9 @@ mod tests {
             refresh_interval: 20,
             cookie_same_site: CookieSameSite::Auto,
             cookie_secure: CookieSecure::Auto,
+            ticket_connection_budget: crate::room::DEFAULT_TICKET_CONNECTION_BUDGET,
+            ticket_connection_window_secs: crate::room::DEFAULT_TICKET_CONNECTION_WINDOW_SECS,
+            ticket_binding: crate::room::TicketBinding::None,
         };
         RoomDef {
             name: "shop".into(),

@@ -30,6 +30,12 @@
 //!    through the node's ticket counter, and is admitted or queued with an
 //!    estimate.
 //!
+//! Every count a ticket holds is moved from where the [ticket
+//! ledger](crate::ledger) says it sits, together with a compare-and-swap of
+//! the ticket's entry, never from the cookie's word alone: a replayed or
+//! stale cookie moves nothing twice (see the ledger's docs for the rule and
+//! its bounds).
+//!
 //! It does no I/O, reads no clock and uses only the randomness it is given.
 //! The admitted path allocates nothing.
 
@@ -37,6 +43,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::counters::{MAX_BUCKET_AGE_MINUTES, Pool, RoomCounters, WAITING_BUCKETS};
 use crate::estimate::WaitEstimate;
+use crate::ledger::{Counted, Seen, TicketLedger, ticket_id};
 use crate::room::{QueueingMethod, Room};
 use crate::slots::SharedFor;
 use crate::state::GlobalState;
@@ -117,49 +124,132 @@ impl Decision {
         }
     }
 
+    /// The ticket to set as the cookie, for the node to add what the engine
+    /// does not know (the client's network, `ticket_binding`).
+    pub fn ticket_mut(&mut self) -> &mut Ticket {
+        match self {
+            Self::Admit { ticket, .. }
+            | Self::Queue { ticket, .. }
+            | Self::Reject { ticket, .. } => ticket,
+        }
+    }
+
     #[must_use]
     pub fn is_admitted(&self) -> bool {
         matches!(self, Self::Admit { .. })
     }
 }
 
+/// What the ledger noticed while deciding (for the node's defence counts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LedgerNote {
+    /// The cookie claimed a count the ledger says was moved since (a
+    /// replayed or stale copy): its claim was not believed.
+    pub replayed: bool,
+}
+
 /// Decides one request. See the module docs for the order of the rules.
 ///
 /// `rng` is a fresh random `u64` from the caller; it jitters the next refresh
-/// interval of a visitor who is queued.
+/// interval of a visitor who is queued and draws a new ticket's id.
 pub fn decide(
     room: &Room,
     global: &GlobalState,
     counters: &RoomCounters,
+    ledger: &TicketLedger,
     ticket: Option<Ticket>,
     now: UnixMillis,
     rng: u64,
 ) -> Decision {
+    decide_noting(room, global, counters, ledger, ticket, now, rng).0
+}
+
+/// [`decide`], also saying what the ledger noticed.
+pub fn decide_noting(
+    room: &Room,
+    global: &GlobalState,
+    counters: &RoomCounters,
+    ledger: &TicketLedger,
+    ticket: Option<Ticket>,
+    now: UnixMillis,
+    rng: u64,
+) -> (Decision, LedgerNote) {
     let minute = now.minute();
-    let ticket = ticket.filter(|t| t.version == TICKET_VERSION && t.room == room.id());
+    let ticket = ticket
+        .filter(|t| t.version == TICKET_VERSION && t.room == room.id())
+        .map(|mut t| {
+            if t.id == 0 {
+                t.id = ticket_id(rng);
+            }
+            t
+        });
+    let mut note = LedgerNote::default();
+    let mut place = ticket.map(|t| {
+        let place = Place::of(ledger, &t, minute);
+        note.replayed = place.replayed();
+        place
+    });
 
     // 1. A live session goes straight through, whatever the queue looks like.
-    if let Some(ticket) = ticket
+    if let (Some(ticket), Some(place)) = (ticket, place.as_mut())
         && let Some(end) = ticket.session_end(room.session_minutes(), room.session_renewal())
     {
         if now < end {
-            return renew_session(room, counters, ticket, now);
+            return (
+                renew_session(room, counters, ledger, place, ticket, now),
+                note,
+            );
         }
-        // Ended within its last counted minute: uncount it now, not at the minute's end.
-        if let Some(expiry) = ticket.counted_expiry.filter(|&e| e >= minute) {
-            counters.end_session(expiry);
+        // Ended: uncount it now (if still within its last counted minute),
+        // from where the ledger says it is counted. A stale copy of a
+        // ticket renewed since proves nothing about the later session.
+        match (place.seen.known, place.claim) {
+            (Some(known @ Counted::Session { .. }), claim) if known != claim => {
+                note.replayed = true;
+            }
+            _ => place.settle(ledger, counters, Counted::Nowhere, minute, false),
         }
     }
-    let (ticket, visitor) = match ticket {
-        Some(ticket) if !ticket.is_admitted() => (
-            keep_bucket_trackable(counters, ticket, minute),
+    let (ticket, visitor, mut place) = match (ticket, place) {
+        (Some(ticket), Some(mut place)) if !ticket.is_admitted() => (
+            keep_bucket_trackable(ledger, counters, &mut place, ticket, minute),
             Visitor::Waiting,
+            place,
         ),
-        _ => (
-            Ticket::new_visitor(room.id(), now, room.refresh_interval_secs()),
-            Visitor::New,
-        ),
+        _ => {
+            let ticket = Ticket {
+                id: ticket_id(rng),
+                ..Ticket::new_visitor(room.id(), now, room.refresh_interval_secs())
+            };
+            let place = Place::of(ledger, &ticket, minute);
+            (ticket, Visitor::New, place)
+        }
     };
+    (
+        decide_for(
+            room, global, counters, ledger, &mut place, ticket, visitor, now, rng,
+        ),
+        note,
+    )
+}
+
+/// Steps 2 to 6 of [`decide`], for a visitor without a live session.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the decision's whole context, passed down once"
+)]
+fn decide_for(
+    room: &Room,
+    global: &GlobalState,
+    counters: &RoomCounters,
+    ledger: &TicketLedger,
+    place: &mut Place,
+    ticket: Ticket,
+    visitor: Visitor,
+    now: UnixMillis,
+    rng: u64,
+) -> Decision {
+    let minute = now.minute();
     if visitor == Visitor::New || ticket.last_check_in.minute() != minute {
         counters.note_visitor(minute);
     }
@@ -171,6 +261,8 @@ pub fn decide(
             let decision = admit(
                 room,
                 counters,
+                ledger,
+                place,
                 ticket,
                 visitor,
                 now,
@@ -203,6 +295,8 @@ pub fn decide(
             room,
             global,
             counters,
+            ledger,
+            place,
             ticket,
             visitor,
             now,
@@ -220,6 +314,8 @@ pub fn decide(
             room,
             global,
             counters,
+            ledger,
+            place,
             ticket,
             visitor,
             now,
@@ -245,6 +341,8 @@ pub fn decide(
         Ok(pool) => admit(
             room,
             counters,
+            ledger,
+            place,
             ticket,
             visitor,
             now,
@@ -253,7 +351,9 @@ pub fn decide(
         ),
         Err(reason) => {
             counters.end_session(expiry);
-            queue(room, global, counters, ticket, visitor, now, rng, reason)
+            queue(
+                room, global, counters, ledger, place, ticket, visitor, now, rng, reason,
+            )
         }
     }
 }
@@ -273,10 +373,13 @@ pub fn is_new_visitor(room: &Room, ticket: Option<&Ticket>, now: UnixMillis) -> 
     }
 }
 
-/// A returning admitted visitor: renew the session and move its expiry count.
+/// A returning admitted visitor: renew the session and move its expiry count
+/// (from where the ledger says it is: a copy of the cookie may have moved it).
 fn renew_session(
     room: &Room,
     counters: &RoomCounters,
+    ledger: &TicketLedger,
+    place: &mut Place,
     mut ticket: Ticket,
     now: UnixMillis,
 ) -> Decision {
@@ -286,14 +389,18 @@ fn renew_session(
     // Recorded even without renewal (the session then counts from `accepted_at`,
     // see `Ticket::session_end`): it is what tells a first request this minute.
     ticket.last_check_in = now;
-    if room.session_renewal() {
-        let expiry = now.plus_minutes(room.session_minutes()).minute();
-        match ticket.counted_expiry {
-            Some(old) => counters.move_session(old, expiry),
-            None => counters.start_session(expiry),
-        }
-        ticket.counted_expiry = Some(expiry);
-    }
+    let expiry = match (room.session_renewal(), ticket.counted_expiry) {
+        (false, Some(expiry)) => expiry,
+        _ => now.plus_minutes(room.session_minutes()).minute(),
+    };
+    place.settle(
+        ledger,
+        counters,
+        Counted::Session { expiry },
+        now.minute(),
+        false,
+    );
+    ticket.counted_expiry = Some(expiry);
     Decision::Admit {
         ticket,
         visitor: Visitor::Admitted,
@@ -354,9 +461,15 @@ fn take_slot(
 
 /// Admits the visitor; `started` is the expiry minute when the session was
 /// already counted (see step 6 of [`decide`]).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the decision's whole context, passed down once"
+)]
 fn admit(
     room: &Room,
     counters: &RoomCounters,
+    ledger: &TicketLedger,
+    place: &mut Place,
     mut ticket: Ticket,
     visitor: Visitor,
     now: UnixMillis,
@@ -364,15 +477,14 @@ fn admit(
     started: Option<Minute>,
 ) -> Decision {
     let minute = now.minute();
-    counters.move_waiting(ticket.bucket, ticket.counted_waiting, None, minute);
-    let expiry = match started {
-        Some(expiry) => expiry,
-        None => {
-            let expiry = now.plus_minutes(room.session_minutes()).minute();
-            counters.start_session(expiry);
-            expiry
-        }
-    };
+    let expiry = started.unwrap_or_else(|| now.plus_minutes(room.session_minutes()).minute());
+    place.settle(
+        ledger,
+        counters,
+        Counted::Session { expiry },
+        minute,
+        started.is_some(),
+    );
     ticket.accepted_at = Some(now);
     ticket.last_check_in = now;
     ticket.counted_expiry = Some(expiry);
@@ -392,6 +504,8 @@ fn queue(
     room: &Room,
     global: &GlobalState,
     counters: &RoomCounters,
+    ledger: &TicketLedger,
+    place: &mut Place,
     mut ticket: Ticket,
     visitor: Visitor,
     now: UnixMillis,
@@ -399,7 +513,16 @@ fn queue(
     reason: QueueReason,
 ) -> Decision {
     let minute = now.minute();
-    counters.move_waiting(ticket.bucket, ticket.counted_waiting, Some(minute), minute);
+    place.settle(
+        ledger,
+        counters,
+        Counted::Waiting {
+            bucket: ticket.bucket,
+            check_in: minute,
+        },
+        minute,
+        false,
+    );
     ticket.counted_waiting = Some(minute);
     ticket.last_check_in = now;
     ticket.refresh_interval_secs = jittered_interval(room.refresh_interval_secs(), rng);
@@ -428,19 +551,130 @@ fn estimate(room: &Room, global: &GlobalState, bucket: Minute) -> WaitEstimate {
 /// one (waiting for more than [`MAX_BUCKET_AGE_MINUTES`]) is moved up to the
 /// oldest trackable bucket: still first in line. A bucket in the future (a
 /// node with a fast clock) is brought back to now.
-fn keep_bucket_trackable(counters: &RoomCounters, mut ticket: Ticket, minute: Minute) -> Ticket {
+fn keep_bucket_trackable(
+    ledger: &TicketLedger,
+    counters: &RoomCounters,
+    place: &mut Place,
+    mut ticket: Ticket,
+    minute: Minute,
+) -> Ticket {
     let bucket = ticket
         .bucket
         .clamp(minute.minus(MAX_BUCKET_AGE_MINUTES), minute);
     if bucket != ticket.bucket {
-        // The old row is only safe to touch while it cannot hold a live bucket.
-        if ticket.bucket.plus(WAITING_BUCKETS as u64) > minute && ticket.bucket <= minute {
-            counters.move_waiting(ticket.bucket, ticket.counted_waiting, None, minute);
-        }
+        place.settle(ledger, counters, Counted::Nowhere, minute, false);
         ticket.bucket = bucket;
         ticket.counted_waiting = None;
     }
     ticket
+}
+
+/// A ticket's entry in the ledger and what its cookie claims: where its
+/// counts are moved from.
+#[derive(Clone, Copy, Debug)]
+struct Place {
+    seen: Seen,
+    /// Where the cookie says the ticket is counted: believed only while the
+    /// ledger does not know the ticket (once; then the entry is written).
+    claim: Counted,
+}
+
+impl Place {
+    fn of(ledger: &TicketLedger, ticket: &Ticket, now: Minute) -> Self {
+        let claim = match (
+            ticket.accepted_at,
+            ticket.counted_expiry,
+            ticket.counted_waiting,
+        ) {
+            (Some(_), Some(expiry), _) => Counted::Session { expiry },
+            (None, _, Some(check_in)) => Counted::Waiting {
+                bucket: ticket.bucket,
+                check_in,
+            },
+            _ => Counted::Nowhere,
+        };
+        Self {
+            seen: ledger.look(ticket.id, now),
+            claim,
+        }
+    }
+
+    /// The cookie claims a count the ledger says has moved since (a session
+    /// renewed by a parallel request of the same browser is not one: its
+    /// expiry minute only moved on).
+    fn replayed(&self) -> bool {
+        match (self.seen.known, self.claim) {
+            (None, _) => false,
+            (Some(Counted::Session { .. }), Counted::Session { .. }) => false,
+            (Some(known), claim) => known != claim,
+        }
+    }
+
+    /// Moves the ticket's counts to `to`: from where the ledger says they
+    /// are (or, for a ticket it does not know, from the cookie's claim), and
+    /// only after the entry was swapped from that state, so no count moves
+    /// twice. `provisional`: the count at `to` was already added by the
+    /// caller (a session counted before its admit ticket was taken).
+    fn settle(
+        &mut self,
+        ledger: &TicketLedger,
+        counters: &RoomCounters,
+        to: Counted,
+        now: Minute,
+        provisional: bool,
+    ) {
+        // Each failed swap means another request of this ticket moved it;
+        // bounded so a pathological storm cannot hold a worker.
+        for _ in 0..64 {
+            let from = self.seen.known.unwrap_or(self.claim);
+            if from == to && self.seen.known.is_some() {
+                if provisional {
+                    uncount(counters, to, now);
+                }
+                return;
+            }
+            if ledger.replace(&mut self.seen, to, now) {
+                uncount(counters, from, now);
+                if !provisional {
+                    count(counters, to, now);
+                }
+                return;
+            }
+        }
+        if provisional {
+            uncount(counters, to, now);
+        }
+    }
+}
+
+/// Takes a ticket's count away from where it was.
+fn uncount(counters: &RoomCounters, from: Counted, now: Minute) {
+    match from {
+        Counted::Nowhere => {}
+        // A past minute no longer counts; only the current one and later.
+        Counted::Session { expiry } => {
+            if expiry >= now {
+                counters.end_session(expiry);
+            }
+        }
+        Counted::Waiting { bucket, check_in } => {
+            // The row is only safe to touch while it cannot hold a live bucket.
+            if bucket.plus(WAITING_BUCKETS as u64) > now && bucket <= now {
+                counters.move_waiting(bucket, Some(check_in), None, now);
+            }
+        }
+    }
+}
+
+/// Counts a ticket where it now is.
+fn count(counters: &RoomCounters, to: Counted, now: Minute) {
+    match to {
+        Counted::Nowhere => {}
+        Counted::Session { expiry } => counters.start_session(expiry),
+        Counted::Waiting { bucket, check_in } => {
+            counters.move_waiting(bucket, None, Some(check_in), now);
+        }
+    }
 }
 
 /// The next refresh interval: uniform on `mean ± mean/5` (at least ±1 s), so
@@ -508,6 +742,28 @@ mod tests {
 
     fn ticket_of(decision: &Decision) -> Ticket {
         *decision.ticket()
+    }
+
+    /// The engine with a ledger that remembers nothing: every cookie's
+    /// claim is believed, as these tests were written for. The tests of the
+    /// ledger's rule are in `mod ledger` below.
+    fn decide(
+        room: &Room,
+        global: &GlobalState,
+        counters: &RoomCounters,
+        ticket: Option<Ticket>,
+        now: UnixMillis,
+        rng: u64,
+    ) -> Decision {
+        super::decide(
+            room,
+            global,
+            counters,
+            &TicketLedger::forgetful(),
+            ticket,
+            now,
+            rng,
+        )
     }
 
     #[test]
@@ -1511,6 +1767,241 @@ mod tests {
             counters.waiting(now.minute().minus(MAX_BUCKET_AGE_MINUTES), now.minute()),
             1
         );
+    }
+
+    /// The ticket ledger: a ticket moves the counters once (issue 13, item 1).
+    mod ledger {
+        use super::*;
+
+        const KEY: [u64; 2] = [0xdead_beef, 0x0bad_cafe];
+
+        fn ledger() -> Box<TicketLedger> {
+            TicketLedger::new_boxed(4_096, KEY)
+        }
+
+        /// A full room: no slot for anyone new.
+        fn full(now: UnixMillis) -> GlobalState {
+            GlobalState::empty(now)
+        }
+
+        /// One visitor admitted at `t0` on `counters`/`ledger`.
+        fn admitted(
+            room: &Room,
+            counters: &RoomCounters,
+            ledger: &TicketLedger,
+            t0: UnixMillis,
+        ) -> Ticket {
+            let decision = super::super::decide(room, &open(t0, 10), counters, ledger, None, t0, 1);
+            assert!(decision.is_admitted(), "{decision:?}");
+            assert_ne!(decision.ticket().id, 0, "issued with an id");
+            ticket_of(&decision)
+        }
+
+        #[test]
+        fn forty_replays_of_an_expired_admitted_ticket_uncount_it_once() {
+            let room = room(10, 10);
+            let (counters, ledger) = (RoomCounters::new_boxed(ROOM), ledger());
+            let t0 = at(10, 0, 30);
+            let ticket = admitted(&room, &counters, &ledger, t0);
+            // Session ends 10:05:30; its expiry minute 10:05 still counts it.
+            let later = at(10, 5, 40);
+            assert_eq!(counters.active_users(later.minute()), 1);
+            let mut replayed = 0;
+            for i in 0..40 {
+                let (decision, note) = decide_noting(
+                    &room,
+                    &full(later),
+                    &counters,
+                    &ledger,
+                    Some(ticket),
+                    later,
+                    i,
+                );
+                assert!(!decision.is_admitted());
+                replayed += usize::from(note.replayed);
+            }
+            assert_eq!(
+                counters.active_users(later.minute()),
+                0,
+                "uncounted once, not forty times"
+            );
+            assert_eq!(replayed, 39, "every replay after the first is noticed");
+        }
+
+        #[test]
+        fn a_stale_copy_replayed_after_a_renewal_moves_nothing_twice() {
+            let room = room(10, 10);
+            let (counters, ledger) = (RoomCounters::new_boxed(ROOM), ledger());
+            let t0 = at(10, 0, 30);
+            let first = admitted(&room, &counters, &ledger, t0);
+            let renew_at = t0.plus_minutes(2);
+            let renewed = ticket_of(&super::super::decide(
+                &room,
+                &full(renew_at),
+                &counters,
+                &ledger,
+                Some(first),
+                renew_at,
+                2,
+            ));
+            assert_ne!(renewed.counted_expiry, first.counted_expiry);
+            // The stale copy comes back three times, a minute later.
+            let now = t0.plus_minutes(3);
+            for i in 0..3 {
+                let d = super::super::decide(
+                    &room,
+                    &full(now),
+                    &counters,
+                    &ledger,
+                    Some(first),
+                    now,
+                    i,
+                );
+                assert!(d.is_admitted(), "the session is live: {d:?}");
+            }
+            let expiry = now.plus_minutes(5).minute();
+            assert_eq!(
+                counters.expiries(t0.minute()).collect::<Vec<_>>(),
+                vec![(expiry, 1)],
+                "one session, counted once, at its latest expiry"
+            );
+            // After the stale copy's own session has ended, it ends nothing:
+            // the ticket's later session is still counted.
+            let stale_end = t0.plus_minutes(5).plus_secs(30);
+            let d = super::super::decide(
+                &room,
+                &full(stale_end),
+                &counters,
+                &ledger,
+                Some(first),
+                stale_end,
+                3,
+            );
+            assert!(!d.is_admitted());
+            assert_eq!(counters.active_users(stale_end.minute()), 1);
+        }
+
+        #[test]
+        fn concurrent_replays_move_counts_once() {
+            let room = room(10, 10);
+            let (counters, ledger) = (RoomCounters::new_boxed(ROOM), ledger());
+            let t0 = at(10, 0, 30);
+            let ticket = admitted(&room, &counters, &ledger, t0);
+            let replay_all = |now: UnixMillis| {
+                std::thread::scope(|scope| {
+                    for thread in 0..6_u64 {
+                        let (room, counters, ledger) = (&room, &counters, &ledger);
+                        scope.spawn(move || {
+                            for i in 0..50 {
+                                let _ = super::super::decide(
+                                    room,
+                                    &full(now),
+                                    counters,
+                                    ledger,
+                                    Some(ticket),
+                                    now,
+                                    thread * 1_000 + i,
+                                );
+                            }
+                        });
+                    }
+                });
+            };
+            // Renewals racing: the session moves once, to one expiry.
+            let renew_at = t0.plus_minutes(2);
+            replay_all(renew_at);
+            assert_eq!(
+                counters.expiries(t0.minute()).collect::<Vec<_>>(),
+                vec![(renew_at.plus_minutes(5).minute(), 1)]
+            );
+            // Expired replays racing: uncounted once.
+            let later = renew_at.plus_minutes(5).plus_secs(10);
+            replay_all(later);
+            assert_eq!(counters.active_users(later.minute()), 0);
+        }
+
+        #[test]
+        fn a_ticket_the_ledger_does_not_know_is_believed_once() {
+            let room = room(10, 10);
+            let t0 = at(10, 0, 30);
+            // Issued on node A, replayed on node B once expired.
+            let (a, b) = (RoomCounters::new_boxed(ROOM), RoomCounters::new_boxed(ROOM));
+            let (ledger_a, ledger_b) = (ledger(), TicketLedger::new_boxed(4_096, [7, 8]));
+            let ticket = admitted(&room, &a, &ledger_a, t0);
+            let later = at(10, 5, 40);
+            for i in 0..10 {
+                let _ = super::super::decide(
+                    &room,
+                    &full(later),
+                    &b,
+                    &ledger_b,
+                    Some(ticket),
+                    later,
+                    i,
+                );
+            }
+            assert_eq!(
+                a.active_users(later.minute()) + b.active_users(later.minute()),
+                0,
+                "B believed the claim once: -1 there, +1 on A"
+            );
+        }
+
+        #[test]
+        fn replays_of_a_waiting_ticket_move_its_waiting_count_once() {
+            let room = room(10, 10);
+            let (counters, ledger) = (RoomCounters::new_boxed(ROOM), ledger());
+            let t0 = at(10, 0, 30);
+            let queued = ticket_of(&super::super::decide(
+                &room,
+                &full(t0),
+                &counters,
+                &ledger,
+                None,
+                t0,
+                1,
+            ));
+            assert_eq!(queued.counted_waiting, Some(t0.minute()));
+            // The fresh copy checks in every minute; the first copy, whose
+            // check-in minute has left the waiting window, keeps coming.
+            let mut fresh = queued;
+            for minute in 1..=3 {
+                let now = t0.plus_minutes(minute);
+                fresh = ticket_of(&super::super::decide(
+                    &room,
+                    &full(now),
+                    &counters,
+                    &ledger,
+                    Some(fresh),
+                    now,
+                    minute,
+                ));
+                assert_eq!(fresh.counted_waiting, Some(now.minute()));
+            }
+            let next = t0.plus_minutes(3);
+            for i in 0..20 {
+                let now = next.plus_secs(25 + i);
+                let _ = super::super::decide(
+                    &room,
+                    &full(now),
+                    &counters,
+                    &ledger,
+                    Some(queued),
+                    now,
+                    i,
+                );
+                assert_eq!(counters.total_waiting(now.minute()), 1, "replay {i}");
+            }
+            let now = next.plus_minutes(1);
+            let _ =
+                super::super::decide(&room, &full(now), &counters, &ledger, Some(fresh), now, 9);
+            assert_eq!(counters.total_waiting(now.minute()), 1);
+            assert_eq!(
+                counters.waiting(t0.minute(), now.minute()),
+                1,
+                "still in its bucket"
+            );
+        }
     }
 
     mod properties {

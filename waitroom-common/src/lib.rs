@@ -28,6 +28,8 @@
 //! - `state`: [`GlobalState`](state::GlobalState), what a node decides with.
 //! - `aggregate`: [`NodeReport`](aggregate::NodeReport) and [`aggregate`](aggregate::aggregate).
 //! - `engine`: [`decide`](engine::decide), one request's decision.
+//! - `ledger`: [`TicketLedger`](ledger::TicketLedger), where each ticket's count
+//!   sits, so a replayed cookie moves the counters once; connections per ticket.
 //! - `plausible`: reported and restored numbers checked against the room.
 //! - `share`: the local-only share a node decides with when its news is stale.
 //! - `cluster`: [`Cluster`](cluster::Cluster), the aggregator's memory: reports,
@@ -49,6 +51,8 @@ pub mod counters;
 pub mod engine;
 #[cfg(feature = "std")]
 pub mod estimate;
+#[cfg(feature = "std")]
+pub mod ledger;
 #[cfg(feature = "std")]
 pub mod plausible;
 #[cfg(feature = "std")]

@@ -24,6 +24,21 @@ pub const MAX_REFRESH_SECS: u16 = 90;
 /// Largest user limit: per-node counts are kept in 32 bits.
 pub const MAX_USERS: u64 = 1 << 30;
 
+/// Distinct connections one ticket may use within
+/// [`DEFAULT_TICKET_CONNECTION_WINDOW_SECS`] when a room does not set
+/// `ticket_connection_budget`. A browser opens 6 to 8 HTTP/1.1 connections
+/// per host (1 with HTTP/2) and may replace them as they idle out; 16 leaves
+/// it twice that, while a cookie copied to hundreds of clients gets 16 in.
+/// A phone that changes address keeps its ticket: the budget counts
+/// connections, not addresses.
+pub const DEFAULT_TICKET_CONNECTION_BUDGET: u16 = 16;
+
+/// The window of the connection budget, seconds.
+pub const DEFAULT_TICKET_CONNECTION_WINDOW_SECS: u16 = 10;
+
+/// Longest connection-budget window, seconds.
+pub const MAX_TICKET_CONNECTION_WINDOW_SECS: u16 = 3_600;
+
 /// Session length when a room does not set `session_duration`, minutes.
 pub const DEFAULT_SESSION_MINUTES: u32 = 5;
 
@@ -81,6 +96,18 @@ pub enum CookieSameSite {
     Strict,
 }
 
+/// What a ticket is bound to besides the room (`ticket_binding`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TicketBinding {
+    /// Nothing: a ticket works from any address (phones change networks).
+    #[default]
+    None,
+    /// The client's /24 (IPv4) or /48 (IPv6) at issue: a ticket presented
+    /// from another network is a new visitor's.
+    Network,
+}
+
 /// The `Secure` attribute of the ticket cookie.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -115,6 +142,13 @@ pub struct RoomConfig {
     pub refresh_interval: u16,
     pub cookie_same_site: CookieSameSite,
     pub cookie_secure: CookieSecure,
+    /// Distinct connections one ticket may use per window (0: no limit);
+    /// beyond it a request is a new visitor's. At most
+    /// [`CONNECTION_SLOTS`](crate::ledger::CONNECTION_SLOTS).
+    pub ticket_connection_budget: u16,
+    /// The budget's window, seconds.
+    pub ticket_connection_window_secs: u16,
+    pub ticket_binding: TicketBinding,
 }
 
 impl RoomConfig {
@@ -132,6 +166,9 @@ impl RoomConfig {
             refresh_interval: DEFAULT_REFRESH_SECS,
             cookie_same_site: CookieSameSite::default(),
             cookie_secure: CookieSecure::default(),
+            ticket_connection_budget: DEFAULT_TICKET_CONNECTION_BUDGET,
+            ticket_connection_window_secs: DEFAULT_TICKET_CONNECTION_WINDOW_SECS,
+            ticket_binding: TicketBinding::None,
         }
     }
 }
@@ -164,6 +201,10 @@ pub enum RoomError {
         "cookie_same_site = \"none\" needs a Secure cookie, but cookie_secure is \"never\" (browsers would drop the cookie)"
     )]
     SameSiteNoneWithoutSecure,
+    #[error("ticket_connection_budget ({budget}) is above the maximum of {max}")]
+    ConnectionBudgetTooLarge { budget: u16, max: usize },
+    #[error("ticket_connection_window_secs ({seconds}) must be between 1 and {max} seconds")]
+    ConnectionWindowOutOfRange { seconds: u16, max: u16 },
 }
 
 impl RoomError {
@@ -176,6 +217,8 @@ impl RoomError {
             Self::ZeroSession | Self::SessionTooLong { .. } => "session_duration",
             Self::RefreshIntervalOutOfRange { .. } => "refresh_interval",
             Self::SameSiteNoneWithoutSecure => "cookie_same_site",
+            Self::ConnectionBudgetTooLarge { .. } => "ticket_connection_budget",
+            Self::ConnectionWindowOutOfRange { .. } => "ticket_connection_window_secs",
         }
     }
 }
@@ -226,6 +269,18 @@ impl RoomConfig {
             && self.cookie_secure == CookieSecure::Never
         {
             return Err(RoomError::SameSiteNoneWithoutSecure);
+        }
+        if usize::from(self.ticket_connection_budget) > crate::ledger::CONNECTION_SLOTS {
+            return Err(RoomError::ConnectionBudgetTooLarge {
+                budget: self.ticket_connection_budget,
+                max: crate::ledger::CONNECTION_SLOTS,
+            });
+        }
+        if !(1..=MAX_TICKET_CONNECTION_WINDOW_SECS).contains(&self.ticket_connection_window_secs) {
+            return Err(RoomError::ConnectionWindowOutOfRange {
+                seconds: self.ticket_connection_window_secs,
+                max: MAX_TICKET_CONNECTION_WINDOW_SECS,
+            });
         }
         Ok(Room {
             id: RoomId::default(),
@@ -328,6 +383,9 @@ pub(crate) mod tests {
             refresh_interval: 20,
             cookie_same_site: CookieSameSite::Auto,
             cookie_secure: CookieSecure::Auto,
+            ticket_connection_budget: DEFAULT_TICKET_CONNECTION_BUDGET,
+            ticket_connection_window_secs: DEFAULT_TICKET_CONNECTION_WINDOW_SECS,
+            ticket_binding: TicketBinding::None,
         }
     }
 

@@ -30,8 +30,9 @@ use std::{
 use serde::Deserialize;
 
 use crate::room::{
-    CookieSameSite, CookieSecure, DEFAULT_REFRESH_SECS, DEFAULT_SESSION_MINUTES, QueueingMethod,
-    Room, RoomConfig, RoomError,
+    CookieSameSite, CookieSecure, DEFAULT_REFRESH_SECS, DEFAULT_SESSION_MINUTES,
+    DEFAULT_TICKET_CONNECTION_BUDGET, DEFAULT_TICKET_CONNECTION_WINDOW_SECS, QueueingMethod, Room,
+    RoomConfig, RoomError, TicketBinding,
 };
 
 /// A complete `[[rooms]]` table with pools, steering and health checks, as the
@@ -104,6 +105,15 @@ pub struct RoomTable {
     pub cookie_same_site: CookieSameSite,
     #[serde(default)]
     pub cookie_secure: CookieSecure,
+    /// Distinct connections one ticket may use per window; 0 turns it off.
+    #[serde(default = "default_ticket_connection_budget")]
+    pub ticket_connection_budget: u16,
+    /// The connection budget's window, seconds.
+    #[serde(default = "default_ticket_connection_window_secs")]
+    pub ticket_connection_window_secs: u16,
+    /// `"none"` or `"network"`: bind tickets to the client's /24 or /48.
+    #[serde(default)]
+    pub ticket_binding: TicketBinding,
 }
 
 /// How a request picks a pool among the healthy ones.
@@ -184,6 +194,12 @@ fn default_queue_status() -> u16 {
 }
 fn default_session_duration() -> u32 {
     DEFAULT_SESSION_MINUTES
+}
+fn default_ticket_connection_budget() -> u16 {
+    DEFAULT_TICKET_CONNECTION_BUDGET
+}
+fn default_ticket_connection_window_secs() -> u16 {
+    DEFAULT_TICKET_CONNECTION_WINDOW_SECS
 }
 fn default_refresh_interval() -> u16 {
     DEFAULT_REFRESH_SECS
@@ -323,6 +339,9 @@ impl RoomTable {
             refresh_interval: self.refresh_interval,
             cookie_same_site: self.cookie_same_site,
             cookie_secure: self.cookie_secure,
+            ticket_connection_budget: self.ticket_connection_budget,
+            ticket_connection_window_secs: self.ticket_connection_window_secs,
+            ticket_binding: self.ticket_binding,
         }
     }
 
@@ -437,6 +456,9 @@ queue_all = true
 refresh_interval = 30
 cookie_same_site = "strict"
 cookie_secure = "always"
+ticket_connection_budget = 8
+ticket_connection_window_secs = 30
+ticket_binding = "network"
 steering = "dynamic"
 
 [[pools]]
@@ -485,6 +507,9 @@ rise = 1
                 refresh_interval: 30,
                 cookie_same_site: CookieSameSite::Strict,
                 cookie_secure: CookieSecure::Always,
+                ticket_connection_budget: 8,
+                ticket_connection_window_secs: 30,
+                ticket_binding: TicketBinding::Network,
             }
         );
         assert_eq!(

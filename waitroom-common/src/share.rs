@@ -152,7 +152,8 @@ mod tests {
         counters: &RoomCounters,
         now: UnixMillis,
     ) -> bool {
-        crate::engine::decide(room, state, counters, None, now, 7).is_admitted()
+        let ledger = crate::ledger::TicketLedger::forgetful();
+        crate::engine::decide(room, state, counters, &ledger, None, now, 7).is_admitted()
     }
 
     use super::*;
@@ -211,6 +212,9 @@ mod tests {
             refresh_interval: 20,
             cookie_same_site: CookieSameSite::Auto,
             cookie_secure: CookieSecure::Auto,
+            ticket_connection_budget: crate::room::DEFAULT_TICKET_CONNECTION_BUDGET,
+            ticket_connection_window_secs: crate::room::DEFAULT_TICKET_CONNECTION_WINDOW_SECS,
+            ticket_binding: crate::room::TicketBinding::None,
         }
         .validate()
         .unwrap()

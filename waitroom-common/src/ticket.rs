@@ -6,6 +6,11 @@
 //! minute), so that the next check-in moves the count from the old slot to
 //! the new one in O(1), on whichever node it lands.
 //!
+//! Since version 2 a ticket has a random id: the
+//! [ticket ledger](crate::ledger) remembers by it where the ticket is counted
+//! now, so a replayed cookie's claim moves nothing twice; and an optional
+//! network binding (`ticket_binding = "network"`).
+//!
 //! Field names are one letter on the wire because the ticket becomes a cookie.
 //! No field is skipped when serialising, so non-self-describing formats
 //! (postcard, bincode) work as well as JSON.
@@ -17,7 +22,7 @@ use crate::time::{Minute, UnixMillis};
 
 /// Version of the ticket format; a ticket of another version is treated as
 /// no ticket at all (a new visitor), never as an error.
-pub const TICKET_VERSION: u8 = 1;
+pub const TICKET_VERSION: u8 = 2;
 
 /// A visitor's ticket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +55,16 @@ pub struct Ticket {
     /// its bucket.
     #[serde(rename = "w")]
     pub counted_waiting: Option<Minute>,
+    /// Random, non-zero, drawn at issue ([`crate::ledger::ticket_id`]): the
+    /// ticket ledger's key. 0 only in tickets made by hand (tests): the
+    /// engine gives such a ticket an id and believes its claim, as it does
+    /// for any ticket its ledger does not know.
+    #[serde(rename = "t")]
+    pub id: u64,
+    /// Keyed hash of the client's network at issue when the room binds
+    /// tickets to it (`ticket_binding = "network"`); 0: not bound.
+    #[serde(rename = "n")]
+    pub network: u32,
 }
 
 impl Ticket {
@@ -66,6 +81,8 @@ impl Ticket {
             refresh_interval_secs,
             counted_expiry: None,
             counted_waiting: None,
+            id: 0,
+            network: 0,
         }
     }
 
@@ -86,6 +103,31 @@ impl Ticket {
             accepted_at
         };
         Some(from.plus_minutes(session_minutes))
+    }
+
+    /// The tag of the client's network for `ticket_binding = "network"`: its
+    /// /24 (IPv4, or IPv4-mapped IPv6) or /48 (IPv6), hashed with the
+    /// ticket's own random id as the key, so one network gives every ticket
+    /// another tag and the ticket never carries the address. Never 0 (0 is
+    /// "not bound"). The same on every node: nothing but the ticket keys it.
+    #[must_use]
+    pub fn network_tag(&self, client: core::net::IpAddr) -> u32 {
+        let (family, prefix): (u64, u128) = match client {
+            core::net::IpAddr::V4(v4) => (4, u128::from(u32::from(v4) >> 8)),
+            core::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => (4, u128::from(u32::from(v4) >> 8)),
+                None => (6, u128::from(v6) >> 80),
+            },
+        };
+        let mix = |mut x: u64| {
+            x ^= x >> 33;
+            x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+            x ^= x >> 33;
+            x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+            x ^ (x >> 33)
+        };
+        let h = mix(mix(mix(self.id ^ family) ^ prefix as u64) ^ (prefix >> 64) as u64);
+        (h as u32) | 1
     }
 
     /// The earliest instant a queued visitor's next check-in gets a chance.
@@ -129,6 +171,26 @@ mod tests {
     }
 
     #[test]
+    fn network_tags_tell_networks_apart_not_hosts() {
+        let ticket = Ticket {
+            id: 0x1234_5678_9abc,
+            ..Ticket::new_visitor(RoomId(9), UnixMillis(1), 20)
+        };
+        let tag = |ip: &str| ticket.network_tag(ip.parse().unwrap());
+        assert_eq!(tag("192.0.2.1"), tag("192.0.2.200"), "same /24");
+        assert_eq!(tag("192.0.2.1"), tag("::ffff:192.0.2.9"), "mapped");
+        assert_ne!(tag("192.0.2.1"), tag("192.0.3.1"));
+        assert_eq!(tag("2001:db8:1::1"), tag("2001:db8:1:ffff::2"), "same /48");
+        assert_ne!(tag("2001:db8:1::1"), tag("2001:db8:2::1"));
+        assert_ne!(tag("127.0.0.1"), 0);
+        let other = Ticket { id: 7, ..ticket };
+        assert_ne!(
+            other.network_tag("192.0.2.1".parse().unwrap()),
+            tag("192.0.2.1")
+        );
+    }
+
+    #[test]
     fn compact_json_round_trip() {
         let ticket = Ticket {
             counted_waiting: Some(Minute(3)),
@@ -137,7 +199,7 @@ mod tests {
         let json = serde_json::to_string(&ticket).unwrap();
         assert_eq!(
             json,
-            r#"{"v":1,"r":9,"b":0,"a":null,"c":1,"i":20,"e":null,"w":3}"#
+            r#"{"v":2,"r":9,"b":0,"a":null,"c":1,"i":20,"e":null,"w":3,"t":0,"n":0}"#
         );
         assert_eq!(serde_json::from_str::<Ticket>(&json).unwrap(), ticket);
     }

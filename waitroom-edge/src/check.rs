@@ -44,6 +44,7 @@ pub fn check(config: &EdgeConfig, path: &Path) -> Result<(), CheckError> {
     let dir = node.state_dir();
     state_dir::check(&dir).map_err(|e| err("node.state_dir", e.to_string()))?;
     check_counters(config).map_err(|problem| err("node.counters_path", problem))?;
+    check_ledger(config).map_err(|problem| err("node.counters_path", problem))?;
     if !node.cookie_keys.is_empty() {
         let pairs: Vec<(u8, &str)> = node
             .cookie_keys
@@ -67,6 +68,18 @@ pub fn check(config: &EdgeConfig, path: &Path) -> Result<(), CheckError> {
     }
     crate::upstream::tls::OriginTls::new(config.rooms.iter().map(|r| (r.id.as_str(), &r.upstream)))
         .map_err(|e| err("rooms", e.to_string()))?;
+    Ok(())
+}
+
+/// The ticket ledger file as start will open it: an existing one must be
+/// the node's and writable by no one else (one of another size or layout is
+/// set aside at start, not refused); a new one goes beside the counters,
+/// whose directory [`check_counters`] probed.
+fn check_ledger(config: &EdgeConfig) -> Result<(), String> {
+    let path = config.node.ticket_ledger_file();
+    if let Some(file) = state_dir::open_existing(&path, false).map_err(|e| e.to_string())? {
+        state_dir::check_owned_unwritable(&file, &path).map_err(|e| e.to_string())?;
+    }
     Ok(())
 }
 

@@ -51,6 +51,15 @@ pub struct NodeSection {
     /// `edge.counters` in the state directory. See [`Self::counters_file`].
     #[serde(default)]
     pub counters_path: Option<PathBuf>,
+    /// Tickets the ticket ledger (`<counters file>.tickets`) remembers: where
+    /// each one's count sits, so a replayed cookie moves nothing twice. A
+    /// ticket needs its entry while its count can sit anywhere (its session,
+    /// or three minutes of waiting); the default, 1,048,576 (about 24 MiB),
+    /// holds e.g. 100,000 new tickets a minute for ten minutes. A ticket whose
+    /// entry was evicted is believed once more. Changing it starts the ledger
+    /// afresh at the next start.
+    #[serde(default = "default_ticket_ledger_entries")]
+    pub ticket_ledger_entries: usize,
     /// Open connections per worker (nginx `worker_connections`, HAProxy
     /// `maxconn`). At the limit the oldest idle connection is closed for each
     /// new one (nginx does the same with keep-alive connections); with none
@@ -187,6 +196,12 @@ impl NodeSection {
         within("max_header_bytes", self.max_header_bytes, 1_024, 1_048_576)?;
         within("max_headers", self.max_headers, 1, 1_024)?;
         within("shutdown_grace_ms", self.shutdown_grace_ms, 0, 600_000)?;
+        within(
+            "ticket_ledger_entries",
+            self.ticket_ledger_entries,
+            waitroom_common::ledger::MIN_ENTRIES,
+            waitroom_common::ledger::MAX_ENTRIES,
+        )?;
         let proxy_protocol_without_trust = self.trusted_proxies.is_empty()
             && (self.proxy_protocol || self.tls.as_ref().is_some_and(|t| t.proxy_protocol));
         if proxy_protocol_without_trust {
@@ -233,6 +248,12 @@ impl NodeSection {
             Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
             _ => PathBuf::from("/var/lib/waitroom"),
         }
+    }
+
+    /// Where the ticket ledger lives: beside the counters file, `.tickets` added.
+    #[must_use]
+    pub fn ticket_ledger_file(&self) -> PathBuf {
+        crate::ledger::ledger_file(&self.counters_file())
     }
 
     /// Where the counters live: `counters_path`, or `edge.counters` in the
@@ -289,6 +310,9 @@ fn default_new_tickets_per_address_per_minute() -> u32 {
 }
 fn default_new_tickets_burst_per_address() -> u32 {
     600
+}
+fn default_ticket_ledger_entries() -> usize {
+    1 << 20
 }
 fn default_header_timeout_ms() -> u64 {
     5_000

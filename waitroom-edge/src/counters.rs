@@ -335,7 +335,7 @@ impl SharedCounters {
 
 /// FNV-1a, 64 bits: catches a damaged header; not a defence against anyone
 /// who can write the file (the file's owner and mode checks are).
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
@@ -349,7 +349,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// load or store runs again and succeeds; a fault anywhere else goes to the
 /// handler that was there before (Rust's own, which reports stack overflow)
 /// or, if that was the default, kills the process as SIGBUS always did.
-mod sigbus {
+pub(crate) mod sigbus {
     use std::sync::{
         Once, OnceLock,
         atomic::{AtomicBool, AtomicUsize, Ordering},

@@ -11,6 +11,7 @@
 //! Start-up, in the order it runs:
 //! - [`config`]: the TOML file ([`config::EdgeConfig`]) and its validation.
 //! - [`counters`]: the node counters in a mapped file (they survive restarts).
+//! - [`ledger`]: the ticket ledger beside them (a ticket moves counts once).
 //! - [`state_dir`]: the directory the node owns and its private files.
 //! - [`keys`]: the cookie keys tickets are sealed with.
 //! - [`node`]: [`node::Node`], everything the workers share, and the rooms'
@@ -48,6 +49,7 @@ pub mod forwarded;
 pub mod gossip;
 pub mod http;
 pub mod keys;
+pub mod ledger;
 pub mod metrics;
 pub mod new_tickets;
 pub mod node;

@@ -158,6 +158,8 @@ pub struct Node {
     pub routes: rooms::RoomTable,
     pub rooms: Vec<RoomRuntime>,
     pub counters: Arc<SharedCounters>,
+    /// Where each ticket's count sits (a ticket moves the counters once).
+    pub ledger: Arc<crate::ledger::SharedLedger>,
     /// Cookie keys; a reload may rotate them.
     pub keys: ArcSwap<CookieKeys>,
     pub metrics: metrics::NodeMetrics,
@@ -195,6 +197,7 @@ pub struct Node {
 #[derive(Debug)]
 pub struct NodeParts {
     pub counters: Arc<SharedCounters>,
+    pub ledger: Arc<crate::ledger::SharedLedger>,
     pub keys: CookieKeys,
     pub rooms: Vec<RoomRuntime>,
     pub clock: Clock,
@@ -214,6 +217,7 @@ impl Node {
             routes: rooms::RoomTable::new(&config.rooms),
             rooms: parts.rooms,
             counters: parts.counters,
+            ledger: parts.ledger,
             keys: ArcSwap::from_pointee(parts.keys),
             metrics: metrics::NodeMetrics::default(),
             connections_per_address: Arc::default(),
@@ -250,6 +254,11 @@ impl Node {
                 .as_ref()
                 .map_or(ColdStart::QueueAll, |g| g.cold_start()),
         })
+    }
+
+    /// The ticket ledger the engine moves counts by.
+    pub fn ledger(&self) -> &waitroom_common::ledger::TicketLedger {
+        self.ledger.ledger()
     }
 
     /// The counters of room `index` (claimed at start, so always there).

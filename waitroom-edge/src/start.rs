@@ -146,6 +146,16 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
             )
         })?,
     );
+    let ledger_file = config.node.ticket_ledger_file();
+    let ledger = Arc::new(
+        crate::ledger::SharedLedger::open(&ledger_file, config.node.ticket_ledger_entries)
+            .with_context(|| {
+                format!(
+                    "opening the ticket ledger {} (node.ticket_ledger_entries)",
+                    ledger_file.display()
+                )
+            })?,
+    );
     let keys = keys::load(&config.node)?;
     let rooms = RoomRuntime::build_all(&config, &counters, &clock)?;
 
@@ -164,6 +174,7 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
         &config,
         NodeParts {
             counters,
+            ledger,
             keys,
             rooms,
             clock,
@@ -458,6 +469,7 @@ fn spawn_state_refresh(
             None => std::future::pending().await,
         };
         let mut truncation_told = false;
+        let mut ledger_truncation_told = false;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -467,6 +479,13 @@ fn spawn_state_refresh(
                         tracing::error!(
                             file = node.counters.path(),
                             "the counters file was truncated underneath the node; serving on with counts in memory from zero (restart to keep them in a file again)"
+                        );
+                    }
+                    if !ledger_truncation_told && node.ledger.truncated() {
+                        ledger_truncation_told = true;
+                        tracing::error!(
+                            file = node.ledger.path(),
+                            "the ticket ledger file was truncated underneath the node; serving on believing every ticket's cookie once more (restart to keep a ledger again)"
                         );
                     }
                 }

@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use waitroom_common::{
     engine::{self, Decision, Visitor},
     estimate::WaitEstimate,
-    room::{CookieSameSite, CookieSecure, QueueingMethod, Room},
+    room::{CookieSameSite, CookieSecure, QueueingMethod, Room, TicketBinding},
     ticket::Ticket,
     time::UnixMillis,
 };
@@ -121,7 +121,39 @@ pub async fn handle(
     // 2. The ticket: whatever does not open is a new visitor, counted by why.
     let started = Instant::now();
     let now = node.clock.now();
-    let ticket = open_ticket(node, room, engine_room, req.headers(), now);
+    let now_secs = now.0 / 1_000;
+    let config = engine_room.config();
+    let mut ticket = open_ticket(node, room, engine_room, req.headers(), now);
+    // A ticket from another network (`ticket_binding`), or on more
+    // connections than its budget (a copied cookie): a new visitor's.
+    if let Some(t) = ticket {
+        if config.ticket_binding == TicketBinding::Network
+            && t.network != 0
+            && t.network != t.network_tag(conn.client)
+        {
+            node.defences.record(
+                Defence::TicketBinding,
+                now_secs,
+                Some(conn.client),
+                "ticket bound to another network: served as a new visitor",
+            );
+            ticket = None;
+        } else if !node.ledger().note_connection(
+            t.id,
+            conn.id,
+            now_secs,
+            config.ticket_connection_budget,
+            config.ticket_connection_window_secs,
+        ) {
+            node.defences.record(
+                Defence::TicketShared,
+                now_secs,
+                Some(conn.client),
+                "ticket on more connections than its budget: served as a new visitor",
+            );
+            ticket = None;
+        }
+    }
     let presented = ticket;
 
     // 2b. A new ticket for this client address, if the room queues and the
@@ -139,23 +171,46 @@ pub async fn handle(
     {
         node.defences.record(
             Defence::NewTicketRate,
-            now.0 / 1_000,
+            now_secs,
             Some(conn.client),
             "too many new tickets for one client address",
         );
         return too_many_new_tickets(wait_ms);
     }
 
-    // 3. The decision.
+    // 3. The decision; counts move by the ticket ledger, not the cookie alone.
     let state = room.state.load();
-    let decision = engine::decide(
+    let (mut decision, noted) = engine::decide_noting(
         engine_room,
         &state,
         node.room_counters(index),
+        node.ledger(),
         ticket,
         now,
         rand::random(),
     );
+    if noted.replayed {
+        node.defences.record(
+            Defence::TicketReplayed,
+            now_secs,
+            Some(conn.client),
+            "stale or replayed ticket: its counts were not moved again",
+        );
+    }
+    let issued = decision.ticket_mut();
+    if config.ticket_binding == TicketBinding::Network && issued.network == 0 {
+        issued.network = issued.network_tag(conn.client);
+    }
+    if presented.is_none_or(|p| p.id != issued.id) {
+        // A new ticket's first connection counts against its budget too.
+        let _ = node.ledger().note_connection(
+            issued.id,
+            conn.id,
+            now_secs,
+            config.ticket_connection_budget,
+            config.ticket_connection_window_secs,
+        );
+    }
     let set_cookie = if cookie_still_good(presented.as_ref(), &decision) {
         None
     } else {
@@ -284,6 +339,8 @@ fn cookie_still_good(presented: Option<&Ticket>, decision: &Decision) -> bool {
     };
     old.counted_expiry == new.counted_expiry
         && old.accepted_at == new.accepted_at
+        && old.id == new.id
+        && old.network == new.network
         && new.last_check_in.0.saturating_sub(old.last_check_in.0) < RESEAL_AFTER_MS
 }
 

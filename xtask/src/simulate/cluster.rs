@@ -56,6 +56,7 @@ use waitroom_common::{
     cluster::{Cluster, Lease, RoomDef},
     counters::RoomCounters,
     engine::{AdmitReason, Decision, QueueReason, decide},
+    ledger::TicketLedger,
     room::Room,
     share::{local_only_state, observed_share, own_counts, smooth_share},
     state::{AdmitRate, GlobalState},
@@ -294,6 +295,8 @@ struct Node {
     name: String,
     colo: String,
     counters: Box<RoomCounters>,
+    /// Where each ticket's count sits on this node (the edge's ticket ledger).
+    ledger: Box<TicketLedger>,
     /// What `decide` is handed.
     state: GlobalState,
     heard: Option<Heard>,
@@ -380,6 +383,8 @@ impl Sim {
                 name: format!("c{c}-n{n}"),
                 colo: format!("c{c}"),
                 counters: RoomCounters::new_boxed(room.id()),
+                // Seeded per node, as the edge draws a key per ledger file.
+                ledger: TicketLedger::new_boxed(1 << 16, [c as u64 + 1, n as u64 + 1]),
                 state: GlobalState::empty(START),
                 heard: None,
                 local_since_ms: None,
@@ -748,6 +753,7 @@ impl Sim {
             &self.room,
             &node.state,
             &node.counters,
+            &node.ledger,
             visitor.ticket,
             now,
             self.rng.next_u64(),

@@ -97,6 +97,9 @@ pub fn room_config(total: u64, per_minute: u64, session_minutes: u32) -> RoomCon
         refresh_interval: 20,
         cookie_same_site: CookieSameSite::Auto,
         cookie_secure: CookieSecure::Auto,
+        ticket_connection_budget: waitroom_common::room::DEFAULT_TICKET_CONNECTION_BUDGET,
+        ticket_connection_window_secs: waitroom_common::room::DEFAULT_TICKET_CONNECTION_WINDOW_SECS,
+        ticket_binding: waitroom_common::room::TicketBinding::None,
     }
 }
 
