@@ -7,7 +7,8 @@
 //!   word per pool: shards would be faster but cannot enforce a cap exactly;
 //! - the new-ticket limit per client address (`new_tickets`): what a request
 //!   with a ticket pays (telling it is not new) and what a new visitor pays
-//!   (that, plus a keyed hash of its address and one CAS).
+//!   (that, plus a keyed hash of its address and one CAS);
+//! - the front of every request: target normalization and the client address.
 use std::{
     hint::black_box,
     sync::{
@@ -191,5 +192,46 @@ fn new_ticket_limit(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, cookie, counters, new_ticket_limit);
+/// What every request pays before the engine: the one spelling of its target
+/// (`target::normalize`) and its client's address (`forwarded`), for the
+/// common case and for a load balancer's chain.
+fn request_front(c: &mut Criterion) {
+    use waitroom_edge::{
+        forwarded::{ProxyNet, TrustedProxies},
+        target,
+    };
+    let mut g = c.benchmark_group("request_front");
+    let uri: http::Uri = "/drop/item?id=7".parse().expect("uri");
+    let mut headers = http::HeaderMap::new();
+    headers.insert(http::header::HOST, "shop.example".parse().expect("host"));
+    g.bench_function("normalize_plain", |b| {
+        b.iter(|| target::normalize(black_box(&uri), black_box(&headers)).is_ok());
+    });
+    let odd: http::Uri = "/x/../%64rop//item;x".parse().expect("uri");
+    g.bench_function("normalize_odd", |b| {
+        b.iter(|| target::normalize(black_box(&odd), black_box(&headers)).is_ok());
+    });
+    let peer = std::net::IpAddr::from([198, 51, 100, 7]);
+    let none = TrustedProxies::default();
+    g.bench_function("client_untrusted_peer", |b| {
+        b.iter(|| none.resolve(black_box(peer), black_box(&headers)));
+    });
+    let nets: Vec<ProxyNet> = ["127.0.0.1/32", "10.0.0.0/8"]
+        .iter()
+        .map(|n| n.parse().expect("net"))
+        .collect();
+    let trusted = TrustedProxies::new(&nets);
+    let mut chain = headers.clone();
+    chain.insert(
+        "x-forwarded-for",
+        "6.6.6.6, 203.0.113.9, 10.1.2.3".parse().expect("xff"),
+    );
+    let lb = std::net::IpAddr::from([127, 0, 0, 1]);
+    g.bench_function("client_trusted_chain", |b| {
+        b.iter(|| trusted.resolve(black_box(lb), black_box(&chain)));
+    });
+    g.finish();
+}
+
+criterion_group!(benches, cookie, counters, new_ticket_limit, request_front);
 criterion_main!(benches);
