@@ -86,6 +86,8 @@ origin = "{origin_addr}"
             Options {
                 clock,
                 signals_for: None,
+                // Never in a test process: see `Options::drop_capabilities`.
+                drop_capabilities: false,
             },
         )?;
         Ok(Self {
