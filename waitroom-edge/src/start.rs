@@ -147,9 +147,8 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
         http::bind_for_workers(workers, listeners).context("binding the workers' listeners")?;
     let admin_listener = match config.node.admin_listen {
         Some(addr) => {
-            let listener = std::net::TcpListener::bind(addr)
-                .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                .with_context(|| format!("binding node.admin_listen {addr}"))?;
+            let listener =
+                bind_admin(addr).with_context(|| format!("binding node.admin_listen {addr}"))?;
             addresses.admin = Some(listener.local_addr()?);
             Some(listener)
         }
@@ -341,6 +340,19 @@ fn bind_listeners(
         https_cert = Some(cert);
     }
     Ok((listeners, addresses, https_cert))
+}
+
+/// The admin listener, bound as `tokio::net::TcpListener::bind` would
+/// (`SO_REUSEADDR`: a restarted node gets its port back while the old
+/// connections sit in TIME_WAIT) but now, before capabilities are dropped.
+fn bind_admin(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
 }
 
 /// The XDP program sees every packet first; without it (no BPF, no
