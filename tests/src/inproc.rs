@@ -97,6 +97,8 @@ origin = "{origin_addr}"
             Options {
                 clock: clock.clone(),
                 signals_for: None,
+                // Never in a test process: see `Options::drop_capabilities`.
+                drop_capabilities: false,
             },
         )?;
         Ok(Self {

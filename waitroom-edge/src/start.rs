@@ -1,10 +1,17 @@
 //! Start-up as named steps, and the running node's lifetime.
 //!
-//! [`start`] goes: bind the listeners → make the state directory private →
-//! open the counters → load the cookie keys → build the rooms → start the background services (XDP, gossip) →
-//! make the [`Node`] → start the control tasks (state refresh, health checks,
-//! admin, signals) → start the workers. Each step names what failed.
+//! [`start`] goes: bind the listeners (every worker's, and the admin
+//! listener's) → make the state directory private → open the counters → load
+//! the cookie keys → build the rooms → attach XDP → drop the capabilities no
+//! longer needed (the binary only) → start gossip → make the [`Node`] → start
+//! the control tasks (state refresh, health checks, admin, signals) → start
+//! the workers. Each step names what failed.
 //! [`run`] is what the binary calls: start, say ready, wait for SIGTERM, drain.
+//!
+//! Everything that needs a capability (binding ports below 1024, loading and
+//! attaching XDP) happens before the drop, and the drop happens while the
+//! starting thread is the only one: capabilities are per thread, and a thread
+//! inherits its creator's.
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, thread::JoinHandle, time::Duration};
 
 use anyhow::Context as _;
@@ -35,6 +42,11 @@ pub struct Options {
     /// The file SIGHUP re-reads; `None`: no signal handling at all (a node
     /// inside a test process is stopped with [`Running::stop`]).
     pub signals_for: Option<PathBuf>,
+    /// Drop every capability not needed after XDP is attached
+    /// ([`xdp::privileges`]). Only the binary does: capabilities are per
+    /// thread, and a test process dropping them would fail its later
+    /// privileged tests.
+    pub drop_capabilities: bool,
 }
 
 /// Where a started node listens.
@@ -105,6 +117,7 @@ pub fn run(config: EdgeConfig, config_path: &std::path::Path) -> anyhow::Result<
         Options {
             clock: Clock::system(),
             signals_for: Some(config_path.to_owned()),
+            drop_capabilities: true,
         },
     )?;
     let a = running.addresses;
@@ -125,7 +138,22 @@ pub fn run(config: EdgeConfig, config_path: &std::path::Path) -> anyhow::Result<
 /// Starts a node: see the module docs for the steps.
 pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
     let clock = options.clock;
-    let (listeners, addresses, https_cert) = bind_listeners(&config)?;
+    let (listeners, mut addresses, https_cert) = bind_listeners(&config)?;
+    let workers = match config.node.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let worker_sockets =
+        http::bind_for_workers(workers, listeners).context("binding the workers' listeners")?;
+    let admin_listener = match config.node.admin_listen {
+        Some(addr) => {
+            let listener =
+                bind_admin(addr).with_context(|| format!("binding node.admin_listen {addr}"))?;
+            addresses.admin = Some(listener.local_addr()?);
+            Some(listener)
+        }
+        None => None,
+    };
     let admin_auth = admin::AdminAuth::load(&config.node)?;
     let state_dir = config.node.state_dir();
     state_dir::prepare(&state_dir).context("node.state_dir")?;
@@ -167,6 +195,9 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
         .context("starting the control runtime")?;
     let (trigger, shutdown) = shutdown::channel();
     let xdp = attach_xdp(&config, &control);
+    if options.drop_capabilities {
+        drop_capabilities(xdp.as_ref());
+    }
     let gossip = start_gossip(
         &config, &control, &counters, &rooms, &xdp, &clock, &shutdown,
     )?;
@@ -196,39 +227,25 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
         node.origin_tls.connector(Duration::from_secs(3)),
         &shutdown,
     );
-    let admin = match config.node.admin_listen {
-        Some(addr) => {
-            let listener = control
-                .block_on(tokio::net::TcpListener::bind(addr))
-                .with_context(|| format!("binding node.admin_listen {addr}"))?;
-            let bound = listener.local_addr()?;
-            control.spawn(admin::serve(
-                listener,
-                Arc::clone(&node),
-                admin_auth,
-                shutdown.clone(),
-            ));
-            Some(bound)
-        }
-        None => None,
-    };
+    if let Some(listener) = admin_listener {
+        let listener = {
+            let _runtime = control.enter();
+            tokio::net::TcpListener::from_std(listener).context("registering the admin listener")?
+        };
+        control.spawn(admin::serve(
+            listener,
+            Arc::clone(&node),
+            admin_auth,
+            shutdown.clone(),
+        ));
+    }
     if let Some(path) = options.signals_for {
         spawn_signal_handlers(&control, &node, path, &trigger, &shutdown)?;
     }
 
-    let workers = match config.node.workers {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let worker_threads = http::spawn_workers(
-        workers,
-        Arc::clone(&node),
-        listeners,
-        shutdown.clone(),
-        &ready_tx,
-    )
-    .context("starting worker threads")?;
+    let worker_threads = http::spawn_workers(&node, worker_sockets, &shutdown, &ready_tx)
+        .context("starting worker threads")?;
     drop(ready_tx);
     if let Err(err) = wait_for_workers(&worker_threads, &ready_rx) {
         // No ready line and a non-zero exit: a node with a dead worker
@@ -250,7 +267,7 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
     };
     Ok(Running {
         node,
-        addresses: Addresses { admin, ..addresses },
+        addresses,
         workers,
         trigger,
         refresh,
@@ -338,6 +355,19 @@ fn bind_listeners(
     Ok((listeners, addresses, https_cert))
 }
 
+/// The admin listener, bound as `tokio::net::TcpListener::bind` would
+/// (`SO_REUSEADDR`: a restarted node gets its port back while the old
+/// connections sit in TIME_WAIT) but now, before capabilities are dropped.
+fn bind_admin(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
 /// The XDP program sees every packet first; without it (no BPF, no
 /// capability, an interface that is not there) the node serves on with
 /// userspace telemetry, saying so once.
@@ -377,6 +407,16 @@ fn attach_xdp(config: &EdgeConfig, control: &tokio::runtime::Runtime) -> Option<
             );
             None
         }
+    }
+}
+
+/// Drops the capabilities the running node does not need (see
+/// [`xdp::privileges`]), saying in one line what it kept and dropped. A
+/// failure keeps the node serving with what it had, and says so.
+fn drop_capabilities(xdp: Option<&NodeXdp>) {
+    match xdp::privileges::drop_unneeded(xdp.map(|x| &*x.guard)) {
+        Ok(outcome) => outcome.log(),
+        Err(err) => tracing::warn!(%err, "capabilities not dropped; serving on with them"),
     }
 }
 

@@ -225,6 +225,28 @@ fn checks(c: &Container) -> Result<()> {
         "    XDP program attached on wr0 by the unit running as user {}",
         uid.trim()
     );
+    // Once attached, the node keeps at most CAP_BPF (old kernels) and
+    // CAP_NET_ADMIN (a netlink attachment), in every thread.
+    let sets = c.sh(&format!(
+        "grep -h -e '^CapEff' -e '^CapPrm' -e '^CapAmb' /proc/{}/task/*/status | sort -u",
+        pids[1]
+    ))?;
+    let allowed: u64 = (1 << 39) | (1 << 12);
+    let too_much: Vec<&str> = sets
+        .lines()
+        .filter(|line| {
+            let (name, hex) = line.split_once(':').unwrap_or((line, "?"));
+            u64::from_str_radix(hex.trim(), 16)
+                .map_or(true, |m| m & !allowed != 0 || (name == "CapAmb" && m != 0))
+        })
+        .collect();
+    if !too_much.is_empty() || !edge_log.contains("capabilities dropped after start") {
+        bail!("the node kept capabilities it does not need: {too_much:?}\n{sets}\n{edge_log}");
+    }
+    println!(
+        "    the node dropped its capabilities after attaching: {}",
+        sets.split_whitespace().collect::<Vec<_>>().join(" ")
+    );
 
     cmd::step("boot test: a visitor through the node to the demo origin; the node gossips");
     let first = c.curl("first", "http://127.0.0.1/")?;
@@ -340,6 +362,11 @@ fn checks(c: &Container) -> Result<()> {
         &edge_log,
         "draining in-flight requests",
         "the node drains on stop",
+    )?;
+    ensure_has(
+        &edge_log,
+        "XDP program detached",
+        "the node detaches XDP on stop, without the capabilities it dropped",
     )?;
     ensure_has(
         &c.journal("waitroom-aggregator")?,

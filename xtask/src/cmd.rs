@@ -49,13 +49,82 @@ pub fn output(cmd: &mut Command) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// A `cargo` command for the toolchain xtask was started with.
+/// A `cargo` command for the toolchain xtask was started with, without the
+/// variables `cargo run` set for xtask itself (see [`without_run_env`]).
 pub fn cargo() -> Command {
-    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    without_run_env(&mut c);
+    c
+}
+
+/// Removes from `c`'s environment what `cargo run` (the `cargo xtask` alias)
+/// set for the xtask binary: `CARGO_MANIFEST_DIR=…/xtask`,
+/// `CARGO_PKG_NAME=xtask` and the like. A cargo started by xtask must not
+/// inherit them: build scripts such as ring's declare
+/// `rerun-if-env-changed` on exactly these names, so a build run from xtask
+/// and one run from a shell, or by the outer `cargo run` that builds xtask,
+/// found each other's build-script output stale and rebuilt ring and every
+/// crate above it (14 crates, 80 s here, on every switch between
+/// `cargo xtask demo` and `cargo xtask test`).
+pub fn without_run_env(c: &mut Command) -> &mut Command {
+    for (key, _) in std::env::vars_os() {
+        if key.to_str().is_some_and(is_run_variable) {
+            c.env_remove(key);
+        }
+    }
+    c
+}
+
+/// Whether `name` is one of the variables cargo sets for a binary it runs
+/// (not one a user sets to configure cargo, such as `CARGO_TARGET_DIR`).
+fn is_run_variable(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_RUSTC_CURRENT_DIR"
+        )
 }
 
 /// True when this process runs as root.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn child_cargo_does_not_inherit_what_cargo_run_set_for_xtask() {
+        assert!(is_run_variable("CARGO_PKG_NAME") && is_run_variable("CARGO_MANIFEST_DIR"));
+        for configuring in [
+            "CARGO_TARGET_DIR",
+            "CARGO_HOME",
+            "CARGO",
+            "CARGO_INCREMENTAL",
+        ] {
+            assert!(!is_run_variable(configuring), "{configuring}");
+        }
+        // `cargo test` sets CARGO_MANIFEST_DIR and CARGO_PKG_* for this
+        // process as `cargo run` does for xtask.
+        assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
+        let c = cargo();
+        let removed: Vec<&std::ffi::OsStr> = c
+            .get_envs()
+            .filter_map(|(key, value)| value.is_none().then_some(key))
+            .collect();
+        for (key, _) in std::env::vars_os() {
+            if key.to_str().is_some_and(is_run_variable) {
+                assert!(removed.contains(&key.as_os_str()), "{key:?} inherited");
+            }
+        }
+        assert!(removed.contains(&std::ffi::OsStr::new("CARGO_MANIFEST_DIR")));
+    }
 }

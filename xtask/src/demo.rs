@@ -86,7 +86,6 @@ pub fn run(args: &Args) -> Result<()> {
     if !args.no_setup {
         crate::setup::run()?;
     }
-    let root = cmd::workspace_root();
     let mut build = cmd::cargo();
     // The same build as `cargo xtask test` runs, so neither rebuilds for the other.
     build.args(["build", "--workspace", "--bins"]);
@@ -97,15 +96,15 @@ pub fn run(args: &Args) -> Result<()> {
         "building waitroom-edge, waitroom-aggregator and the demo origin",
         &mut build,
     )?;
-    let bin_dir = root
-        .join("target")
-        .join(if args.release { "release" } else { "debug" });
+    // Where that build put them: `CARGO_TARGET_DIR` if set (else a stale
+    // binary from an old `target/` would run).
+    let bin_dir = cmd::target_dir().join(if args.release { "release" } else { "debug" });
     let edge = bin_dir.join("waitroom-edge");
     let aggregator = bin_dir.join("waitroom-aggregator");
     let origin = bin_dir.join("waitroom-demo-origin");
 
-    let dir = root.join("target").join("demo");
-    std::fs::create_dir_all(&dir).context("creating target/demo")?;
+    let dir = cmd::target_dir().join("demo");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     // A demo starts empty: counters and snapshots of an earlier run would still
     // hold that run's visitors (they survive restarts on purpose).
     for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {

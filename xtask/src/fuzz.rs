@@ -128,6 +128,7 @@ fn run_targets(names: &[&str], seconds: u64) -> Result<()> {
 /// other flags and another toolchain than the workspace's build).
 fn cargo_fuzz(root: &std::path::Path, args: &[&str]) -> Command {
     let mut c = Command::new("cargo");
+    crate::cmd::without_run_env(&mut c);
     c.current_dir(root.join("fuzz"))
         .arg("+nightly")
         .arg("fuzz")

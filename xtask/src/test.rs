@@ -170,6 +170,7 @@ fn cargo_test(
 /// Clippy for the eBPF crate needs nightly and `-Z build-std=core`, like its build.
 fn ebpf_clippy() -> Command {
     let mut c = Command::new("rustup");
+    cmd::without_run_env(&mut c);
     c.args([
         "run",
         "nightly",

@@ -83,32 +83,45 @@ pub fn resolve(spec: &ListenerSpec) -> std::io::Result<(std::net::TcpListener, L
     ))
 }
 
-/// Starts `count` worker threads serving `listeners`. Each returns when shutdown is
-/// requested and its connections have drained (or the grace period ran out).
+/// Each worker's own sockets, one per listener, in listener order.
+pub type WorkerSockets = Vec<(std::net::TcpListener, ListenerSpec)>;
+
+/// Binds every worker's `SO_REUSEPORT` sockets for `listeners` (the first
+/// worker takes the already-bound ones). All binding happens here, on the
+/// starting thread and before the node drops its capabilities: a port below
+/// 1024 needs `CAP_NET_BIND_SERVICE` for each socket, not just the first.
+pub fn bind_for_workers(
+    count: usize,
+    listeners: Vec<(std::net::TcpListener, ListenerSpec)>,
+) -> std::io::Result<Vec<WorkerSockets>> {
+    let mut all = Vec::with_capacity(count);
+    for _ in 1..count {
+        all.push(
+            listeners
+                .iter()
+                .map(|(_, spec)| Ok((bind_reuseport(spec.addr, 4096)?, spec.clone())))
+                .collect::<std::io::Result<WorkerSockets>>()?,
+        );
+    }
+    all.insert(0, listeners);
+    Ok(all)
+}
+
+/// Starts one worker thread for each entry of `sockets` (see
+/// [`bind_for_workers`]). Each returns when shutdown is requested and its
+/// connections have drained (or the grace period ran out).
 /// Each worker says once whether it started (its runtime and listeners are
 /// up) on `ready`; a node whose workers do not all start must not say it is
 /// serving (see `start`).
 pub fn spawn_workers(
-    count: usize,
-    node: Arc<Node>,
-    listeners: Vec<(std::net::TcpListener, ListenerSpec)>,
-    shutdown: Shutdown,
+    node: &Arc<Node>,
+    sockets: Vec<WorkerSockets>,
+    shutdown: &Shutdown,
     ready: &std::sync::mpsc::Sender<Result<(), String>>,
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
-    let mut firsts: Vec<Option<std::net::TcpListener>> =
-        listeners.iter().map(|(l, _)| l.try_clone().ok()).collect();
-    let specs: Vec<ListenerSpec> = listeners.into_iter().map(|(_, s)| s).collect();
-    let mut handles = Vec::with_capacity(count);
-    for index in 0..count {
-        let mut sockets = Vec::with_capacity(specs.len());
-        for (i, spec) in specs.iter().enumerate() {
-            let socket = match firsts[i].take() {
-                Some(first) if index == 0 => first,
-                _ => bind_reuseport(spec.addr, 4096)?,
-            };
-            sockets.push((socket, spec.clone()));
-        }
-        let node = Arc::clone(&node);
+    let mut handles = Vec::with_capacity(sockets.len());
+    for (index, sockets) in sockets.into_iter().enumerate() {
+        let node = Arc::clone(node);
         let shutdown = shutdown.clone();
         let ready = ready.clone();
         let handle = std::thread::Builder::new()

@@ -13,10 +13,13 @@
 //! - [`deny_file`]: the deny list kept across restarts.
 //! - `telemetry`: [`TelemetrySnapshot`] and the once-a-second reader.
 //! - `log`: routes the program's `aya-log` records into `tracing`.
+//! - [`privileges`]: the capabilities the node drops once the program is
+//!   attached, and the proof of what it keeps.
 
 mod config;
 pub mod deny_file;
 mod log;
+pub mod privileges;
 mod telemetry;
 
 use std::{
@@ -196,7 +199,8 @@ fn missing_capability_names(status: &str) -> Option<String> {
 fn missing_capabilities_hint(status: &str) -> String {
     missing_capability_names(status).map_or_else(String::new, |missing| {
         format!(
-            " (this process lacks {missing}: give the unit AmbientCapabilities= with them, or run with them)"
+            " (this process lacks {missing} in its effective set: a systemd unit grants them \
+             with AmbientCapabilities= and CapabilityBoundingSet=; otherwise start it with them)"
         )
     })
 }
@@ -383,6 +387,33 @@ impl XdpGuard {
     #[must_use]
     pub fn attach_mode(&self) -> Option<XdpAttachMode> {
         self.attachment.as_ref().map(|a| a.mode)
+    }
+
+    /// Whether detaching needs `CAP_NET_ADMIN`: a program attached through
+    /// netlink (aya falls back to it where the kernel or driver has no XDP
+    /// bpf_link) is detached with another netlink request; one attached
+    /// through a bpf_link is detached by closing the link.
+    #[must_use]
+    pub fn detach_needs_net_admin(&self) -> bool {
+        // aya 0.14 does not say which it made; its link id's `Debug` names
+        // the kind (`XdpLinkId(FdLinkId(..))` or `XdpLinkId(NlLinkId(..))`).
+        self.attachment
+            .as_ref()
+            .is_some_and(|a| !format!("{:?}", a.link).contains("FdLinkId"))
+    }
+
+    /// Every kind of map operation the running node makes, without changing
+    /// anything: reads the deny list, rewrites the settings slot with the
+    /// value it holds, reads the telemetry maps. Run after the node dropped
+    /// capabilities, it proves the deny-list API and the telemetry still work.
+    pub fn probe_maps(&self) -> Result<(), XdpError> {
+        self.deny_list()?;
+        {
+            let mut settings = lock(&self.settings);
+            let current = settings.current;
+            settings.write(current)?;
+        }
+        self.snapshot().map(drop)
     }
 
     /// Adds `prefix` to the deny list: from now on its packets are dropped.
