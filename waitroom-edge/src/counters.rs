@@ -17,21 +17,24 @@
 //! its end raise SIGBUS and kill the node. There is no way to stop another
 //! process with write access from truncating a named file (seals exist only
 //! for memfds; leases only delay it), and checking the size before each use
-//! still races. So the node catches it instead: [`sigbus`] handles a SIGBUS
-//! inside a counters mapping by putting zeroed anonymous memory over the
-//! mapping, and the faulting access, retried, succeeds. The node keeps
+//! still races. So the node catches it instead: the SIGBUS guard of
+//! `crate::mapped` handles a SIGBUS inside the mapping by putting zeroed
+//! anonymous memory over the mapping, and the faulting access, retried,
+//! succeeds. The node keeps
 //! serving; counts start again from zero in memory (the file that held them
 //! is gone anyway); the control loop logs it once ([`SharedCounters::truncated`]),
 //! and the next start sets the short file aside.
-use std::{collections::HashMap, fs::File, os::unix::fs::FileExt as _, path::Path};
+use std::{collections::HashMap, path::Path};
 
-use memmap2::MmapMut;
 use waitroom_common::{
     counters::{COUNTERS_LAYOUT_VERSION, CountersError, RoomCounters},
     room::RoomId,
 };
 
-use crate::state_dir::{self, StateFileError};
+use crate::{
+    mapped::{Expected, MappedFile, sealed},
+    state_dir::StateFileError,
+};
 
 /// Room slots in a file: far more rooms than a node serves, so reloads that add
 /// rooms always find a free one.
@@ -65,42 +68,30 @@ pub enum SharedCountersError {
 
 /// The mapped counters file.
 pub struct SharedCounters {
-    /// Keeps the mapping alive; never read through a Rust reference to bytes.
-    _map: MmapMut,
-    /// The open file behind the mapping (`None` for a read-only copy).
-    _file: Option<File>,
-    /// The SIGBUS guard of the mapping (see the module docs).
-    guard: Option<sigbus::Guard>,
+    /// Keeps the mapping (and its SIGBUS guard) alive; never read through a
+    /// Rust reference to bytes.
+    file: MappedFile,
     /// First of `SLOTS` counters inside the mapping.
     base: *const RoomCounters,
     /// Slot index of each configured room.
     index: HashMap<RoomId, usize>,
-    path: String,
 }
 
 impl std::fmt::Debug for SharedCounters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedCounters")
-            .field("path", &self.path)
+            .field("path", &self.file.path())
             .field("rooms", &self.index.len())
             .finish()
     }
 }
 
 // SAFETY: the mapping is only accessed through `&RoomCounters`, whose fields are
-// all atomics (`Sync`); the raw pointer is into a mapping owned by this value.
+// all atomics (`Sync`); the raw pointer is into the mapping of `file`, owned
+// by this value.
 unsafe impl Send for SharedCounters {}
 // SAFETY: as above: shared access is only ever atomic.
 unsafe impl Sync for SharedCounters {}
-
-impl Drop for SharedCounters {
-    fn drop(&mut self) {
-        // Unguard before `_map` unmaps the range (fields drop after this).
-        if let Some(guard) = self.guard.take() {
-            guard.release();
-        }
-    }
-}
 
 impl SharedCounters {
     /// Opens (or creates) the counters file and finds or claims a slot for each room.
@@ -115,54 +106,16 @@ impl SharedCounters {
             path: shown.clone(),
             source,
         };
-        if let Some(dir) = path.parent()
-            && !dir.as_os_str().is_empty()
-            && !dir.exists()
-        {
-            state_dir::prepare(dir)?;
-        }
-        let file = match state_dir::open_existing(path, true)? {
-            Some(file) => {
-                state_dir::check_owned_unwritable(&file, path)?;
-                match Self::problem(&file) {
-                    None => file,
-                    Some(problem) => {
-                        let old = path.with_extension("old");
-                        tracing::warn!(file = %shown, %problem, moved_to = %old.display(), "counters file set aside; starting a new one");
-                        drop(file);
-                        std::fs::rename(path, &old).map_err(io)?;
-                        Self::create(path).map_err(io)?
-                    }
-                }
-            }
-            None => Self::create(path).map_err(io)?,
-        };
-        // SAFETY: the file is ours, exactly `FILE_LEN` long (checked or just
-        // made); other processes that map it (a restarted node) only touch it
-        // through atomics, which is the contract of `RoomCounters`. A
-        // truncation underneath is caught by the SIGBUS guard set up below,
-        // before any slot is read.
-        let mut map = unsafe { MmapMut::map_mut(&file) }.map_err(io)?;
-        if map.len() != FILE_LEN {
+        let header = Self::header();
+        let mut file = MappedFile::open(path, &Self::expected(path, &header), io)?;
+        if file.len() != FILE_LEN {
             return Err(SharedCountersError::Foreign { path: shown });
         }
-        let guard = sigbus::Guard::new(map.as_mut_ptr() as usize, map.len());
-        let base = {
-            let slots = RoomCounters::from_bytes_mut(&mut map[HEADER..]).map_err(|source| {
-                SharedCountersError::Layout {
-                    path: shown.clone(),
-                    source,
-                }
-            })?;
-            slots.as_ptr()
-        };
+        let base = Self::base(&mut file)?;
         let mut this = Self {
-            _map: map,
-            _file: Some(file),
-            guard,
+            file,
             base,
             index: HashMap::new(),
-            path: shown,
         };
         this.assign(rooms)?;
         Ok(this)
@@ -178,26 +131,15 @@ impl SharedCounters {
             path: shown.clone(),
             source,
         };
-        let file = state_dir::open_existing(path, false)?
-            .ok_or_else(|| io(std::io::Error::from(std::io::ErrorKind::NotFound)))?;
-        if Self::problem(&file).is_some() {
+        let header = Self::header();
+        let Some(mut file) = MappedFile::copy(path, &Self::expected(path, &header), io)? else {
             return Err(SharedCountersError::Foreign { path: shown });
-        }
-        let mut map = MmapMut::map_anon(FILE_LEN).map_err(io)?;
-        file.read_exact_at(&mut map[..], 0).map_err(io)?;
-        let base = RoomCounters::from_bytes_mut(&mut map[HEADER..])
-            .map_err(|source| SharedCountersError::Layout {
-                path: shown.clone(),
-                source,
-            })?
-            .as_ptr();
+        };
+        let base = Self::base(&mut file)?;
         let mut this = Self {
-            _map: map,
-            _file: None,
-            guard: None,
+            file,
             base,
             index: HashMap::new(),
-            path: shown,
         };
         this.index = this
             .slots()
@@ -211,31 +153,32 @@ impl SharedCounters {
     /// Whether the file was truncated underneath this mapping (the counts
     /// now live in memory only; see the module docs).
     pub fn truncated(&self) -> bool {
-        self.guard.as_ref().is_some_and(sigbus::Guard::hit)
+        self.file.truncated()
     }
 
     /// The file's path, for messages.
     pub fn path(&self) -> &str {
-        &self.path
+        self.file.path()
     }
 
-    /// What is wrong with an existing file, read with `pread` (never mapped
-    /// before it passed).
-    fn problem(file: &File) -> Option<String> {
-        let len = match file.metadata() {
-            Ok(m) => m.len(),
-            Err(e) => return Some(e.to_string()),
-        };
-        if len != FILE_LEN as u64 {
-            return Some(format!("{len} bytes, not {FILE_LEN}"));
+    /// What the file must look like; one that does not is set aside as
+    /// `path` with its extension replaced by `old`.
+    fn expected<'a>(path: &Path, header: &'a [u8]) -> Expected<'a> {
+        Expected {
+            header,
+            len: FILE_LEN,
+            aside: path.with_extension("old"),
+            damaged: "another layout or a damaged header (magic, version, slots or checksum)",
+            set_aside: "counters file set aside; starting a new one",
         }
-        let mut header = [0u8; CHECKED + 8];
-        if let Err(e) = file.read_exact_at(&mut header, 0) {
-            return Some(e.to_string());
-        }
-        (header != Self::header()).then(|| {
-            "another layout or a damaged header (magic, version, slots or checksum)".to_owned()
-        })
+    }
+
+    /// The first slot inside a mapping of `FILE_LEN` bytes.
+    fn base(file: &mut MappedFile) -> Result<*const RoomCounters, SharedCountersError> {
+        let path = file.path().to_owned();
+        let slots = RoomCounters::from_bytes_mut(&mut file.bytes_mut()[HEADER..])
+            .map_err(|source| SharedCountersError::Layout { path, source })?;
+        Ok(slots.as_ptr())
     }
 
     /// The header of a file of this build's layout.
@@ -245,31 +188,12 @@ impl SharedCounters {
         h[8..12].copy_from_slice(&COUNTERS_LAYOUT_VERSION.to_le_bytes());
         h[12..16].copy_from_slice(&(SLOTS as u32).to_le_bytes());
         h[16..24].copy_from_slice(&(RoomCounters::SIZE as u64).to_le_bytes());
-        let sum = fnv1a(&h[..CHECKED]);
-        h[CHECKED..].copy_from_slice(&sum.to_le_bytes());
-        h
-    }
-
-    /// A new file (`O_EXCL`, no symlink followed, mode 0600) of the right
-    /// size, zeroed, with its header written last by `pwrite`: a file cut
-    /// short mid-creation fails the checks next time and is made again.
-    fn create(path: &Path) -> std::io::Result<File> {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
-        file.set_len(FILE_LEN as u64)?;
-        file.write_all_at(&Self::header(), 0)?;
-        Ok(file)
+        sealed(h)
     }
 
     fn slots(&self) -> &[RoomCounters] {
         // SAFETY: `base` points at `SLOTS` `RoomCounters` inside the mapping owned by
-        // `self._map` (checked by `from_bytes_mut` at open); it lives as long as `self`.
+        // `self.file` (checked by `from_bytes_mut` at open); it lives as long as `self`.
         unsafe { std::slice::from_raw_parts(self.base, SLOTS) }
     }
 
@@ -290,14 +214,14 @@ impl SharedCounters {
                             .iter()
                             .position(|s| s.room().is_some_and(|r| !rooms.contains(&r)))
                             .ok_or_else(|| SharedCountersError::Full {
-                                path: self.path.clone(),
+                                path: self.file.path().to_owned(),
                             })?,
                     };
                     slots[i].reset();
                     slots[i]
                         .claim(*room)
                         .map_err(|source| SharedCountersError::Layout {
-                            path: self.path.clone(),
+                            path: self.file.path().to_owned(),
                             source,
                         })?;
                     i
@@ -330,149 +254,6 @@ impl SharedCounters {
     /// The counters in slot `i` (from [`Self::slot_of`]).
     pub fn slot(&self, i: usize) -> &RoomCounters {
         &self.slots()[i]
-    }
-}
-
-/// FNV-1a, 64 bits: catches a damaged header; not a defence against anyone
-/// who can write the file (the file's owner and mode checks are).
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
-/// Surviving a counters file truncated under its mapping (module docs).
-///
-/// A process-wide SIGBUS handler knows the address ranges of the live
-/// mappings. A fault inside one replaces that whole range with zeroed
-/// anonymous shared memory (`MAP_FIXED`) and returns, so the faulting
-/// load or store runs again and succeeds; a fault anywhere else goes to the
-/// handler that was there before (Rust's own, which reports stack overflow)
-/// or, if that was the default, kills the process as SIGBUS always did.
-pub(crate) mod sigbus {
-    use std::sync::{
-        Once, OnceLock,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-    };
-
-    /// Ranges guarded at once (a node has one; tests open a few).
-    const RANGES: usize = 32;
-
-    static STARTS: [AtomicUsize; RANGES] = [const { AtomicUsize::new(0) }; RANGES];
-    static LENS: [AtomicUsize; RANGES] = [const { AtomicUsize::new(0) }; RANGES];
-    static HITS: [AtomicBool; RANGES] = [const { AtomicBool::new(false) }; RANGES];
-    static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
-    static INSTALL: Once = Once::new();
-
-    /// One guarded range; [`Guard::release`] before unmapping it.
-    #[derive(Debug)]
-    pub struct Guard {
-        slot: usize,
-    }
-
-    impl Guard {
-        /// Guards `len` bytes at `start`; `None` (unguarded, as before) if
-        /// every slot is taken or the handler could not be installed.
-        pub fn new(start: usize, len: usize) -> Option<Self> {
-            INSTALL.call_once(install);
-            PREVIOUS.get()?;
-            for slot in 0..RANGES {
-                if LENS[slot].load(Ordering::Acquire) == 0
-                    && STARTS[slot]
-                        .compare_exchange(0, start, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                {
-                    HITS[slot].store(false, Ordering::Release);
-                    LENS[slot].store(len, Ordering::Release);
-                    return Some(Self { slot });
-                }
-            }
-            tracing::warn!(
-                "no SIGBUS guard slot free; a truncated counters file would stop the node"
-            );
-            None
-        }
-
-        /// Whether a fault replaced the range with anonymous memory.
-        pub fn hit(&self) -> bool {
-            HITS[self.slot].load(Ordering::Acquire)
-        }
-
-        pub fn release(self) {
-            LENS[self.slot].store(0, Ordering::Release);
-            STARTS[self.slot].store(0, Ordering::Release);
-        }
-    }
-
-    fn install() {
-        // SAFETY: a zeroed `sigaction` is a valid "no handler, empty mask"
-        // value; `sigaction` only reads `new` and writes `old`.
-        unsafe {
-            let mut new: libc::sigaction = std::mem::zeroed();
-            new.sa_sigaction = handler as *const () as usize;
-            new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-            libc::sigemptyset(&mut new.sa_mask);
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(libc::SIGBUS, &new, &mut old) == 0 {
-                let _ = PREVIOUS.set(old);
-            }
-        }
-    }
-
-    /// Async-signal-safe: atomics, `mmap`, `sigaction` and a call through.
-    extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-        // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
-        let addr = unsafe { (*info).si_addr() } as usize;
-        for slot in 0..RANGES {
-            let start = STARTS[slot].load(Ordering::Acquire);
-            let len = LENS[slot].load(Ordering::Acquire);
-            if len != 0 && addr >= start && addr < start + len {
-                if !HITS[slot].swap(true, Ordering::AcqRel) {
-                    // SAFETY: the range is a live mapping this process owns
-                    // (a guard is released before its mapping is unmapped);
-                    // MAP_FIXED replaces it in place with zeroed memory that
-                    // every holder of the address keeps using atomically.
-                    unsafe {
-                        libc::mmap(
-                            start as *mut libc::c_void,
-                            len,
-                            libc::PROT_READ | libc::PROT_WRITE,
-                            libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                            -1,
-                            0,
-                        );
-                    }
-                }
-                // Another thread may still be replacing it: returning
-                // retries the access, which faults again until it is done.
-                return;
-            }
-        }
-        let Some(previous) = PREVIOUS.get() else {
-            return;
-        };
-        match previous.sa_sigaction {
-            libc::SIG_DFL | libc::SIG_IGN => {
-                // SAFETY: restoring the default action; the access faults
-                // again on return and the process dies of SIGBUS as before.
-                unsafe {
-                    let mut dfl: libc::sigaction = std::mem::zeroed();
-                    dfl.sa_sigaction = libc::SIG_DFL;
-                    libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
-                }
-            }
-            f if previous.sa_flags & libc::SA_SIGINFO != 0 => {
-                // SAFETY: with SA_SIGINFO the previous handler has this type.
-                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                    unsafe { std::mem::transmute(f) };
-                f(sig, info, ctx);
-            }
-            f => {
-                // SAFETY: without SA_SIGINFO the previous handler has this type.
-                let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(f) };
-                f(sig);
-            }
-        }
     }
 }
 

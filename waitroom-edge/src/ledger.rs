@@ -4,9 +4,10 @@
 //! where each ticket's count sits; it must outlive the process exactly as
 //! long as the counts it describes do, so it lives in its own file
 //! (`<counters file>.tickets`), mapped shared, made and checked the way the
-//! counters file is ([`crate::counters`]): opened without following a
-//! symlink, owned by the node and writable by no one else, exactly the right
-//! size, a header (magic, layout version, entries, size) with a checksum,
+//! counters file is ([`crate::counters`]; both use `crate::mapped`): opened
+//! without following a symlink, owned by the node and writable by no one
+//! else, exactly the right size, a header (magic, layout version, entries,
+//! size) with a checksum,
 //! and the same SIGBUS guard against a truncation underneath. A file of
 //! another layout or size (`node.ticket_ledger_entries` changed) is set aside
 //! as `PATH.old` and made afresh: the tickets it knew are then believed once
@@ -20,18 +21,13 @@
 //! The placement key is drawn at random when the file is made and kept in
 //! it (the file is private to the node), so a restart keeps finding its
 //! entries.
-use std::{
-    fs::File,
-    os::unix::fs::FileExt as _,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
-use memmap2::MmapMut;
 use waitroom_common::ledger::{LEDGER_LAYOUT_VERSION, LedgerError, TicketLedger};
 
 use crate::{
-    counters::{fnv1a, sigbus},
-    state_dir::{self, StateFileError},
+    mapped::{Expected, MappedFile, sealed},
+    state_dir::StateFileError,
 };
 
 /// The header page: magic, version, entries, bytes, checksum.
@@ -56,39 +52,28 @@ pub enum SharedLedgerError {
 
 /// The mapped ledger file.
 pub struct SharedLedger {
-    /// Keeps the mapping alive; only read through `ledger`.
-    _map: MmapMut,
-    _file: File,
-    /// The SIGBUS guard of the mapping (see `crate::counters`).
-    guard: Option<sigbus::Guard>,
+    /// Keeps the mapping (and its SIGBUS guard) alive; only read through
+    /// `ledger`.
+    file: MappedFile,
     /// The ledger's words inside the mapping.
     words: *const std::sync::atomic::AtomicU64,
     len: usize,
-    path: String,
 }
 
 impl std::fmt::Debug for SharedLedger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedLedger")
-            .field("path", &self.path)
+            .field("path", &self.file.path())
             .field("entries", &self.ledger().entries())
             .finish()
     }
 }
 
 // SAFETY: the mapping is only accessed through `&TicketLedger`, all atomics;
-// the raw pointer is into a mapping owned by this value.
+// the raw pointer is into the mapping of `file`, owned by this value.
 unsafe impl Send for SharedLedger {}
 // SAFETY: as above: shared access is only ever atomic.
 unsafe impl Sync for SharedLedger {}
-
-impl Drop for SharedLedger {
-    fn drop(&mut self) {
-        if let Some(guard) = self.guard.take() {
-            guard.release();
-        }
-    }
-}
 
 /// Where the ledger of a node with this counters file lives.
 #[must_use]
@@ -108,39 +93,22 @@ impl SharedLedger {
         };
         let entries = TicketLedger::round_entries(entries);
         let file_len = HEADER + TicketLedger::bytes_for(entries);
-        if let Some(dir) = path.parent()
-            && !dir.as_os_str().is_empty()
-            && !dir.exists()
-        {
-            state_dir::prepare(dir)?;
-        }
-        let file = match state_dir::open_existing(path, true)? {
-            Some(file) => {
-                state_dir::check_owned_unwritable(&file, path)?;
-                match problem(&file, entries, file_len) {
-                    None => file,
-                    Some(problem) => {
-                        let old = aside(path);
-                        tracing::warn!(file = %shown, %problem, moved_to = %old.display(), "ticket ledger file set aside; starting a new one (tickets it knew are believed once more)");
-                        drop(file);
-                        std::fs::rename(path, &old).map_err(io)?;
-                        create(path, entries, file_len).map_err(io)?
-                    }
-                }
-            }
-            None => create(path, entries, file_len).map_err(io)?,
+        let header = header(entries, file_len);
+        let expected = Expected {
+            header: &header,
+            len: file_len,
+            aside: aside(path),
+            damaged: "another layout, size or a damaged header (magic, version, entries or checksum)",
+            set_aside: "ticket ledger file set aside; starting a new one (tickets it knew are believed once more)",
         };
-        // SAFETY: the file is ours and exactly `file_len` long (checked or
-        // just made); every process that maps it touches it only through
-        // atomics; a truncation underneath is caught by the guard below.
-        let mut map = unsafe { MmapMut::map_mut(&file) }.map_err(io)?;
-        let guard = sigbus::Guard::new(map.as_mut_ptr() as usize, map.len());
+        let mut file = MappedFile::open(path, &expected, io)?;
         let layout = |source| SharedLedgerError::Layout {
             path: shown.clone(),
             source,
         };
         let (words, len) = {
-            let ledger = TicketLedger::from_bytes_mut(&mut map[HEADER..]).map_err(layout)?;
+            let ledger =
+                TicketLedger::from_bytes_mut(&mut file.bytes_mut()[HEADER..]).map_err(layout)?;
             ledger.claim(entries, [rand::random(), rand::random()]);
             ledger.check().map_err(layout)?;
             let words = TicketLedger::words_for(entries);
@@ -149,21 +117,14 @@ impl SharedLedger {
                 words,
             )
         };
-        Ok(Self {
-            _map: map,
-            _file: file,
-            guard,
-            words,
-            len,
-            path: shown,
-        })
+        Ok(Self { file, words, len })
     }
 
     /// The ledger.
     #[must_use]
     pub fn ledger(&self) -> &TicketLedger {
         // SAFETY: `words` points at `len` `AtomicU64`s inside the mapping
-        // owned by `self._map` (checked at open); it lives as long as `self`.
+        // owned by `self.file` (checked at open); it lives as long as `self`.
         let words = unsafe { std::slice::from_raw_parts(self.words, self.len) };
         TicketLedger::from_words(words).expect("checked at open")
     }
@@ -171,12 +132,12 @@ impl SharedLedger {
     /// Whether the file was truncated underneath the mapping.
     #[must_use]
     pub fn truncated(&self) -> bool {
-        self.guard.as_ref().is_some_and(sigbus::Guard::hit)
+        self.file.truncated()
     }
 
     #[must_use]
     pub fn path(&self) -> &str {
-        &self.path
+        self.file.path()
     }
 }
 
@@ -187,53 +148,20 @@ fn aside(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// What is wrong with an existing file, read with `pread` before mapping.
-fn problem(file: &File, entries: usize, file_len: usize) -> Option<String> {
-    let len = match file.metadata() {
-        Ok(m) => m.len(),
-        Err(e) => return Some(e.to_string()),
-    };
-    if len != file_len as u64 {
-        return Some(format!("{len} bytes, not {file_len}"));
-    }
-    let mut found = [0u8; CHECKED + 8];
-    if let Err(e) = file.read_exact_at(&mut found, 0) {
-        return Some(e.to_string());
-    }
-    (found != header(entries, file_len)).then(|| {
-        "another layout, size or a damaged header (magic, version, entries or checksum)".to_owned()
-    })
-}
-
+/// The header of a file of this build's layout for `entries` tickets.
 fn header(entries: usize, file_len: usize) -> [u8; CHECKED + 8] {
     let mut h = [0u8; CHECKED + 8];
     h[..8].copy_from_slice(MAGIC);
     h[8..12].copy_from_slice(&LEDGER_LAYOUT_VERSION.to_le_bytes());
     h[12..20].copy_from_slice(&(entries as u64).to_le_bytes());
     h[20..28].copy_from_slice(&(file_len as u64).to_le_bytes());
-    let sum = fnv1a(&h[..CHECKED]);
-    h[CHECKED..].copy_from_slice(&sum.to_le_bytes());
-    h
-}
-
-/// A new file (`O_EXCL`, no symlink followed, 0600), zeroed (sparse), its
-/// header written last.
-fn create(path: &Path, entries: usize, file_len: usize) -> std::io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
-    file.set_len(file_len as u64)?;
-    file.write_all_at(&header(entries, file_len), 0)?;
-    Ok(file)
+    sealed(h)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::FileExt as _;
+
     use waitroom_common::{ledger::Counted, time::Minute};
 
     use super::*;

@@ -50,6 +50,7 @@ pub mod gossip;
 pub mod http;
 pub mod keys;
 pub mod ledger;
+mod mapped;
 pub mod metrics;
 pub mod new_tickets;
 pub mod node;
