@@ -129,6 +129,7 @@ origin = "{origin_addr}"
             Options {
                 clock: self.clock.clone(),
                 signals_for: None,
+                drop_capabilities: false,
             },
         )?;
         self.http = running.addresses.http;

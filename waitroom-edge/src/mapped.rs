@@ -267,7 +267,7 @@ pub(crate) mod sigbus {
                 }
             }
             tracing::warn!(
-                "no SIGBUS guard slot free; a truncated counters file would stop the node"
+                "no SIGBUS guard slot free; a truncated counters or ticket-ledger file would stop the node"
             );
             None
         }
