@@ -117,12 +117,6 @@ pub fn render_metrics(shared: &Shared) -> String {
             m.connections_replaced_total.load(Relaxed),
         ),
         (
-            "waitroom_aggregator_implausible_numbers_total",
-            "counter",
-            "Reported numbers corrected before merging (impossible minutes, counts beyond the room).",
-            shared.cluster().implausible_total(),
-        ),
-        (
             "waitroom_aggregator_snapshots_total",
             "counter",
             "Snapshots written.",
@@ -137,6 +131,18 @@ pub fn render_metrics(shared: &Shared) -> String {
     ] {
         family(&mut out, name, kind, help);
         let _ = writeln!(out, "{name} {value}");
+    }
+    family(
+        &mut out,
+        "waitroom_aggregator_implausible_numbers_total",
+        "counter",
+        "Reported numbers corrected before merging, by reason: future_minute (dropped), clamped (beyond what the room allows).",
+    );
+    for (reason, n) in shared.cluster().implausible_by_reason() {
+        let _ = writeln!(
+            out,
+            "waitroom_aggregator_implausible_numbers_total{{reason=\"{reason}\"}} {n}"
+        );
     }
     let last = m.last_snapshot_ms.load(Relaxed);
     family(

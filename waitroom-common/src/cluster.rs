@@ -103,8 +103,9 @@ pub struct Cluster {
     node_timeout_ms: u64,
     /// (node, room) pairs already warned about, so the log is not flooded.
     unknown_rooms: BTreeSet<(String, RoomId)>,
-    /// Corrections made to reported numbers (see [`crate::plausible`]).
-    implausible_total: u64,
+    /// Corrections made to reported numbers (see [`crate::plausible`]):
+    /// entries dropped for a future minute, counts clamped.
+    implausible: [u64; 2],
     /// The last minute a correction was logged for each node: at most one
     /// warning per node per minute, however often it sends nonsense.
     implausible_logged: BTreeMap<String, Minute>,
@@ -174,7 +175,7 @@ impl Cluster {
             meta: Vec::new(),
             node_timeout_ms,
             unknown_rooms: BTreeSet::new(),
-            implausible_total: 0,
+            implausible: [0; 2],
             implausible_logged: BTreeMap::new(),
         }
     }
@@ -182,7 +183,17 @@ impl Cluster {
     /// Corrections made to reported numbers since start.
     #[must_use]
     pub fn implausible_total(&self) -> u64 {
-        self.implausible_total
+        self.implausible[0].saturating_add(self.implausible[1])
+    }
+
+    /// Corrections since start by reason: `("future_minute", n)` for entries
+    /// dropped, `("clamped", n)` for counts brought down to their bound.
+    #[must_use]
+    pub fn implausible_by_reason(&self) -> [(&'static str, u64); 2] {
+        [
+            ("future_minute", self.implausible[0]),
+            ("clamped", self.implausible[1]),
+        ]
     }
 
     /// Brings every number of `report` into what its rooms allow, counting
@@ -196,7 +207,13 @@ impl Cluster {
             if found.is_empty() {
                 continue;
             }
-            self.implausible_total += found.len() as u64;
+            for correction in &found {
+                let i = match correction.problem {
+                    crate::plausible::ImplausibleKind::FutureMinute => 0,
+                    crate::plausible::ImplausibleKind::Clamped { .. } => 1,
+                };
+                self.implausible[i] = self.implausible[i].saturating_add(1);
+            }
             let minute = now.minute();
             let logged = self.implausible_logged.get(&report.node);
             if logged != Some(&minute) {
@@ -829,10 +846,15 @@ mod tests {
         bad.rooms[0].expiries = vec![
             (T0.minute().plus(2), i64::MIN),
             (T0.minute().plus(2), i64::MIN),
+            (T0.minute().plus(100_000), 1),
         ];
         let answers = cluster.apply(bad, T0);
         assert_eq!(answers.len(), 1);
-        assert_eq!(cluster.implausible_total(), 2);
+        assert_eq!(cluster.implausible_total(), 3);
+        assert_eq!(
+            cluster.implausible_by_reason(),
+            [("future_minute", 1), ("clamped", 2)]
+        );
         let status = cluster.status(T0);
         assert_eq!(
             status.rooms[0].active_users, 0,
