@@ -22,6 +22,7 @@ pub mod inproc;
 pub mod minutes;
 pub mod netns;
 pub mod procs;
+pub mod xdp_node;
 
 /// Whether the process runs as root; if not, says on stderr that the calling
 /// test skips and why. Privileged tests start with

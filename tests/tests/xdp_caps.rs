@@ -8,46 +8,18 @@
 //! SIGTERM detaches the program.
 //!
 //! Skips, saying why, when not run as root.
-use std::{
-    io::{Read as _, Write as _},
-    net::{SocketAddr, SocketAddrV4, TcpStream},
-    os::unix::fs::PermissionsExt as _,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use waitroom_tests::{
     edge::{Edge, client, get_text, metric},
-    netns::NetNs,
-    procs::{TempDir, free_port, start_origin},
     require_root,
+    xdp_node::XdpNodeFixture,
 };
 
 const TOKEN: &str = "0b1c2d3e4f5a69788796a5b4c3d2e1f0";
 /// Capability numbers (`linux/capability.h`).
 const CAP_NET_ADMIN: u32 = 12;
 const CAP_BPF: u32 = 39;
-
-/// One HTTP request from inside the namespace.
-fn visit_from_inside(ns: &NetNs, to: SocketAddr) -> std::io::Result<String> {
-    ns.run_inside(|| {
-        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"GET / HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n")?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        Ok(text)
-    })?
-}
-
-/// `ip -d link show dev IF`: names the XDP program while one is attached.
-fn xdp_on(interface: &str) -> String {
-    let out = Command::new("ip")
-        .args(["-d", "link", "show", "dev", interface])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// `(tid, CapEff, CapPrm, CapBnd, CapInh, CapAmb)` of every thread of `pid`.
 fn thread_caps(pid: u32) -> Vec<(String, [u64; 5])> {
@@ -105,42 +77,20 @@ fn the_node_keeps_only_what_the_deny_list_telemetry_and_detach_need() {
     if !require_root() {
         return;
     }
-    let ns = NetNs::new().expect("namespace and veth pair");
-    let dir = TempDir::new("xdp-caps");
-    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
-    let port = free_port().unwrap();
-    let listen = SocketAddr::V4(SocketAddrV4::new(ns.host_addr(), port));
-    let token_file = dir.path().join("admin.token");
-    std::fs::write(&token_file, TOKEN).unwrap();
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    // Two workers: threads started after the drop inherit the reduced sets.
-    let config = format!(
-        r#"[node]
-id = "xdp-caps"
-listen = "{listen}"
-admin_listen = "127.0.0.1:0"
-workers = 2
-counters_path = "{counters}"
-admin_token_file = "{token}"
-
-[xdp]
-interface = "{interface}"
-ports = [{port}]
-
-[[rooms]]
-id = "shop"
-origin = "{origin}"
-total_active_users = 100
-new_users_per_minute = 100
-"#,
-        counters = dir.path().join("counters.shm").display(),
-        token = token_file.display(),
-        interface = ns.host_if(),
-    );
-    let mut edge = Edge::start(dir.path(), "edge", &config).unwrap();
+    let fixture =
+        XdpNodeFixture::new("xdp-caps", 2, TOKEN).expect("namespace, veth pair and origin");
+    let XdpNodeFixture {
+        ns,
+        dir,
+        port,
+        config,
+        ..
+    } = &fixture;
+    let port = *port;
+    let mut edge = Edge::start(dir.path(), "edge", config).unwrap();
     let pid = edge.proc.pid().unwrap();
     let log = plain(&edge.proc.stderr());
-    assert!(xdp_on(ns.host_if()).contains("xdp"), "{log}");
+    assert!(fixture.link().contains("xdp"), "{log}");
 
     // What the node kept is what every thread's permitted set holds now.
     let threads = thread_caps(pid);
@@ -178,7 +128,9 @@ new_users_per_minute = 100
     // Telemetry: the kernel's SYN counter, read from the maps after the drop.
     let metrics = || get_text(&edge.admin_url("/metrics"));
     for _ in 0..3 {
-        let answer = visit_from_inside(&ns, listen).expect("a visit through the veth");
+        let answer = fixture
+            .visit_from_inside()
+            .expect("a visit through the veth");
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
     let series = format!("waitroom_xdp_port_syns_total{{port=\"{port}\"}}");
@@ -204,10 +156,7 @@ new_users_per_minute = 100
         .unwrap()
         .status();
     assert_eq!(status.as_u16(), 200, "{}", edge.proc.stderr());
-    assert!(
-        visit_from_inside(&ns, listen).is_err(),
-        "denied, got through"
-    );
+    assert!(fixture.visit_from_inside().is_err(), "denied, got through");
     let list = get_text(&edge.admin_url("/deny"));
     assert!(list.contains(&prefix), "{list}");
     let status = admin
@@ -218,7 +167,8 @@ new_users_per_minute = 100
         .status();
     assert_eq!(status.as_u16(), 200, "{}", edge.proc.stderr());
     assert!(
-        visit_from_inside(&ns, listen)
+        fixture
+            .visit_from_inside()
             .unwrap()
             .starts_with("HTTP/1.1 200")
     );
@@ -226,7 +176,7 @@ new_users_per_minute = 100
     // SIGTERM: a clean exit, and the interface has no program left.
     let status = edge.proc.terminate(Duration::from_secs(10)).expect("exit");
     assert!(status.success(), "{status:?}: {}", edge.proc.stderr());
-    let link = xdp_on(ns.host_if());
+    let link = fixture.link();
     assert!(
         !link.contains("xdp"),
         "the program outlived the node: {link}"

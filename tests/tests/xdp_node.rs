@@ -6,81 +6,33 @@
 //! stopped node leaves no program behind.
 //!
 //! Skips, saying why, when not run as root.
-use std::{
-    io::{Read as _, Write as _},
-    net::{SocketAddr, SocketAddrV4, TcpStream},
-    os::unix::fs::PermissionsExt as _,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use waitroom_tests::{
     edge::{Edge, client, get_text, metric},
-    netns::NetNs,
-    procs::{TempDir, free_port, start_origin},
     require_root,
+    xdp_node::XdpNodeFixture,
 };
 
 /// The admin bearer token the test's node reads from its token file.
 const TOKEN: &str = "a7e3b1c4d5f60718293a4b5c6d7e8f90";
-
-/// One HTTP request over a fresh connection from inside the namespace.
-fn visit_from_inside(ns: &NetNs, to: SocketAddr) -> std::io::Result<String> {
-    ns.run_inside(|| {
-        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"GET / HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n")?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        Ok(text)
-    })?
-}
-
-fn xdp_attached_on(interface: &str) -> bool {
-    let out = Command::new("ip")
-        .args(["link", "show", "dev", interface])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).contains("xdp")
-}
 
 #[test]
 fn node_counts_connections_in_the_kernel_and_its_deny_list_drops_sources() {
     if !require_root() {
         return;
     }
-    let ns = NetNs::new().expect("namespace and veth pair");
-    let dir = TempDir::new("xdp-node");
-    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
-    let port = free_port().unwrap();
-    let listen = SocketAddr::V4(SocketAddrV4::new(ns.host_addr(), port));
-    let token_file = dir.path().join("admin.token");
-    std::fs::write(&token_file, TOKEN).unwrap();
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let config = format!(
-        r#"[node]
-id = "xdp-node"
-listen = "{listen}"
-admin_listen = "127.0.0.1:0"
-workers = 1
-counters_path = "{counters}"
-admin_token_file = "{token}"
-
-[xdp]
-interface = "{interface}"
-ports = [{port}]
-
-[[rooms]]
-id = "shop"
-origin = "{origin}"
-total_active_users = 100
-new_users_per_minute = 100
-"#,
-        counters = dir.path().join("counters.shm").display(),
-        token = token_file.display(),
-        interface = ns.host_if(),
-    );
-    let mut edge = Edge::start(dir.path(), "edge", &config).unwrap();
+    let fixture =
+        XdpNodeFixture::new("xdp-node", 1, TOKEN).expect("namespace, veth pair and origin");
+    let XdpNodeFixture {
+        ns,
+        dir,
+        port,
+        config,
+        ..
+    } = &fixture;
+    let port = *port;
+    let mut edge = Edge::start(dir.path(), "edge", config).unwrap();
     let metrics = || get_text(&edge.admin_url("/metrics"));
     assert_eq!(
         metric(&metrics(), "waitroom_xdp_attached"),
@@ -88,11 +40,13 @@ new_users_per_minute = 100
         "{}",
         edge.proc.stderr()
     );
-    assert!(xdp_attached_on(ns.host_if()));
+    assert!(fixture.link().contains("xdp"));
 
     const VISITS: usize = 5;
     for _ in 0..VISITS {
-        let answer = visit_from_inside(&ns, listen).expect("a visit through the veth");
+        let answer = fixture
+            .visit_from_inside()
+            .expect("a visit through the veth");
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
     // The telemetry task reads the maps every second.
@@ -133,7 +87,7 @@ new_users_per_minute = 100
     assert_eq!(post(&edge, &deny_query, None), 401, "no token, no change");
     assert_eq!(post(&edge, &deny_query, Some(TOKEN)), 200);
     assert!(
-        visit_from_inside(&ns, listen).is_err(),
+        fixture.visit_from_inside().is_err(),
         "a denied source got through"
     );
     let list = get_text(&edge.admin_url("/deny"));
@@ -147,12 +101,12 @@ new_users_per_minute = 100
     assert!(status.success(), "{status:?}");
     let persisted = std::fs::read_to_string(dir.path().join("deny.list")).unwrap();
     assert!(persisted.lines().any(|l| l == prefix), "{persisted}");
-    edge = Edge::start(dir.path(), "edge-restarted", &config).unwrap();
+    edge = Edge::start(dir.path(), "edge-restarted", config).unwrap();
     let list = get_text(&edge.admin_url("/deny"));
     let rows: serde_json::Value = serde_json::from_str(&list).unwrap();
     assert_eq!(rows[0]["prefix"], prefix.as_str(), "after restart: {list}");
     assert!(
-        visit_from_inside(&ns, listen).is_err(),
+        fixture.visit_from_inside().is_err(),
         "a denied source got through after a restart"
     );
 
@@ -176,7 +130,8 @@ new_users_per_minute = 100
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     assert!(
-        visit_from_inside(&ns, listen)
+        fixture
+            .visit_from_inside()
             .unwrap()
             .starts_with("HTTP/1.1 200")
     );
@@ -191,7 +146,7 @@ new_users_per_minute = 100
     let status = edge.proc.terminate(Duration::from_secs(10)).expect("exit");
     assert!(status.success(), "{status:?}");
     assert!(
-        !xdp_attached_on(ns.host_if()),
+        !fixture.link().contains("xdp"),
         "the program outlived the node"
     );
 }
