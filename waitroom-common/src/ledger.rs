@@ -86,6 +86,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::counters::{MAX_BUCKET_AGE_MINUTES, WAITING_WINDOW_MINUTES};
 use crate::time::Minute;
+use crate::xdp::fmix64;
 
 /// Changes whenever the layout changes; a file of another version is made anew.
 pub const LEDGER_LAYOUT_VERSION: u32 = 1;
@@ -321,7 +322,7 @@ impl TicketLedger {
     /// client who sees neither the key nor the ids (module docs).
     fn keyed(&self, x: u64, round: u64) -> u64 {
         let (k0, k1) = self.key();
-        mix(mix(x ^ k0 ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15)) ^ k1)
+        fmix64(fmix64(x ^ k0 ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15)) ^ k1)
     }
 
     /// Where the entries start (after the header and the padding).
@@ -573,22 +574,12 @@ fn fast_range(hash: u64, n: usize) -> usize {
     ((u128::from(hash) * n as u128) >> 64) as usize
 }
 
-/// The 64-bit finaliser of MurmurHash3: every input bit flips about half of
-/// the output bits.
-fn mix(mut x: u64) -> u64 {
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    x ^ (x >> 33)
-}
-
 /// A fresh ticket id from a random `u64`: never 0 (0 means "no id").
 #[must_use]
 pub fn ticket_id(rng: u64) -> u64 {
     // A bijection, so the id is as random as `rng`, but not equal to it (the
     // caller may use `rng` for other things too).
-    match mix(rng ^ 0x5851_f42d_4c95_7f2d) {
+    match fmix64(rng ^ 0x5851_f42d_4c95_7f2d) {
         0 => 1,
         id => id,
     }

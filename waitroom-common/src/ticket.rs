@@ -119,13 +119,7 @@ impl Ticket {
                 None => (6, u128::from(v6) >> 80),
             },
         };
-        let mix = |mut x: u64| {
-            x ^= x >> 33;
-            x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-            x ^= x >> 33;
-            x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-            x ^ (x >> 33)
-        };
+        let mix = crate::xdp::fmix64;
         let h = mix(mix(mix(self.id ^ family) ^ prefix as u64) ^ (prefix >> 64) as u64);
         (h as u32) | 1
     }

@@ -209,8 +209,11 @@ impl XdpSettings {
 }
 
 /// The murmur3 64-bit finalizer: a bijection with full avalanche, cheap in BPF.
+/// The one copy in the project: the ticket ledger's placement and the ticket's
+/// network tag use it too.
 #[inline(always)]
-const fn fmix64(mut k: u64) -> u64 {
+#[must_use]
+pub const fn fmix64(mut k: u64) -> u64 {
     k ^= k >> 33;
     k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
     k ^= k >> 33;
