@@ -25,7 +25,10 @@ use http_body_util::{BodyExt as _, Empty};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 
-use waitroom_runtime::body::{Body, BoxError, full};
+use waitroom_runtime::{
+    admin::text,
+    body::{Body, BoxError, full},
+};
 
 use crate::upstream::{
     OriginChoice, Upstream,
@@ -441,16 +444,13 @@ fn is_connection_failure(err: &hyper_util::client::legacy::Error) -> bool {
 /// The answer to a request that already passed this node (its own `Via`):
 /// forwarding it again would go round for ever.
 pub fn loop_detected() -> Response<Body> {
-    let mut resp = Response::new(full(Bytes::from_static(
-        b"508 Loop Detected: this request already passed this waiting room node.\n",
-    )));
-    *resp.status_mut() = StatusCode::LOOP_DETECTED;
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
+    let mut resp = text(
+        StatusCode::LOOP_DETECTED,
+        "text/plain; charset=utf-8",
+        "508 Loop Detected: this request already passed this waiting room node.\n".into(),
     );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }
 
@@ -467,15 +467,12 @@ pub fn error_page(err: &ProxyError) -> Response<Body> {
 /// The answer to a visitor whose request body broke off or was malformed.
 fn bad_request_body(err: &ProxyError) -> Response<Body> {
     tracing::debug!(%err, "client request body failed");
-    let mut resp = Response::new(full(Bytes::from_static(
-        b"400 Bad Request: the request body was incomplete or malformed.\n",
-    )));
-    *resp.status_mut() = StatusCode::BAD_REQUEST;
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
+    let mut resp = text(
+        StatusCode::BAD_REQUEST,
+        "text/plain; charset=utf-8",
+        "400 Bad Request: the request body was incomplete or malformed.\n".into(),
     );
+    let h = resp.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp

@@ -16,7 +16,10 @@ use waitroom_common::{
     time::UnixMillis,
 };
 
-use waitroom_runtime::body::{Body, full};
+use waitroom_runtime::{
+    admin::text,
+    body::{Body, full},
+};
 
 use crate::{
     cookie,
@@ -518,12 +521,13 @@ fn rejected(set_cookie: Option<HeaderValue>) -> Response<Body> {
 /// 429 for a client address over its new-ticket limit: no cookie, and a
 /// `Retry-After` (whole seconds, rounded up) of when it may have one.
 fn too_many_new_tickets(wait_ms: u64) -> Response<Body> {
-    let mut resp = Response::new(full(
-        "too many new visitors from your address; keep the cookie this site sets, or retry later\n",
-    ));
-    *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    let mut resp = text(
+        StatusCode::TOO_MANY_REQUESTS,
+        "text/plain",
+        "too many new visitors from your address; keep the cookie this site sets, or retry later\n"
+            .into(),
+    );
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(
         header::RETRY_AFTER,
@@ -533,19 +537,19 @@ fn too_many_new_tickets(wait_ms: u64) -> Response<Body> {
 }
 
 fn bad_target(err: target::TargetError) -> Response<Body> {
-    let mut resp = Response::new(full(format!("bad request target: {err}\n")));
-    *resp.status_mut() = StatusCode::BAD_REQUEST;
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-    resp
+    text(
+        StatusCode::BAD_REQUEST,
+        "text/plain",
+        format!("bad request target: {err}\n"),
+    )
 }
 
 fn not_covered() -> Response<Body> {
-    let mut resp = Response::new(full("no waiting room covers this host and path\n"));
-    *resp.status_mut() = StatusCode::NOT_FOUND;
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-    resp
+    text(
+        StatusCode::NOT_FOUND,
+        "text/plain",
+        "no waiting room covers this host and path\n".into(),
+    )
 }
 
 #[cfg(test)]
