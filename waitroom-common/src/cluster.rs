@@ -88,6 +88,11 @@ pub struct RoomMemory {
     pub history: AggregateHistory,
     /// Anywhere leases by node.
     pub leases: BTreeMap<String, Lease>,
+    /// Colo-share leases by node: the same bookkeeping for each colo's
+    /// slots, which the nodes of one colo are handed by their recent traffic
+    /// (so two answers a round apart may split the colo differently).
+    #[serde(default)]
+    pub colo_leases: BTreeMap<String, Lease>,
 }
 
 /// The aggregator's whole state. Not thread-safe by itself: the server holds
@@ -309,7 +314,16 @@ impl Cluster {
             else {
                 continue;
             };
-            let granted = clamp_anywhere(&states, &node, &memory.leases, minute);
+            let (colo_granted, granted) = clamp_shared(
+                (
+                    clamp_colo_share(&states, &node, &self.reports, &memory.colo_leases, minute),
+                    clamp_anywhere(&states, &node, &memory.leases, minute),
+                ),
+                &states,
+                &node,
+                [&memory.colo_leases, &memory.leases],
+                minute,
+            );
             tracing::debug!(
                 %node,
                 room = %def.name,
@@ -322,6 +336,15 @@ impl Cluster {
                 "Anywhere lease"
             );
             state.allowance.anywhere = granted;
+            state.allowance.colo_share = colo_granted;
+            memory.colo_leases.insert(
+                node.clone(),
+                Lease {
+                    minute,
+                    used_at_grant: state.used.colo_share,
+                    allowance: colo_granted,
+                },
+            );
             memory.leases.insert(
                 node.clone(),
                 Lease {
@@ -349,6 +372,7 @@ impl Cluster {
                     "node silent past node_timeout_ms: forgetting its live counts, keeping its sessions");
                 for memory in self.memory.values_mut() {
                     memory.leases.remove(&report.node);
+                    memory.colo_leases.remove(&report.node);
                 }
             }
             if meta.departed {
@@ -504,6 +528,21 @@ impl Cluster {
                 memory.history = AggregateHistory::default();
             }
             let (_, per_minute) = crate::plausible::node_bounds(&def.room);
+            let plausible = |node: &String, lease: &Lease, dropped: &mut Vec<String>| {
+                let ok = lease.allowance <= per_minute
+                    && lease.used_at_grant <= per_minute
+                    && lease.minute <= now.minute().plus(1);
+                if !ok {
+                    dropped.push(format!(
+                        "room {}: lease of node {node} ({lease:?}): dropped",
+                        def.name
+                    ));
+                }
+                ok
+            };
+            memory
+                .colo_leases
+                .retain(|node, lease| plausible(node, lease, &mut dropped));
             memory.leases.retain(|node, lease| {
                 let ok = lease.allowance <= per_minute
                     && lease.used_at_grant <= per_minute
@@ -583,6 +622,77 @@ fn forget_live_counts(room: &mut RoomReport, minute: Minute) {
     room.distinct_visitors.clear();
     room.expiries.retain(|&(m, _)| m >= minute);
     room.admits.retain(|a| a.minute >= minute);
+}
+
+/// Both shared grants of `node` together, `(colo_share, anywhere)`, cut to
+/// the round's shared slots minus what every other node still holds unused
+/// of both its leases (Anywhere first). Each pool has its own ledger, but
+/// the pools' sizes move between rounds (a colo's rounding remainder goes to
+/// Anywhere), so two grants each within their own pool could still add up
+/// to more than the minute's limit.
+fn clamp_shared(
+    (colo, anywhere): (u64, u64),
+    states: &[(String, GlobalState)],
+    node: &str,
+    [colo_leases, leases]: [&BTreeMap<String, Lease>; 2],
+    minute: Minute,
+) -> (u64, u64) {
+    let (mut pool, mut held) = (0_u64, 0_u64);
+    for (name, state) in states {
+        pool = pool
+            .saturating_add(state.allowance.colo_share)
+            .saturating_add(state.allowance.anywhere);
+        if name != node {
+            let outstanding = |leases: &BTreeMap<String, Lease>, used| {
+                leases
+                    .get(name)
+                    .map_or(0, |l: &Lease| l.outstanding(minute, used))
+            };
+            held = held
+                .saturating_add(outstanding(colo_leases, state.used.colo_share))
+                .saturating_add(outstanding(leases, state.used.anywhere));
+        }
+    }
+    let room = pool.saturating_sub(held);
+    let anywhere = anywhere.min(room.saturating_sub(colo));
+    (colo.min(room), anywhere)
+}
+
+/// The colo-share slots `node` may be granted: what the engine gives it
+/// this round, but never more than its colo's slots this round minus what
+/// the colo's other nodes still hold unused from their own leases. The
+/// engine splits a colo by each node's recent traffic, which moves between
+/// rounds; without this, a node handed a larger part now and one still
+/// holding its larger part of an earlier round could together admit more
+/// than the colo's slots (and the room's limit).
+fn clamp_colo_share(
+    states: &[(String, GlobalState)],
+    node: &str,
+    reports: &[NodeReport],
+    leases: &BTreeMap<String, Lease>,
+    minute: Minute,
+) -> u64 {
+    let colos: BTreeMap<&str, &str> = reports
+        .iter()
+        .map(|r| (r.node.as_str(), r.colo.as_str()))
+        .collect();
+    let colo_of = |name: &str| colos.get(name).copied();
+    let Some(colo) = colo_of(node) else {
+        return 0;
+    };
+    let (mut pool, mut held, mut engine) = (0_u64, 0_u64, 0_u64);
+    for (name, state) in states
+        .iter()
+        .filter(|(name, _)| colo_of(name) == Some(colo))
+    {
+        pool = pool.saturating_add(state.allowance.colo_share);
+        if name == node {
+            engine = state.allowance.colo_share;
+        } else if let Some(lease) = leases.get(name) {
+            held = held.saturating_add(lease.outstanding(minute, state.used.colo_share));
+        }
+    }
+    engine.min(pool.saturating_sub(held))
 }
 
 /// The Anywhere slots `node` may be granted: what the engine gives it this
@@ -751,6 +861,84 @@ mod tests {
         assert!(
             used.iter().sum::<u64>() >= 90,
             "the pool does get used: {used:?}"
+        );
+    }
+
+    /// Two nodes of one colo with the same history; then one of them gets a
+    /// burst. The colo's slots follow the burst, and the caps the two hold
+    /// never add up to more than the minute's limit although each answer
+    /// splits the colo by the traffic of its own moment.
+    #[test]
+    fn colo_shares_follow_a_burst_and_never_promise_more_than_the_colo() {
+        let mut cluster = Cluster::new(vec![room(10_000, 100)], 5_000);
+        let colo_report = |node: &str, now: UnixMillis, used: PoolCounts, current: u64| {
+            let m = now.minute();
+            report(
+                node,
+                "x",
+                now,
+                RoomReport {
+                    room: RoomId::from_name("shop"),
+                    expiries: vec![(m.plus(3), 1)],
+                    admits: vec![MinuteAdmits {
+                        minute: m,
+                        admits: used,
+                    }],
+                    waiting: vec![],
+                    // The same history two minutes back: an even split to begin with.
+                    distinct_visitors: vec![(m.minus(2), 10), (m, current)],
+                },
+            )
+        };
+        let nodes = ["a", "b"];
+        let mut used = [PoolCounts::default(); 2];
+        let mut caps = [0_u64; 2];
+        let (mut clamped, mut now) = (0, T0);
+        for round in 0..20_u64 {
+            for (i, node) in nodes.iter().enumerate() {
+                // Node a sees a burst, b stays at its usual pace.
+                let current = if i == 0 { 10 + 20 * round } else { 2 };
+                let answer = cluster.apply(colo_report(node, now, used[i], current), now);
+                let state = &answer[0].state;
+                let engine = aggregate(
+                    &room(10_000, 100).room,
+                    &cluster.reports,
+                    &mut AggregateHistory::default(),
+                    now,
+                )
+                .into_iter()
+                .find(|(n, _)| n == node)
+                .map(|(_, s)| s.allowance.colo_share)
+                .unwrap();
+                if state.allowance.colo_share < engine {
+                    clamped += 1;
+                }
+                caps[i] = state.used.colo_share
+                    + state.allowance.colo_share
+                    + state.used.anywhere
+                    + state.allowance.anywhere;
+                assert!(
+                    caps.iter().sum::<u64>() <= 100,
+                    "round {round} node {node}: caps {caps:?} promise more than the minute's 100: {state:?}"
+                );
+                // The bursting node uses all it holds, the other a little.
+                let spend = if i == 0 { caps[i] } else { used[i].total() + 1 };
+                let more = spend.min(caps[i]).saturating_sub(used[i].total());
+                let from_colo = (state.used.colo_share + state.allowance.colo_share)
+                    .saturating_sub(used[i].colo_share)
+                    .min(more);
+                used[i].colo_share += from_colo;
+                used[i].anywhere += more - from_colo;
+                now = now.plus_millis(500);
+            }
+        }
+        assert!(
+            clamped > 0,
+            "the ledger was needed: the engine alone would have over-promised"
+        );
+        assert!(
+            used[0].total() >= 85,
+            "the burst gets the colo's slots as the other node gives its part back: {used:?}"
         );
     }
 

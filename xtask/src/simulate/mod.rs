@@ -325,21 +325,22 @@ mod tests {
         );
     }
 
-    /// The seed's overshoot case. Slack: 2 % on the total, what one gossip
-    /// delay of admits made under the previous answer's caps can add; 5 % on
-    /// the per-minute limit (this run: 104 against 100). The per-minute slack
-    /// was 2 % while the simulator merged all reports of a round at once; the
-    /// real aggregator merges each report on its own, against the others'
-    /// older reports, so the colo-share caps of different answers no longer
-    /// add up to the limit (docs/BENCHMARKS.md, "Where the engine falls
-    /// short", 2). Before the engine kept new visitors off the eligible
-    /// reservation this scenario admitted 7 % over the per-minute limit.
+    /// The seed's overshoot case. Slack: 2 % on the total and on the
+    /// per-minute limit (this run: 102 against 100), what one gossip delay of
+    /// admits made under the previous answer's caps can add. The per-minute
+    /// slack was 5 % while only the Anywhere pool had a ledger: the real
+    /// aggregator merges each report on its own, against the others' older
+    /// reports, so the colo-share caps of different answers added up to more
+    /// than the limit; the ledger of colo-share leases (`cluster::
+    /// clamp_shared`) counts what other nodes still hold as spent. Before the
+    /// engine kept new visitors off the eligible reservation this scenario
+    /// admitted 7 % over the per-minute limit.
     #[test]
     fn uniform_spike_after_low_utilisation_stays_within_the_limits() {
         let r = scenario_result("uniform-spike", 3);
         assert!(r.queued > 100, "the spike must queue: {r:?}");
         assert!(r.peak_active_ratio <= 1.02, "{r:?}");
-        assert!(r.peak_admits_ratio <= 1.05, "{r:?}");
+        assert!(r.peak_admits_ratio <= 1.02, "{r:?}");
         assert!(
             r.peak_admits_ratio >= 0.9,
             "the per-minute limit is reached: {r:?}"
