@@ -9,6 +9,9 @@
 //! - [`edge`], [`cluster`]: a node, an aggregator with nodes, as processes.
 //! - [`inproc`]: a node in the test process on a driven clock, for tests of
 //!   minutes, sessions and the queue's flow that need no real minutes.
+//! - [`inproc_cluster`]: an aggregator and nodes in the test process on one
+//!   driven clock, over real QUIC and HTTP, for tests that need minutes of
+//!   history.
 //! - [`browser`]: headless Chromium over the DevTools protocol.
 //! - [`minutes`]: waiting for minute boundaries in the real-minute tests.
 //! - [`netns`]: a namespace + veth pair guard for XDP tests.
@@ -19,6 +22,7 @@ pub mod cluster;
 pub mod demo_origin;
 pub mod edge;
 pub mod inproc;
+pub mod inproc_cluster;
 pub mod minutes;
 pub mod netns;
 pub mod procs;

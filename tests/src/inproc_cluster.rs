@@ -1,0 +1,239 @@
+//! An aggregator and several nodes inside the test process, on one driven
+//! clock, gossiping over real QUIC on loopback, each node in front of the
+//! demo origin over real HTTP.
+//!
+//! Tests of the cluster's accuracy need minutes of history (a colo's share
+//! is its traffic two minutes back), which real-time processes would sleep
+//! through. Here the test moves one clock for everyone and
+//! [`InProcCluster::advance`] returns once every node decides with an answer
+//! the aggregator computed at the new time, so a test walks through minutes
+//! in seconds without guessing with sleeps.
+use std::{net::SocketAddr, time::Duration};
+
+use anyhow::{Context as _, Result, bail};
+use waitroom_common::time::UnixMillis;
+use waitroom_edge::start::{self, Options, Running};
+use waitroom_runtime::clock::{Clock, ClockDriver};
+
+use crate::{
+    cluster::{Certs, aggregator_config, node_gossip_table},
+    inproc::START,
+    procs::TempDir,
+};
+
+/// How long a round of fresh answers may take before [`InProcCluster::advance`]
+/// gives up.
+const FRESH_LIMIT: Duration = Duration::from_secs(20);
+
+/// One node of the cluster.
+#[derive(Debug)]
+pub struct ClusterNode {
+    pub name: String,
+    pub colo: String,
+    /// Where visitors connect.
+    pub http: SocketAddr,
+    running: Option<Running>,
+}
+
+impl ClusterNode {
+    /// `http://NODE{path}`.
+    #[must_use]
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+
+    fn running(&self) -> &Running {
+        self.running
+            .as_ref()
+            .expect("the node runs until the cluster is dropped")
+    }
+}
+
+/// The aggregator and its nodes, one clock.
+#[derive(Debug)]
+pub struct InProcCluster {
+    pub nodes: Vec<ClusterNode>,
+    driver: ClockDriver,
+    /// Runs the aggregator and the demo origin; dropped last but one.
+    runtime: Option<tokio::runtime::Runtime>,
+    aggregator: Option<waitroom_aggregator::Aggregator>,
+    _dir: TempDir,
+}
+
+impl InProcCluster {
+    /// Starts an aggregator serving one room `shop` (`room` adds its keys:
+    /// limits, method, session) and one node per `(name, colo)`, each
+    /// reporting every `interval_ms` of real time, the clock at [`START`].
+    pub fn start(tag: &str, room: &str, nodes: &[(&str, &str)], interval_ms: u64) -> Result<Self> {
+        let dir = TempDir::new(tag);
+        let names: Vec<&str> = nodes.iter().map(|&(n, _)| n).collect();
+        let certs = Certs::generate(&dir.path().join("certs"), &names)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("starting the cluster's runtime")?;
+        let (clock, driver) = Clock::driven(START);
+
+        let origin = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .context("binding the demo origin")?;
+        let origin_addr = origin.local_addr()?;
+        runtime.spawn(crate::demo_origin::serve_on(origin, Duration::ZERO));
+
+        let table = format!("[[rooms]]\nid = \"shop\"\n{room}\n");
+        let agg_path = dir.path().join("aggregator.toml");
+        std::fs::write(
+            &agg_path,
+            aggregator_config(
+                "127.0.0.1:0".parse()?,
+                &certs,
+                &dir.path().join("aggregator.snapshot"),
+                &table,
+            ),
+        )?;
+        let agg_config = waitroom_aggregator::config::AggregatorConfig::load(&agg_path)?;
+        let aggregator = runtime
+            .block_on(waitroom_aggregator::Aggregator::start(
+                agg_config,
+                clock.clone(),
+            ))
+            .context("starting the aggregator")?;
+        let quic = aggregator.quic_addr();
+
+        let mut started = Vec::new();
+        for &(name, colo) in nodes {
+            let path = dir.path().join(format!("{name}.toml"));
+            std::fs::write(
+                &path,
+                format!(
+                    r#"[node]
+id = "{name}"
+colo = "{colo}"
+listen = "127.0.0.1:0"
+workers = 1
+counters_path = "{counters}"
+
+{table}origin = "{origin_addr}"
+
+{gossip}"#,
+                    counters = dir.path().join(format!("{name}.shm")).display(),
+                    gossip = node_gossip_table(quic, &certs, &certs, name, interval_ms),
+                ),
+            )?;
+            let config = waitroom_edge::config::load(&path)?;
+            let running = start::start(
+                config,
+                Options {
+                    clock: clock.clone(),
+                    signals_for: None,
+                    drop_capabilities: false,
+                },
+            )
+            .with_context(|| format!("starting node {name}"))?;
+            started.push(ClusterNode {
+                name: name.to_owned(),
+                colo: colo.to_owned(),
+                http: running.addresses.http,
+                running: Some(running),
+            });
+        }
+        let cluster = Self {
+            nodes: started,
+            driver,
+            runtime: Some(runtime),
+            aggregator: Some(aggregator),
+            _dir: dir,
+        };
+        cluster.wait_fresh(cluster.now())?;
+        Ok(cluster)
+    }
+
+    /// The cluster's time.
+    #[must_use]
+    pub fn now(&self) -> UnixMillis {
+        self.driver.now()
+    }
+
+    /// Moves the clock forward by `by` and returns once every node decides
+    /// with an aggregator answer computed at the new time or later.
+    pub fn advance(&self, by: Duration) -> Result<UnixMillis> {
+        let now = self.driver.advance(by);
+        self.wait_fresh(now)?;
+        Ok(now)
+    }
+
+    /// Waits until every room of every node holds a state computed at `now`
+    /// or later (an answer of the aggregator to a report made at `now`).
+    pub fn wait_fresh(&self, now: UnixMillis) -> Result<()> {
+        let deadline = std::time::Instant::now() + FRESH_LIMIT;
+        loop {
+            let mut fresh = true;
+            for node in &self.nodes {
+                let running = node.running();
+                let world = running
+                    .node
+                    .gossip
+                    .as_ref()
+                    .context("every node of the cluster gossips")?
+                    .world
+                    .load();
+                // The aggregator's answer is at `now`, and the node decides with it
+                // (not with a cold-start or local-only state of its own).
+                let answered = running.node.rooms.iter().all(|r| {
+                    let state = r.state.load();
+                    state.as_of >= now
+                        && world
+                            .room(r.spec.engine.id())
+                            .is_some_and(|view| std::sync::Arc::ptr_eq(&view.state, &state))
+                });
+                if !answered {
+                    running.refresh_states();
+                    fresh = false;
+                }
+            }
+            if fresh {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("no fresh answer for every node at {now:?} within {FRESH_LIMIT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The state node `i` decides its first room with now.
+    #[must_use]
+    pub fn node_state(&self, i: usize) -> waitroom_common::state::GlobalState {
+        self.nodes[i].running().node.rooms[0]
+            .state
+            .load()
+            .as_ref()
+            .clone()
+    }
+
+    /// The aggregator's view at the cluster's time.
+    #[must_use]
+    pub fn status(&self) -> waitroom_common::cluster::Status {
+        self.aggregator
+            .as_ref()
+            .expect("the aggregator runs until the cluster is dropped")
+            .status(self.now())
+    }
+}
+
+impl Drop for InProcCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(running) = node.running.take() {
+                running.stop();
+            }
+        }
+        if let (Some(runtime), Some(aggregator)) = (self.runtime.as_ref(), self.aggregator.take()) {
+            runtime.block_on(aggregator.stop());
+        }
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
