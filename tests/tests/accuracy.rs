@@ -139,10 +139,13 @@ fn a_seven_to_one_burst_over_two_nodes_holds_the_limit_and_queues_for_one_refres
     );
     assert_eq!(room.admitted_this_minute, admitted, "{room:?}");
     // A held half of the colo's slots when the burst began (about 90 of the
-    // 200 with the Anywhere lease); it admits more once the colo follows it.
+    // 200 with its Anywhere lease). Split by the traffic two minutes back
+    // only, it got half of what was left each round and admitted 125 of its
+    // 157 (the 32 others queued at 68 % of the limit); the colo now follows
+    // the burst within the round.
     assert!(
-        at_a_admitted > NEW_USERS_PER_MINUTE * 6 / 10,
-        "the colo's slots followed the burst to A: {at_a_admitted} admitted there"
+        at_a_admitted >= 140,
+        "the colo's slots followed the burst to A: only {at_a_admitted} of {at_a} admitted there"
     );
 
     // Those queued while there was room check in one refresh interval later
