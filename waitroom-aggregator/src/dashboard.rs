@@ -92,3 +92,73 @@ pub async fn sample(shared: Arc<Shared>, shutdown: Shutdown) {
     })
     .await;
 }
+
+#[cfg(test)]
+mod tests {
+    use waitroom_common::{
+        aggregate::{MinuteAdmits, NodeReport, RoomReport},
+        cluster::{Cluster, RoomDef},
+        counters::PoolCounts,
+        room::{RoomConfig, RoomId},
+        time::UnixMillis,
+    };
+
+    use super::*;
+
+    const T0: UnixMillis = UnixMillis(1_700_000_000_000);
+
+    fn report(node: &str, colo: &str, active: i64, waiting: i64) -> NodeReport {
+        let m = T0.minute();
+        NodeReport {
+            node: node.into(),
+            colo: colo.into(),
+            at: T0,
+            rooms: vec![RoomReport {
+                room: RoomId::from_name("shop"),
+                expiries: vec![(m.plus(3), active)],
+                admits: vec![MinuteAdmits {
+                    minute: m,
+                    admits: PoolCounts::default(),
+                }],
+                waiting: vec![(m, waiting)],
+                distinct_visitors: vec![],
+            }],
+        }
+    }
+
+    #[test]
+    fn the_room_by_colo_and_by_node_adds_up_to_the_status() {
+        let room = RoomDef {
+            name: "shop".into(),
+            room: RoomConfig::with_limits(100, 10)
+                .validate()
+                .unwrap()
+                .named("shop"),
+        };
+        let mut cluster = Cluster::new(vec![room], 5_000);
+        cluster.apply(report("ams-1", "ams", 3, 1), T0);
+        cluster.apply(report("ams-2", "ams", 4, 0), T0);
+        cluster.apply(report("sin-1", "sin", 5, 2), T0);
+        let status = cluster.status(T0);
+        let view = view(&status);
+        let r = &view.rooms[0];
+        assert_eq!(r.counts.active_users, status.rooms[0].active_users);
+        assert_eq!(r.counts.active_users, 12);
+        assert_eq!(r.counts.total_waiting, 3);
+        let colos: Vec<(&str, u64, u64)> = r
+            .by_colo
+            .iter()
+            .map(|c| {
+                (
+                    c.name.as_str(),
+                    c.counts.active_users,
+                    c.counts.total_waiting,
+                )
+            })
+            .collect();
+        assert_eq!(colos, [("ams", 7, 1), ("sin", 5, 2)]);
+        assert_eq!(r.by_node.len(), 3);
+        assert_eq!(view.nodes.len(), 3);
+        assert_eq!(r.phase, status.rooms[0].phase);
+    }
+}

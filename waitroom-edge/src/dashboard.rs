@@ -115,3 +115,73 @@ pub async fn sample(node: Arc<Node>, shutdown: Shutdown) {
     })
     .await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn room() -> serde_json::Value {
+        serde_json::json!({
+            "id": "shop",
+            "host": "*",
+            "phase": "queueing",
+            "wait_estimate": WaitEstimate::fifo(6, 3.0),
+            "total_active_users": 10,
+            "new_users_per_minute": 5,
+            "node_active_users": 2,
+            "node_admitted_this_minute": 1,
+            "node_waiting": 4,
+            "global_active_users": 7,
+            "global_waiting": 6,
+            "global_admitted_this_minute": 5,
+            "admits_per_minute": 3.0,
+            "state_age_ms": 120,
+        })
+    }
+
+    #[test]
+    fn the_global_state_is_the_rooms_and_the_counters_are_this_nodes() {
+        let status = serde_json::json!({
+            "node": "ams-1", "colo": "ams", "rooms": [room()], "gossip": null,
+        });
+        let view = view(status, 42).unwrap();
+        assert_eq!(
+            (view.view, view.name.as_str(), view.at_ms),
+            ("node", "ams-1", 42)
+        );
+        let r = &view.rooms[0];
+        assert_eq!(r.phase, RoomPhase::Queueing);
+        assert_eq!(
+            r.counts,
+            Counts {
+                active_users: 7,
+                admitted_this_minute: 5,
+                total_waiting: 6
+            }
+        );
+        assert_eq!(
+            r.this_node,
+            Some(Counts {
+                active_users: 2,
+                admitted_this_minute: 1,
+                total_waiting: 4
+            })
+        );
+        assert_eq!(r.wait_estimate.minutes, 2.0);
+        assert_eq!(r.event_phase, None);
+        assert!(view.gossip.is_none());
+    }
+
+    #[test]
+    fn a_renamed_status_key_is_an_error_not_a_blank() {
+        let mut renamed = room();
+        let object = renamed.as_object_mut().unwrap();
+        let value = object.remove("global_waiting").unwrap();
+        object.insert("waiting_global".into(), value);
+        let status = serde_json::json!({
+            "node": "ams-1", "colo": "ams", "rooms": [renamed], "gossip": null,
+        });
+        let err = view(status, 0).unwrap_err();
+        assert!(err.to_string().contains("global_waiting"), "{err}");
+    }
+}
