@@ -240,6 +240,17 @@ fn text_of(
 /// no request beyond its own admin listener.
 fn open_and_check(browser: &mut Browser, admin: SocketAddr, path: &str) {
     let url = format!("http://{admin}{path}");
+    // Whatever the page tried and its policy refused is recorded too, so an
+    // attempt to load from elsewhere fails the test even though it never left.
+    browser.call("Page.enable", serde_json::json!({})).unwrap();
+    browser
+        .call(
+            "Page.addScriptToEvaluateOnNewDocument",
+            serde_json::json!({ "source": "window.__refused = []; \
+                document.addEventListener('securitypolicyviolation', \
+                e => window.__refused.push(e.blockedURI + ' ' + e.violatedDirective));" }),
+        )
+        .unwrap();
     browser
         .call("Page.navigate", serde_json::json!({ "url": url }))
         .unwrap();
@@ -309,6 +320,33 @@ fn open_and_check(browser: &mut Browser, admin: SocketAddr, path: &str) {
     for r in &requests {
         assert!(r.starts_with(&own), "the page asked {r} (not {own})");
     }
+    let refused = browser
+        .eval("JSON.stringify(window.__refused || null)")
+        .unwrap();
+    assert_eq!(
+        refused.as_str(),
+        Some("[]"),
+        "the policy refused something the page tried"
+    );
+    // And the policy holds: a fetch from elsewhere is refused before it leaves.
+    browser
+        .eval("fetch('http://192.0.2.1/probe').catch(() => null); 0")
+        .unwrap();
+    let refused = (0..20)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            browser
+                .eval("(window.__refused || []).join('|')")
+                .unwrap_or_default()
+        })
+        .find(|v| v.as_str().is_some_and(|s| !s.is_empty()))
+        .unwrap_or_default();
+    assert!(
+        refused
+            .as_str()
+            .is_some_and(|s| s.contains("192.0.2.1") && s.contains("connect-src")),
+        "{refused}"
+    );
 }
 
 #[test]
