@@ -43,6 +43,8 @@ fn route(shared: &Shared, path: &str) -> Response<Body> {
             render_metrics(shared),
         ),
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/dashboard" => waitroom_runtime::dashboard::page(),
+        "/dashboard.json" => crate::dashboard::json(shared),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }

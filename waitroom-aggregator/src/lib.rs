@@ -13,6 +13,7 @@
 //! - [`server`]: the QUIC accept loop, one task per node and per report.
 //! - [`snapshot`]: the state on disk, so a restart loses nothing that matters.
 //! - [`admin`]: `/status` and `/metrics`.
+//! - [`dashboard`]: the live dashboard's numbers and its last hour.
 //!
 //! Its state can always be rebuilt from one round of reports (they carry
 //! counts, not decisions); the snapshot keeps what reports cannot bring back:
@@ -25,6 +26,7 @@ use waitroom_runtime::{clock::Clock, shutdown, systemd, tls};
 
 pub mod admin;
 pub mod config;
+pub mod dashboard;
 pub mod server;
 pub mod snapshot;
 
@@ -100,6 +102,7 @@ impl Aggregator {
             metrics: server::ServerMetrics::default(),
             pools: parking_lot::Mutex::default(),
             live: parking_lot::Mutex::default(),
+            history: waitroom_runtime::dashboard::History::new(),
         });
 
         let endpoint = quinn::Endpoint::server(server_config, config.listen).map_err(|source| {
@@ -133,6 +136,11 @@ impl Aggregator {
                 let bound = listener.local_addr().map_err(bind)?;
                 tasks.push(tokio::spawn(admin::serve(
                     listener,
+                    Arc::clone(&shared),
+                    shutdown.clone(),
+                )));
+                // Only the admin listener shows the history: no listener, no samples.
+                tasks.push(tokio::spawn(dashboard::sample(
                     Arc::clone(&shared),
                     shutdown.clone(),
                 )));

@@ -80,6 +80,8 @@ pub struct Shared {
     /// The one live connection of each node, by the name its certificate
     /// certifies: a node that connects again replaces its older connection.
     pub live: Mutex<std::collections::HashMap<String, quinn::Connection>>,
+    /// The dashboard's last hour, sampled by a background task.
+    pub history: waitroom_runtime::dashboard::History,
 }
 
 /// What one node last said about its origin pools.

@@ -28,6 +28,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{
     aggregate::{AggregateHistory, NodeReport, RoomReport, aggregate, totals},
+    estimate::WaitEstimate,
+    phase::{RoomPhase, arrival_estimate},
     room::{Room, RoomId},
     state::GlobalState,
     time::{Minute, UnixMillis},
@@ -131,6 +133,26 @@ pub struct RoomStatus {
     /// Anywhere slots leased and not yet used, by all nodes.
     pub anywhere_leased: u64,
     pub nodes_reporting: usize,
+    /// Queueing or not, or what a setting makes of the room.
+    pub phase: RoomPhase,
+    /// What a visitor arriving now would be told (the engine's estimate).
+    pub wait_estimate: WaitEstimate,
+    /// Each reporting node's own counts, so a dashboard can show where the
+    /// visitors are (by node, and summed by colo) without a second source.
+    pub per_node: Vec<RoomNodeStatus>,
+}
+
+/// One node's counts in one room, as its last report says.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoomNodeStatus {
+    pub node: String,
+    pub colo: String,
+    /// Silent past the timeout: only its sessions and this minute's admits
+    /// still count.
+    pub departed: bool,
+    pub active_users: u64,
+    pub admitted_this_minute: u64,
+    pub total_waiting: u64,
 }
 
 /// Status of one node, for `/status`.
@@ -424,6 +446,39 @@ impl Cluster {
                 let mut history = memory.history.clone();
                 let states = aggregate(&def.room, &self.reports, &mut history, now);
                 let any: Option<&GlobalState> = states.first().map(|(_, s)| s);
+                let (phase, wait_estimate) = match any {
+                    Some(state) => (
+                        RoomPhase::of(&def.room, state),
+                        arrival_estimate(&def.room, state, minute),
+                    ),
+                    None => {
+                        let empty = GlobalState::empty(now);
+                        (
+                            RoomPhase::of(&def.room, &empty),
+                            arrival_estimate(&def.room, &empty, minute),
+                        )
+                    }
+                };
+                let per_node = self
+                    .reports
+                    .iter()
+                    .zip(&self.meta)
+                    .filter_map(|(n, meta)| {
+                        let report = n.rooms.iter().find(|r| r.room == id)?;
+                        let sums = totals([report], now);
+                        Some(RoomNodeStatus {
+                            node: n.node.clone(),
+                            colo: n.colo.clone(),
+                            departed: meta.departed,
+                            active_users: sums.active_users,
+                            admitted_this_minute: sums.admitted_this_minute,
+                            total_waiting: sums
+                                .waiting
+                                .iter()
+                                .fold(0_u64, |t, &(_, n)| t.saturating_add(n)),
+                        })
+                    })
+                    .collect();
                 let anywhere_leased = states
                     .iter()
                     .filter_map(|(node, s)| {
@@ -448,6 +503,9 @@ impl Cluster {
                     admits_per_minute: history.admit_rate.per_minute,
                     anywhere_leased,
                     nodes_reporting: reporting.len(),
+                    phase,
+                    wait_estimate,
+                    per_node,
                 }
             })
             .collect();
@@ -794,6 +852,16 @@ mod tests {
         let status = cluster.status(T0);
         assert_eq!(status.rooms[0].active_users, 35);
         assert_eq!(status.nodes.len(), 3);
+        // The room's numbers by node add up to the room's.
+        let by_node: Vec<(&str, &str, u64)> = status.rooms[0]
+            .per_node
+            .iter()
+            .map(|n| (n.node.as_str(), n.colo.as_str(), n.active_users))
+            .collect();
+        assert_eq!(by_node, [("a", "x", 10), ("b", "x", 20), ("c", "y", 5)]);
+        assert_eq!(status.rooms[0].phase, RoomPhase::NotQueueing);
+        // No complete minute yet, so no admit rate to divide by.
+        assert!(!status.rooms[0].wait_estimate.wait_time_known);
     }
 
     #[test]
@@ -811,6 +879,12 @@ mod tests {
         assert_eq!(answer[0].state.total_waiting, 0, "a's queue does not");
         let status = cluster.status(later);
         assert!(status.nodes.iter().any(|n| n.node == "a" && n.departed));
+        // By node too: a is shown departed, with its sessions and no queue.
+        let a = &status.rooms[0].per_node[0];
+        assert_eq!(
+            (a.node.as_str(), a.departed, a.active_users, a.total_waiting),
+            ("a", true, 10, 0)
+        );
 
         // Expiries were at minute +3: from minute +4 on nothing of a counts.
         let after = T0.plus_minutes(4);

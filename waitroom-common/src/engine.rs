@@ -535,7 +535,7 @@ fn queue(
     }
 }
 
-fn estimate(room: &Room, global: &GlobalState, bucket: Minute) -> WaitEstimate {
+pub(crate) fn estimate(room: &Room, global: &GlobalState, bucket: Minute) -> WaitEstimate {
     if room.queue_all() {
         return WaitEstimate::unknown(global.visitors_ahead(bucket));
     }

@@ -30,6 +30,8 @@
 //! - `engine`: [`decide`](engine::decide), one request's decision.
 //! - `ledger`: [`TicketLedger`](ledger::TicketLedger), where each ticket's count
 //!   sits, so a replayed cookie moves the counters once; connections per ticket.
+//! - `phase`: [`RoomPhase`](phase::RoomPhase) and the wait a visitor arriving now
+//!   would be told, for `/status` and the dashboards.
 //! - `plausible`: reported and restored numbers checked against the room.
 //! - `share`: the local-only share a node decides with when its news is stale.
 //! - `cluster`: [`Cluster`](cluster::Cluster), the aggregator's memory: reports,
@@ -53,6 +55,8 @@ pub mod engine;
 pub mod estimate;
 #[cfg(feature = "std")]
 pub mod ledger;
+#[cfg(feature = "std")]
+pub mod phase;
 #[cfg(feature = "std")]
 pub mod plausible;
 #[cfg(feature = "std")]

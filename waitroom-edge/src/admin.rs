@@ -28,6 +28,8 @@ use waitroom_runtime::{
     shutdown::Shutdown,
 };
 
+use waitroom_common::phase::{RoomPhase, arrival_estimate};
+
 use crate::{config::NodeSection, metrics, node::Node, xdp};
 
 /// Shortest token accepted: 16 bytes (`openssl rand -hex 16` gives 32).
@@ -178,6 +180,8 @@ async fn route(node: &Node, auth: &AdminAuth, req: Request<Incoming>) -> Respons
             serde_json::to_string_pretty(&status(node)).unwrap_or_default(),
         ),
         "/deny" => deny(node, auth, &req),
+        "/dashboard" => waitroom_runtime::dashboard::page(),
+        "/dashboard.json" => crate::dashboard::json(node),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }
@@ -527,8 +531,8 @@ fn render_rooms(out: &mut String, node: &Node) {
     }
 }
 
-/// Per-room status for operators and tests.
-fn status(node: &Node) -> serde_json::Value {
+/// Per-room status for operators, tests and the dashboard.
+pub(crate) fn status(node: &Node) -> serde_json::Value {
     let now = node.clock.now();
     let minute = now.minute();
     let rooms: Vec<serde_json::Value> = node
@@ -557,6 +561,8 @@ fn status(node: &Node) -> serde_json::Value {
                 "admits_per_minute": state.admits_per_minute,
                 "state_age_ms": now.0.saturating_sub(state.as_of.0),
                 "buckets": state.buckets,
+                "phase": RoomPhase::of(&live.engine, &state),
+                "wait_estimate": arrival_estimate(&live.engine, &state, minute),
             })
         })
         .collect();

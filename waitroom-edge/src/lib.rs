@@ -38,13 +38,14 @@
 //!   world view the request path reads.
 //! - [`xdp`], [`xdp_signal`]: the embedded XDP program, its loader, and its
 //!   telemetry as a traffic signal.
-//! - [`metrics`], [`admin`], [`stats`]: what operators read.
+//! - [`metrics`], [`admin`], [`stats`], [`dashboard`]: what operators read.
 
 pub mod admin;
 pub mod check;
 pub mod config;
 pub mod cookie;
 pub mod counters;
+pub mod dashboard;
 pub mod forwarded;
 pub mod gossip;
 pub mod http;

@@ -184,6 +184,8 @@ pub struct Node {
     pub defences: crate::metrics::Defences,
     /// New tickets per client address (`new_tickets_per_address_per_minute`).
     pub new_tickets: crate::new_tickets::NewTicketLimiter,
+    /// The admin dashboard's last hour, sampled by a background task.
+    pub history: waitroom_runtime::dashboard::History,
     /// Each room's share as last persisted, from an earlier run: what the
     /// node goes by until the aggregator answers.
     restored_shares: Vec<Option<f64>>,
@@ -238,6 +240,7 @@ impl Node {
                     burst: config.node.new_tickets_burst_per_address,
                 },
             ),
+            history: waitroom_runtime::dashboard::History::new(),
             restored_shares: config
                 .rooms
                 .iter()

@@ -238,6 +238,11 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
             admin_auth,
             shutdown.clone(),
         ));
+        // Only the admin listener shows the history: no listener, no samples.
+        control.spawn(crate::dashboard::sample(
+            Arc::clone(&node),
+            shutdown.clone(),
+        ));
     }
     if let Some(path) = options.signals_for {
         spawn_signal_handlers(&control, &node, path, &trigger, &shutdown)?;

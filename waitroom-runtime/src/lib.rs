@@ -17,6 +17,8 @@
 //! - [`tls`]: PEM files in, rustls and quinn configs out (gossip and HTTPS).
 //! - [`frames`]: one gossip frame per QUIC stream direction.
 //! - [`admin`]: the operators' HTTP listener loop and its small responses.
+//! - [`dashboard`]: the live dashboard page both admin listeners serve, and
+//!   its last hour of samples.
 //! - [`body`]: the response body type every local page and proxied body uses.
 //! - [`docs`]: man pages and shell completions from a binary's clap definition.
 //! - `devcerts` (feature `devcerts`): a development CA and certificates.
@@ -25,6 +27,7 @@ pub mod admin;
 pub mod body;
 pub mod clock;
 pub mod config_file;
+pub mod dashboard;
 #[cfg(any(test, feature = "devcerts"))]
 pub mod devcerts;
 pub mod docs;

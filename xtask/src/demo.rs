@@ -192,13 +192,13 @@ pub fn run(args: &Args) -> Result<()> {
     println!("    waitroom demo is up (room \"shop\": 20 visitors at once, 10 new per minute):");
     for (id, colo, port, admin) in &nodes {
         println!(
-            "      {id} ({colo}):  open http://127.0.0.1:{port}/   metrics http://127.0.0.1:{admin}/metrics"
+            "      {id} ({colo}):  open http://127.0.0.1:{port}/   metrics http://127.0.0.1:{admin}/metrics   dashboard http://127.0.0.1:{admin}/dashboard"
         );
     }
     if !args.single {
         println!(
-            "      aggregator:        status http://127.0.0.1:{}/status",
-            p.aggregator_admin
+            "      aggregator:        status http://127.0.0.1:{admin}/status   dashboard http://127.0.0.1:{admin}/dashboard (every node)",
+            admin = p.aggregator_admin
         );
     }
     println!("      logs and configs:  {}", dir.display());
