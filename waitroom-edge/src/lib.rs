@@ -38,13 +38,15 @@
 //!   world view the request path reads.
 //! - [`xdp`], [`xdp_signal`]: the embedded XDP program, its loader, and its
 //!   telemetry as a traffic signal.
-//! - [`metrics`], [`admin`], [`stats`]: what operators read.
+//! - [`metrics`], [`exposition`], [`admin`], [`stats`]: what operators read
+//!   (the request path's atomics, their Prometheus families, the listener).
 
 pub mod admin;
 pub mod check;
 pub mod config;
 pub mod cookie;
 pub mod counters;
+pub mod exposition;
 pub mod forwarded;
 pub mod gossip;
 pub mod http;

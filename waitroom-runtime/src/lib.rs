@@ -17,6 +17,8 @@
 //! - [`tls`]: PEM files in, rustls and quinn configs out (gossip and HTTPS).
 //! - [`frames`]: one gossip frame per QUIC stream direction.
 //! - [`admin`]: the operators' HTTP listener loop and its small responses.
+//! - [`metrics`]: Prometheus exposition (`prometheus-client` collectors
+//!   that read the binaries' atomics at scrape time).
 //! - [`body`]: the response body type every local page and proxied body uses.
 //! - [`docs`]: man pages and shell completions from a binary's clap definition.
 //! - `devcerts` (feature `devcerts`): a development CA and certificates.
@@ -30,6 +32,7 @@ pub mod devcerts;
 pub mod docs;
 pub mod frames;
 pub mod logging;
+pub mod metrics;
 pub mod shutdown;
 pub mod signals;
 pub mod systemd;
