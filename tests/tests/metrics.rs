@@ -15,7 +15,8 @@
 //! - every metric name in `deploy/grafana/waitroom.json` and
 //!   `deploy/prometheus/waitroom-alerts.yml` is one of the scrapes' (the XDP
 //!   ones in the privileged test, which has a node with its program), and
-//!   `promtool check rules` accepts the alert rules.
+//!   `promtool check rules` accepts the alert rules and `promtool test rules`
+//!   passes their unit tests (`deploy/prometheus/waitroom-alerts.test.yml`).
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
@@ -313,8 +314,8 @@ fn repo_file(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
 }
 
-/// Every `waitroom_*` name in the deploy files: the dashboard's queries and
-/// the alert rules (both checked whole, so a name in a description counts).
+/// Every `waitroom_*` name in the deploy files: the dashboard's queries, the
+/// alert rules and their tests (read whole, so a name in a description counts).
 fn deploy_names() -> BTreeSet<String> {
     let dashboard = std::fs::read_to_string(repo_file("deploy/grafana/waitroom.json")).unwrap();
     let json: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
@@ -330,7 +331,9 @@ fn deploy_names() -> BTreeSet<String> {
     let rules =
         std::fs::read_to_string(repo_file("deploy/prometheus/waitroom-alerts.yml")).unwrap();
     let mut names = BTreeSet::new();
-    for text in [&dashboard, &rules] {
+    let rule_tests =
+        std::fs::read_to_string(repo_file("deploy/prometheus/waitroom-alerts.test.yml")).unwrap();
+    for text in [&dashboard, &rules, &rule_tests] {
         let mut rest = text.as_str();
         while let Some(at) = rest.find("waitroom_") {
             let tail = &rest[at..];
@@ -556,15 +559,10 @@ fn xdp_families_the_deploy_files_use_exist() {
     );
 }
 
-#[test]
-fn promtool_accepts_the_alert_rules() {
-    let rules = repo_file("deploy/prometheus/waitroom-alerts.yml");
-    let out = match Command::new("promtool")
-        .arg("check")
-        .arg("rules")
-        .arg(&rules)
-        .output()
-    {
+/// Runs `promtool ARGS`; `None` (after saying why) when promtool is not
+/// installed outside CI. In CI a missing promtool fails the test.
+fn promtool(args: &[&Path]) -> Option<String> {
+    let out = match Command::new("promtool").args(args).output() {
         Ok(out) => out,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             assert!(
@@ -574,7 +572,7 @@ fn promtool_accepts_the_alert_rules() {
             eprintln!(
                 "skipping: promtool not found (Debian package prometheus; `cargo xtask setup` installs it)"
             );
-            return;
+            return None;
         }
         Err(err) => panic!("running promtool: {err}"),
     };
@@ -583,6 +581,19 @@ fn promtool_accepts_the_alert_rules() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "promtool check rules:\n{said}");
+    assert!(out.status.success(), "promtool {args:?}:\n{said}");
+    Some(said)
+}
+
+#[test]
+fn promtool_accepts_the_alert_rules_and_their_tests_pass() {
+    let rules = repo_file("deploy/prometheus/waitroom-alerts.yml");
+    let Some(said) = promtool(&[Path::new("check"), Path::new("rules"), &rules]) else {
+        return;
+    };
+    assert!(said.contains("SUCCESS"), "{said}");
+    // Each alert fires on made-up series where it should, and only there.
+    let tests = repo_file("deploy/prometheus/waitroom-alerts.test.yml");
+    let said = promtool(&[Path::new("test"), Path::new("rules"), &tests]).unwrap();
     assert!(said.contains("SUCCESS"), "{said}");
 }
