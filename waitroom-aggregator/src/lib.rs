@@ -12,7 +12,8 @@
 //! - [`config`]: the TOML file.
 //! - [`server`]: the QUIC accept loop, one task per node and per report.
 //! - [`snapshot`]: the state on disk, so a restart loses nothing that matters.
-//! - [`admin`]: `/status` and `/metrics`.
+//! - [`admin`]: `/status` and `/metrics`; [`exposition`]: the Prometheus
+//!   families `/metrics` serves.
 //! - [`dashboard`]: the live dashboard's numbers and its last hour.
 //!
 //! Its state can always be rebuilt from one round of reports (they carry
@@ -27,6 +28,7 @@ use waitroom_runtime::{clock::Clock, shutdown, systemd, tls};
 pub mod admin;
 pub mod config;
 pub mod dashboard;
+pub mod exposition;
 pub mod server;
 pub mod snapshot;
 
@@ -68,6 +70,8 @@ pub enum ReloadError {
     NeedsRestart { field: &'static str },
     #[error(transparent)]
     Rooms(#[from] cluster::RoomsChangeError),
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
 }
 
 /// A running aggregator.
@@ -97,6 +101,7 @@ impl Aggregator {
         let mut cluster = cluster::Cluster::new(config.rooms.clone(), config.node_timeout_ms);
         restore(&mut cluster, &config.snapshot_path, clock.now());
         let shared = Arc::new(server::Shared {
+            reloads: waitroom_runtime::metrics::ReloadOutcomes::new(clock.now()),
             clock,
             cluster: parking_lot::Mutex::new(cluster),
             metrics: server::ServerMetrics::default(),
@@ -167,9 +172,30 @@ impl Aggregator {
         })
     }
 
+    /// Reads `path` and applies its room limits (SIGHUP); see [`Self::reload`].
+    /// The outcome is counted either way (`waitroom_config_*` in `/metrics`).
+    pub fn reload_file(&self, path: &std::path::Path) -> Result<(), ReloadError> {
+        match AggregatorConfig::load(path) {
+            Ok(new) => self.reload(&new),
+            Err(err) => {
+                self.shared.reloads.record(false, self.shared.clock.now());
+                Err(err.into())
+            }
+        }
+    }
+
     /// Applies `new`'s room limits (SIGHUP). Anything else changed, or a
     /// room added or removed, is refused naming the field, changing nothing.
+    /// The outcome is counted either way.
     pub fn reload(&self, new: &AggregatorConfig) -> Result<(), ReloadError> {
+        let result = self.try_reload(new);
+        self.shared
+            .reloads
+            .record(result.is_ok(), self.shared.clock.now());
+        result
+    }
+
+    fn try_reload(&self, new: &AggregatorConfig) -> Result<(), ReloadError> {
         let old = &self.config;
         for (field, same) in [
             ("listen", old.listen == new.listen),

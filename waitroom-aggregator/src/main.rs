@@ -153,11 +153,8 @@ fn run(config: AggregatorConfig, path: &std::path::Path) -> anyhow::Result<()> {
             };
             tokio::select! {
                 () = terminate.recv() => break,
-                _ = hangup => match AggregatorConfig::load(path) {
-                    Ok(new) => match aggregator.reload(&new) {
-                        Ok(()) => tracing::info!(file = %path.display(), "configuration reloaded: room limits applied"),
-                        Err(err) => tracing::error!("reload refused, the old configuration stays in force: {err}"),
-                    },
+                _ = hangup => match aggregator.reload_file(path) {
+                    Ok(()) => tracing::info!(file = %path.display(), "configuration reloaded: room limits applied"),
                     Err(err) => tracing::error!("reload refused, the old configuration stays in force: {err}"),
                 },
             }

@@ -74,6 +74,8 @@ pub struct Shared {
     pub clock: Clock,
     pub cluster: Mutex<Cluster>,
     pub metrics: ServerMetrics,
+    /// What configuration reloads (SIGHUP) did, for `/metrics`.
+    pub reloads: waitroom_runtime::metrics::ReloadOutcomes,
     /// Each node's latest opinion of its origin pools, by node: shown in
     /// `/status`, never used for a decision.
     pub pools: Mutex<std::collections::BTreeMap<String, NodePools>>,

@@ -11,7 +11,6 @@
 //! Requests are bounded by the shared listener loop (a connection cap and a
 //! deadline per connection, `waitroom_runtime::admin`).
 use std::{
-    fmt::Write as _,
     io::Read as _,
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -23,14 +22,15 @@ use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use waitroom_runtime::{
-    admin::{family, serve_with, text},
+    admin::{serve_with, text},
     body::Body,
+    metrics::Registry,
     shutdown::Shutdown,
 };
 
 use waitroom_common::phase::{RoomPhase, arrival_estimate};
 
-use crate::{config::NodeSection, metrics, node::Node, xdp};
+use crate::{config::NodeSection, node::Node, xdp};
 
 /// Shortest token accepted: 16 bytes (`openssl rand -hex 16` gives 32).
 const MIN_TOKEN_BYTES: usize = 16;
@@ -155,24 +155,27 @@ fn read_token(path: &Path) -> Result<[u8; 32], AdminError> {
 /// Serves the node's admin endpoints until shutdown.
 pub async fn serve(listener: TcpListener, node: Arc<Node>, auth: AdminAuth, shutdown: Shutdown) {
     let auth = Arc::new(auth);
+    let metrics = crate::exposition::registry(Arc::clone(&node));
     serve_with(listener, node, shutdown, move |node, req| {
         let auth = Arc::clone(&auth);
-        async move { route(&node, &auth, req).await }
+        let metrics = Arc::clone(&metrics);
+        async move { route(&node, &auth, &metrics, req).await }
     })
     .await;
 }
 
-async fn route(node: &Node, auth: &AdminAuth, req: Request<Incoming>) -> Response<Body> {
+async fn route(
+    node: &Node,
+    auth: &AdminAuth,
+    metrics: &Registry,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let path = req.uri().path();
     if path != "/healthz" && !auth.loopback && !auth.authorized(&req) {
         return unauthorized();
     }
     match path {
-        "/metrics" => text(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            render_metrics(node),
-        ),
+        "/metrics" => waitroom_runtime::metrics::response(metrics),
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
         "/status" => text(
             StatusCode::OK,
@@ -343,191 +346,6 @@ fn deny(node: &Node, auth: &AdminAuth, req: &Request<Incoming>) -> Response<Body
                 format!("{msg}but not saved (lost at restart): {err}\n"),
             )
         }
-    }
-}
-
-fn render_metrics(node: &Node) -> String {
-    let mut out = String::with_capacity(8192);
-    let m = &node.metrics;
-    family(
-        &mut out,
-        "waitroom_connections_open",
-        "gauge",
-        "Open visitor connections.",
-    );
-    let _ = writeln!(
-        out,
-        "waitroom_connections_open {}",
-        m.connections_open.load(Relaxed)
-    );
-    family(
-        &mut out,
-        "waitroom_connections_total",
-        "counter",
-        "Visitor connections accepted.",
-    );
-    let _ = writeln!(
-        out,
-        "waitroom_connections_total {}",
-        m.connections_total.load(Relaxed)
-    );
-    family(
-        &mut out,
-        "waitroom_connections_closed_total",
-        "counter",
-        "Visitor connections closed, by reason (timeouts, limits, or ended).",
-    );
-    m.render_closed(&mut out);
-    family(
-        &mut out,
-        "waitroom_requests_unmatched_total",
-        "counter",
-        "Requests no room covers.",
-    );
-    let _ = writeln!(
-        out,
-        "waitroom_requests_unmatched_total {}",
-        m.requests_unmatched.load(Relaxed)
-    );
-    render_rooms(&mut out, node);
-    if let Some(t) = node.xdp.as_ref().map(|x| &x.telemetry) {
-        t.render(&mut out);
-    }
-    family(
-        &mut out,
-        "waitroom_xdp_attached",
-        "gauge",
-        "1 when the XDP program is attached.",
-    );
-    let _ = writeln!(
-        out,
-        "waitroom_xdp_attached {}",
-        u8::from(node.xdp.is_some())
-    );
-    node.reloads.render(&mut out);
-    node.refused_targets.render(&mut out);
-    node.defences.render(&mut out);
-    crate::upstream::status::render_metrics(&mut out, node.rooms.iter().map(|r| &*r.upstream));
-    if let Some(gossip) = node.gossip.as_ref() {
-        gossip
-            .status
-            .render(&mut out, &gossip.world, node.clock.now());
-    }
-    out
-}
-
-fn render_rooms(out: &mut String, node: &Node) {
-    let now = node.clock.now();
-    let minute = now.minute();
-    family(
-        out,
-        "waitroom_active_users",
-        "gauge",
-        "Visitors with a live session: this node's count and the global view.",
-    );
-    family(
-        out,
-        "waitroom_waiting",
-        "gauge",
-        "Visitors waiting in the queue: this node's count and the global view.",
-    );
-    family(
-        out,
-        "waitroom_admitted_this_minute",
-        "gauge",
-        "Admissions in the current minute, this node.",
-    );
-    family(
-        out,
-        "waitroom_admits_per_minute",
-        "gauge",
-        "Admit rate (EWMA over complete minutes) in the global view.",
-    );
-    for (i, room) in node.rooms.iter().enumerate() {
-        let c = node.room_counters(i);
-        let state = room.state.load();
-        let id = &room.spec.id;
-        let local_waiting = c.total_waiting(minute);
-        let _ = writeln!(
-            out,
-            "waitroom_active_users{{room=\"{id}\",scope=\"node\"}} {}",
-            c.active_users(minute)
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_active_users{{room=\"{id}\",scope=\"global\"}} {}",
-            state.active_users
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_waiting{{room=\"{id}\",scope=\"node\"}} {local_waiting}"
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_waiting{{room=\"{id}\",scope=\"global\"}} {}",
-            state.total_waiting
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_admitted_this_minute{{room=\"{id}\"}} {}",
-            c.admits(minute).total()
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_admits_per_minute{{room=\"{id}\"}} {}",
-            state.admits_per_minute
-        );
-    }
-    family(
-        out,
-        "waitroom_admitted_total",
-        "counter",
-        "Visitors sent to the origin.",
-    );
-    family(
-        out,
-        "waitroom_queued_total",
-        "counter",
-        "Queue pages and JSON answers served.",
-    );
-    family(
-        out,
-        "waitroom_rejected_total",
-        "counter",
-        "Visitors refused (queueing method reject).",
-    );
-    family(
-        out,
-        "waitroom_proxy_errors_total",
-        "counter",
-        "Origin requests that failed (502).",
-    );
-    family(
-        out,
-        "waitroom_client_body_errors_total",
-        "counter",
-        "Requests whose body the client cut short or malformed (400; not the origin's fault).",
-    );
-    family(
-        out,
-        "waitroom_cookie_failures_total",
-        "counter",
-        "Cookies that could not be used; each made a new visitor.",
-    );
-    family(
-        out,
-        "waitroom_decision_seconds",
-        "histogram",
-        "Time to open the cookie, decide and seal the new cookie.",
-    );
-    family(
-        out,
-        "waitroom_proxy_seconds",
-        "histogram",
-        "Time until the origin's response head.",
-    );
-    for room in &node.rooms {
-        metrics::render_room(out, &room.spec.id, &room.metrics);
     }
 }
 

@@ -38,7 +38,9 @@
 //!   world view the request path reads.
 //! - [`xdp`], [`xdp_signal`]: the embedded XDP program, its loader, and its
 //!   telemetry as a traffic signal.
-//! - [`metrics`], [`admin`], [`stats`], [`dashboard`]: what operators read.
+//! - [`metrics`], [`exposition`], [`admin`], [`stats`], [`dashboard`]: what
+//!   operators read (the request path's atomics, their Prometheus families,
+//!   the listener, the live page).
 
 pub mod admin;
 pub mod check;
@@ -46,6 +48,7 @@ pub mod config;
 pub mod cookie;
 pub mod counters;
 pub mod dashboard;
+pub mod exposition;
 pub mod forwarded;
 pub mod gossip;
 pub mod http;

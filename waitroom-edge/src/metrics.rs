@@ -1,13 +1,17 @@
-//! Node metrics: atomics on the request path, Prometheus text on the admin port.
+//! Node metrics: atomics on the request path, Prometheus families on the
+//! admin port.
 //!
-//! Hand-written on purpose: every update is a relaxed atomic add into fixed
-//! buckets, so the request path never takes a lock or allocates. The exposition
-//! side runs on the admin listener, off the request path.
+//! The recording side is ours on purpose: every update is a relaxed atomic
+//! add into fixed buckets, so the request path never takes a lock or
+//! allocates. The exposition side (`encode`, `snapshot`) runs when the admin
+//! listener is scraped (`crate::exposition`), through `prometheus-client`.
 use std::{
-    fmt::Write as _,
+    fmt,
     sync::atomic::{AtomicU64, Ordering::Relaxed},
     time::Duration,
 };
+
+use waitroom_runtime::metrics::{Families, HistogramSnapshot};
 
 /// A fixed-bucket latency histogram (seconds), lock-free.
 #[derive(Debug)]
@@ -42,26 +46,13 @@ impl Histogram {
         self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
     }
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0;
-        for (i, bound) in self.bounds_us.iter().enumerate() {
-            cumulative += self.counts[i].load(Relaxed);
-            let le = *bound as f64 / 1e6;
-            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{le}\"}} {cumulative}");
+    /// The counts now, for the exposition (buckets not cumulative).
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            bounds: self.bounds_us.iter().map(|&us| us as f64 / 1e6).collect(),
+            counts: self.counts.iter().map(|c| c.load(Relaxed)).collect(),
+            sum: self.sum_ns.load(Relaxed) as f64 / 1e9,
         }
-        cumulative += self.counts[self.bounds_us.len()].load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {cumulative}");
-        let _ = writeln!(
-            out,
-            "{name}_sum{{{}}} {}",
-            labels.trim_end_matches(','),
-            self.sum_ns.load(Relaxed) as f64 / 1e9
-        );
-        let _ = writeln!(
-            out,
-            "{name}_count{{{}}} {cumulative}",
-            labels.trim_end_matches(',')
-        );
     }
 }
 
@@ -236,21 +227,12 @@ impl Defences {
     }
 
     /// `waitroom_defended_total{reason=...}`, every reason, zeros included.
-    pub fn render(&self, out: &mut String) {
-        waitroom_runtime::admin::family(
-            out,
+    pub fn encode(&self, f: &mut Families<'_>) -> fmt::Result {
+        f.counters(
             "waitroom_defended_total",
-            "counter",
             "Hostile or broken client behaviour caught, by reason (see OPERATIONS.md, What waitroom defends against).",
-        );
-        for what in Defence::ALL {
-            let _ = writeln!(
-                out,
-                "waitroom_defended_total{{reason=\"{}\"}} {}",
-                what.label(),
-                self.count(what)
-            );
-        }
+            Defence::ALL.map(|what| ([("reason", what.label())], self.count(what))),
+        )
     }
 }
 
@@ -319,83 +301,127 @@ impl NodeMetrics {
     pub fn count_close(&self, why: CloseReason) {
         self.connections_closed[why as usize].fetch_add(1, Relaxed);
     }
-    /// Renders `waitroom_connections_closed_total` by reason.
-    pub fn render_closed(&self, out: &mut String) {
-        for why in CloseReason::ALL {
-            let _ = writeln!(
-                out,
-                "waitroom_connections_closed_total{{reason=\"{}\"}} {}",
-                why.label(),
-                self.connections_closed[why as usize].load(Relaxed)
-            );
-        }
+    /// The connection families and the unmatched requests.
+    pub fn encode(&self, f: &mut Families<'_>) -> fmt::Result {
+        f.gauge(
+            "waitroom_connections_open",
+            "Open visitor connections.",
+            self.connections_open.load(Relaxed),
+        )?;
+        f.counter(
+            "waitroom_connections_total",
+            "Visitor connections accepted.",
+            self.connections_total.load(Relaxed),
+        )?;
+        f.counters(
+            "waitroom_connections_closed_total",
+            "Visitor connections closed, by reason (timeouts, limits, or ended).",
+            CloseReason::ALL.map(|why| {
+                (
+                    [("reason", why.label())],
+                    self.connections_closed[why as usize].load(Relaxed),
+                )
+            }),
+        )?;
+        f.counter(
+            "waitroom_requests_unmatched_total",
+            "Requests no room covers.",
+            self.requests_unmatched.load(Relaxed),
+        )
     }
 }
 
-/// Renders a room's counters and histograms.
-pub fn render_room(out: &mut String, room: &str, m: &RoomMetrics) {
-    let l = format!("room=\"{room}\"");
-    let _ = writeln!(
-        out,
-        "waitroom_admitted_total{{{l},kind=\"new\"}} {}",
-        m.admitted_new.load(Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "waitroom_admitted_total{{{l},kind=\"returning\"}} {}",
-        m.admitted_returning.load(Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "waitroom_queued_total{{{l}}} {}",
-        m.queued.load(Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "waitroom_rejected_total{{{l}}} {}",
-        m.rejected.load(Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "waitroom_proxy_errors_total{{{l}}} {}",
-        m.proxy_errors.load(Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "waitroom_client_body_errors_total{{{l}}} {}",
-        m.client_body_errors.load(Relaxed)
-    );
-    for (i, why) in CookieFailure::ALL.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "waitroom_cookie_failures_total{{{l},reason=\"{}\"}} {}",
-            why.label(),
-            m.cookie_failures[i].load(Relaxed)
-        );
-    }
-    m.decision_latency
-        .render(out, "waitroom_decision_seconds", &format!("{l},"));
-    m.proxy_latency
-        .render(out, "waitroom_proxy_seconds", &format!("{l},"));
+/// Every room's counters and histograms, one family at a time.
+pub fn encode_rooms<'a>(
+    f: &mut Families<'_>,
+    rooms: impl Iterator<Item = (&'a str, &'a RoomMetrics)> + Clone,
+) -> fmt::Result {
+    let per_room = |pick: fn(&RoomMetrics) -> &AtomicU64| {
+        rooms
+            .clone()
+            .map(move |(id, m)| ([("room", id)], pick(m).load(Relaxed)))
+    };
+    f.counters(
+        "waitroom_admitted_total",
+        "Visitors sent to the origin, new (admitted by this request) or returning (with a session).",
+        rooms.clone().flat_map(|(id, m)| {
+            [
+                ([("room", id), ("kind", "new")], m.admitted_new.load(Relaxed)),
+                (
+                    [("room", id), ("kind", "returning")],
+                    m.admitted_returning.load(Relaxed),
+                ),
+            ]
+        }),
+    )?;
+    f.counters(
+        "waitroom_queued_total",
+        "Queue pages and JSON answers served.",
+        per_room(|m| &m.queued),
+    )?;
+    f.counters(
+        "waitroom_rejected_total",
+        "Visitors refused (queueing method reject).",
+        per_room(|m| &m.rejected),
+    )?;
+    f.counters(
+        "waitroom_proxy_errors_total",
+        "Origin requests that failed (502).",
+        per_room(|m| &m.proxy_errors),
+    )?;
+    f.counters(
+        "waitroom_client_body_errors_total",
+        "Requests whose body the client cut short or malformed (400; not the origin's fault).",
+        per_room(|m| &m.client_body_errors),
+    )?;
+    f.counters(
+        "waitroom_cookie_failures_total",
+        "Cookies that could not be used, by reason; each made a new visitor.",
+        rooms.clone().flat_map(|(id, m)| {
+            CookieFailure::ALL.iter().enumerate().map(move |(i, why)| {
+                (
+                    [("room", id), ("reason", why.label())],
+                    m.cookie_failures[i].load(Relaxed),
+                )
+            })
+        }),
+    )?;
+    f.histograms(
+        "waitroom_decision_seconds",
+        "Time to open the cookie, decide and seal the new cookie.",
+        rooms
+            .clone()
+            .map(|(id, m)| ([("room", id)], m.decision_latency.snapshot())),
+    )?;
+    f.histograms(
+        "waitroom_proxy_seconds",
+        "Time until the origin's response head.",
+        rooms.map(|(id, m)| ([("room", id)], m.proxy_latency.snapshot())),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn scrape(f: impl Fn(&mut Families<'_>) -> fmt::Result + Send + Sync + 'static) -> String {
+        waitroom_runtime::metrics::encode(&waitroom_runtime::metrics::registry(f))
+    }
+
     #[test]
-    fn histogram_buckets_are_cumulative_and_count_everything() {
+    fn histogram_buckets_count_everything() {
         let h = Histogram::new(LATENCY_BOUNDS_US);
         h.observe(Duration::from_nanos(500));
         h.observe(Duration::from_micros(150));
         h.observe(Duration::from_secs(60));
-        let mut out = String::new();
-        h.render(&mut out, "x", "");
-        assert!(out.contains("x_bucket{le=\"0.000001\"} 1"), "{out}");
-        assert!(out.contains("x_bucket{le=\"0.0002\"} 2"), "{out}");
-        assert!(out.contains("x_bucket{le=\"10\"} 2"), "{out}");
-        assert!(out.contains("x_bucket{le=\"+Inf\"} 3"), "{out}");
-        assert!(out.contains("x_count{} 3"), "{out}");
+        let s = h.snapshot();
+        assert_eq!(s.bounds.len() + 1, s.counts.len());
+        assert_eq!(s.bounds[0], 0.000_001);
+        assert_eq!(s.counts[0], 1, "500 ns is under 1 µs");
+        let le_200us = s.bounds.iter().position(|b| *b == 0.0002).unwrap();
+        assert_eq!(s.counts[..=le_200us].iter().sum::<u64>(), 2);
+        assert_eq!(s.counts.last(), Some(&1), "60 s is above every bound");
+        assert!((s.sum - 60.000_150_5).abs() < 1e-9, "{}", s.sum);
     }
 
     #[test]
@@ -403,13 +429,12 @@ mod tests {
         for (i, what) in Defence::ALL.iter().enumerate() {
             assert_eq!(*what as usize, i);
         }
-        let d = Defences::default();
+        let d = std::sync::Arc::new(Defences::default());
         d.record(Defence::Loop, 5, None, "loop");
         d.record(Defence::Loop, 6, None, "loop");
         d.record(Defence::TicketShared, 6, None, "shared");
         assert_eq!(d.count(Defence::Loop), 2);
-        let mut out = String::new();
-        d.render(&mut out);
+        let out = scrape(move |f| d.encode(f));
         assert!(out.contains("{reason=\"loop\"} 2"), "{out}");
         assert!(out.contains("{reason=\"ticket_shared\"} 1"), "{out}");
         assert!(out.contains("{reason=\"proxy_protocol\"} 0"), "{out}");
@@ -417,18 +442,18 @@ mod tests {
 
     #[test]
     fn close_reasons_index_their_own_counter() {
-        let m = NodeMetrics::default();
+        let m = std::sync::Arc::new(NodeMetrics::default());
         for (i, why) in CloseReason::ALL.iter().enumerate() {
             assert_eq!(*why as usize, i);
         }
         m.connection_opened();
         m.connection_closed(CloseReason::SendTimeout);
         m.count_close(CloseReason::AddressLimit);
-        let mut out = String::new();
-        m.render_closed(&mut out);
+        assert_eq!(m.connections_open.load(Relaxed), 0);
+        let out = scrape(move |f| m.encode(f));
         assert!(out.contains("{reason=\"send_timeout\"} 1"), "{out}");
         assert!(out.contains("{reason=\"address_limit\"} 1"), "{out}");
         assert!(out.contains("{reason=\"ended\"} 0"), "{out}");
-        assert_eq!(m.connections_open.load(Relaxed), 0);
+        assert!(out.contains("\nwaitroom_connections_total 1\n"), "{out}");
     }
 }

@@ -12,17 +12,17 @@
 //! Like Prometheus, the outcome is exported: `waitroom_config_reload_success`
 //! and the time of the last successful reload.
 use std::{
-    fmt::Write as _,
+    fmt,
     path::{Path, PathBuf},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
-    },
+    sync::Arc,
 };
 
 use arc_swap::ArcSwap;
 use waitroom_common::time::UnixMillis;
-use waitroom_runtime::{admin::family, tls::CertSwap};
+use waitroom_runtime::{
+    metrics::{Families, ReloadOutcomes},
+    tls::CertSwap,
+};
 
 use crate::{
     config::{ConfigError, EdgeConfig},
@@ -64,12 +64,8 @@ pub struct ReloadState {
     applied: ArcSwap<EdgeConfig>,
     /// The TLS listener's certificate, swapped by a reload.
     https_cert: Option<Arc<CertSwap>>,
-    /// Whether the last reload was applied (true until one is refused).
-    last_ok: AtomicBool,
-    /// When the configuration in force was loaded (start or last reload).
-    last_success: AtomicU64,
-    applied_total: AtomicU64,
-    refused_total: AtomicU64,
+    /// What reloads did, for `/metrics`.
+    outcomes: ReloadOutcomes,
 }
 
 impl ReloadState {
@@ -78,53 +74,13 @@ impl ReloadState {
         Self {
             applied: ArcSwap::from_pointee(config.clone()),
             https_cert,
-            last_ok: AtomicBool::new(true),
-            last_success: AtomicU64::new(now.0),
-            applied_total: AtomicU64::new(0),
-            refused_total: AtomicU64::new(0),
+            outcomes: ReloadOutcomes::new(now),
         }
     }
 
     /// The `waitroom_config_*` families.
-    pub fn render(&self, out: &mut String) {
-        family(
-            out,
-            "waitroom_config_reload_success",
-            "gauge",
-            "1 if the last configuration reload was applied, 0 if it was refused.",
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_config_reload_success {}",
-            u8::from(self.last_ok.load(Relaxed))
-        );
-        family(
-            out,
-            "waitroom_config_last_reload_success_timestamp_seconds",
-            "gauge",
-            "When the configuration in force was loaded (start or last applied reload).",
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_config_last_reload_success_timestamp_seconds {}",
-            self.last_success.load(Relaxed) as f64 / 1e3
-        );
-        family(
-            out,
-            "waitroom_config_reloads_total",
-            "counter",
-            "Reloads (SIGHUP) by result.",
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_config_reloads_total{{result=\"applied\"}} {}",
-            self.applied_total.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_config_reloads_total{{result=\"refused\"}} {}",
-            self.refused_total.load(Relaxed)
-        );
+    pub fn encode(&self, f: &mut Families<'_>) -> fmt::Result {
+        self.outcomes.encode(f)
     }
 }
 
@@ -134,18 +90,9 @@ impl Node {
     /// Returns what changed.
     pub fn reload(&self, path: &Path) -> Result<Vec<String>, ReloadError> {
         let result = self.try_reload(path);
-        let state = &self.reloads;
-        match &result {
-            Ok(_) => {
-                state.last_ok.store(true, Relaxed);
-                state.last_success.store(self.clock.now().0, Relaxed);
-                state.applied_total.fetch_add(1, Relaxed);
-            }
-            Err(_) => {
-                state.last_ok.store(false, Relaxed);
-                state.refused_total.fetch_add(1, Relaxed);
-            }
-        }
+        self.reloads
+            .outcomes
+            .record(result.is_ok(), self.clock.now());
         result
     }
 

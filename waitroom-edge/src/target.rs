@@ -26,7 +26,6 @@
 //! The common case (a plain lower-case path) allocates nothing.
 use std::{
     borrow::Cow,
-    fmt::Write as _,
     sync::atomic::{AtomicU64, Ordering::Relaxed},
 };
 
@@ -111,21 +110,15 @@ impl RefusedTargets {
     }
 
     /// `waitroom_requests_refused_total{reason=...}` for the target reasons.
-    pub fn render(&self, out: &mut String) {
-        waitroom_runtime::admin::family(
-            out,
+    pub fn encode(&self, f: &mut waitroom_runtime::metrics::Families<'_>) -> std::fmt::Result {
+        f.counters(
             "waitroom_requests_refused_total",
-            "counter",
             "Requests refused with 400 before routing, by reason (ambiguous targets).",
-        );
-        for (err, n) in TargetError::ALL.iter().zip(&self.counts) {
-            let _ = writeln!(
-                out,
-                "waitroom_requests_refused_total{{reason=\"{}\"}} {}",
-                err.reason(),
-                n.load(Relaxed)
-            );
-        }
+            TargetError::ALL
+                .iter()
+                .zip(&self.counts)
+                .map(|(err, n)| ([("reason", err.reason())], n.load(Relaxed))),
+        )
     }
 }
 

@@ -7,7 +7,7 @@
 //! half a minute in the window is harmless, and the estimate counts every
 //! connection attempt, including those that never reached HTTP.
 use std::{
-    fmt::Write as _,
+    fmt,
     sync::Arc,
     time::{Duration, UNIX_EPOCH},
 };
@@ -15,7 +15,7 @@ use std::{
 use tokio::sync::watch;
 use waitroom_common::{room::RoomId, time::Minute};
 
-use waitroom_runtime::admin::family;
+use waitroom_runtime::metrics::Families;
 
 use crate::{gossip::TrafficSignal, xdp::TelemetrySnapshot};
 
@@ -35,9 +35,11 @@ impl Telemetry {
         self.rx.borrow().clone()
     }
 
-    /// Prometheus families for the admin listener.
-    pub fn render(&self, out: &mut String) {
-        let Some(s) = self.latest() else { return };
+    /// The `waitroom_xdp_*` families of the latest snapshot (none before the first).
+    pub fn encode(&self, f: &mut Families<'_>) -> fmt::Result {
+        let Some(s) = self.latest() else {
+            return Ok(());
+        };
         let t = &s.totals;
         for (name, help, value) in [
             (
@@ -66,51 +68,32 @@ impl Telemetry {
                 t.syn_budget_dropped,
             ),
         ] {
-            family(out, name, "counter", help);
-            let _ = writeln!(out, "{name} {value}");
+            f.counter(name, help, value)?;
         }
-        family(
-            out,
+        let ports: Vec<(String, _)> = s.ports.iter().map(|(p, c)| (p.to_string(), c)).collect();
+        f.counters(
             "waitroom_xdp_port_syns_total",
-            "counter",
             "TCP SYNs (new connections) per service port.",
-        );
-        for (port, c) in &s.ports {
-            let _ = writeln!(
-                out,
-                "waitroom_xdp_port_syns_total{{port=\"{port}\"}} {}",
-                c.syns
-            );
-        }
-        family(
-            out,
+            ports.iter().map(|(p, c)| ([("port", p.as_str())], c.syns)),
+        )?;
+        f.counters(
             "waitroom_xdp_port_packets_total",
-            "counter",
             "Packets per service port.",
-        );
-        for (port, c) in &s.ports {
-            let _ = writeln!(
-                out,
-                "waitroom_xdp_port_packets_total{{port=\"{port}\"}} {}",
-                c.packets
-            );
-        }
-        family(
-            out,
+            ports
+                .iter()
+                .map(|(p, c)| ([("port", p.as_str())], c.packets)),
+        )?;
+        f.gauges(
             "waitroom_xdp_distinct_sources",
-            "gauge",
             "Distinct source addresses (HyperLogLog) this minute and the previous one.",
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_xdp_distinct_sources{{minute=\"current\"}} {:.0}",
-            s.current_minute.estimate()
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_xdp_distinct_sources{{minute=\"previous\"}} {:.0}",
-            s.previous_minute.estimate()
-        );
+            [
+                ([("minute", "current")], s.current_minute.estimate().round()),
+                (
+                    [("minute", "previous")],
+                    s.previous_minute.estimate().round(),
+                ),
+            ],
+        )
     }
 }
 

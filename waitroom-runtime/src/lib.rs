@@ -19,6 +19,8 @@
 //! - [`admin`]: the operators' HTTP listener loop and its small responses.
 //! - [`dashboard`]: the live dashboard page both admin listeners serve, and
 //!   its last hour of samples.
+//! - [`metrics`]: Prometheus exposition (`prometheus-client` collectors
+//!   that read the binaries' atomics at scrape time).
 //! - [`body`]: the response body type every local page and proxied body uses.
 //! - [`docs`]: man pages and shell completions from a binary's clap definition.
 //! - `devcerts` (feature `devcerts`): a development CA and certificates.
@@ -33,6 +35,7 @@ pub mod devcerts;
 pub mod docs;
 pub mod frames;
 pub mod logging;
+pub mod metrics;
 pub mod shutdown;
 pub mod signals;
 pub mod systemd;

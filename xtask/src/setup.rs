@@ -34,6 +34,10 @@ pub const TEST_PACKAGES: &[(&str, &str)] = &[
         "systemd-container",
         "systemd-nspawn, which boots that root under a real systemd",
     ),
+    (
+        "prometheus",
+        "promtool, which checks deploy/prometheus/waitroom-alerts.yml",
+    ),
 ];
 
 pub fn run() -> Result<()> {

@@ -1,13 +1,13 @@
-//! The gossip client's health, as atomics the admin listener renders.
+//! The gossip client's health, as atomics the admin listener encodes.
 use std::{
-    fmt::Write as _,
+    fmt,
     sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
 };
 
 use waitroom_common::time::UnixMillis;
 
 use super::world::WorldView;
-use waitroom_runtime::admin::family;
+use waitroom_runtime::metrics::Families;
 
 /// Updated by the gossip task, read by `/metrics` and `/status`.
 #[derive(Debug, Default)]
@@ -23,58 +23,39 @@ pub struct GossipStatus {
 }
 
 impl GossipStatus {
-    /// Appends the `waitroom_gossip_*` families in Prometheus text.
-    pub fn render(&self, out: &mut String, world: &WorldView, now: UnixMillis) {
-        let freshness = world.freshness(now);
-        family(
-            out,
+    /// The `waitroom_gossip_*` families.
+    pub fn encode(&self, f: &mut Families<'_>, world: &WorldView, now: UnixMillis) -> fmt::Result {
+        f.gauge(
             "waitroom_gossip_connected",
-            "gauge",
             "1 while a connection to the aggregator is up and answering.",
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_gossip_connected {}",
-            u8::from(self.connected.load(Relaxed))
-        );
-        family(
-            out,
-            "waitroom_gossip_state_age_seconds",
-            "gauge",
-            "Age of the last global state received (-1: none yet).",
-        );
-        let age = freshness.age_ms().map_or(-1.0, |ms| ms as f64 / 1e3);
-        let _ = writeln!(out, "waitroom_gossip_state_age_seconds {age}");
-        family(
-            out,
-            "waitroom_gossip_stale",
-            "gauge",
-            "1 when the global state is older than stale_after_ms (or never came): local-only limits apply.",
-        );
-        let _ = writeln!(
-            out,
-            "waitroom_gossip_stale {}",
-            u8::from(!freshness.is_fresh())
-        );
-        for (name, help, value) in [
-            (
-                "waitroom_gossip_reports_total",
-                "Reports answered by the aggregator.",
-                &self.reports_total,
-            ),
-            (
-                "waitroom_gossip_errors_total",
-                "Gossip failures: connects, exchanges, timeouts, refusals.",
-                &self.errors_total,
-            ),
-            (
-                "waitroom_gossip_connects_total",
-                "Connections established to the aggregator.",
-                &self.connects_total,
-            ),
-        ] {
-            family(out, name, "counter", help);
-            let _ = writeln!(out, "{name} {}", value.load(Relaxed));
+            i64::from(self.connected.load(Relaxed)),
+        )?;
+        if let Some(at) = world.load().received_at {
+            f.gauge(
+                "waitroom_gossip_last_state_timestamp_seconds",
+                "When the last global state from the aggregator arrived (absent before the first).",
+                at.0 as f64 / 1e3,
+            )?;
         }
+        f.gauge(
+            "waitroom_gossip_stale",
+            "1 when the global state is older than stale_after_ms (or never came): local-only limits apply.",
+            i64::from(!world.freshness(now).is_fresh()),
+        )?;
+        f.counter(
+            "waitroom_gossip_reports_total",
+            "Reports answered by the aggregator.",
+            self.reports_total.load(Relaxed),
+        )?;
+        f.counter(
+            "waitroom_gossip_errors_total",
+            "Gossip failures: connects, exchanges, timeouts, refusals.",
+            self.errors_total.load(Relaxed),
+        )?;
+        f.counter(
+            "waitroom_gossip_connects_total",
+            "Connections established to the aggregator.",
+            self.connects_total.load(Relaxed),
+        )
     }
 }

@@ -1,106 +1,72 @@
 //! What operators read about origin pools: Prometheus families and the
 //! `/status` JSON, both from the shared atomics (admin listener only).
-use std::{fmt::Write as _, sync::atomic::Ordering::Relaxed};
+use std::{fmt, sync::atomic::Ordering::Relaxed};
 
 use waitroom_common::{aggregate::RoomReport, time::UnixMillis};
 
 use super::{Steering, Upstream};
 use waitroom_common::wire::PoolOpinion;
-use waitroom_runtime::admin::family;
+use waitroom_runtime::metrics::Families;
 
 use crate::gossip::Reporter;
 
-/// Writes the pool and origin families for every room's upstream.
-pub fn render_metrics<'a>(out: &mut String, upstreams: impl Iterator<Item = &'a Upstream> + Clone) {
-    family(
-        out,
+/// The pool and origin families of every room's upstream.
+pub fn encode<'a>(
+    f: &mut Families<'_>,
+    upstreams: impl Iterator<Item = &'a Upstream> + Clone,
+) -> fmt::Result {
+    let pools = || {
+        upstreams.clone().flat_map(|u| {
+            u.pools
+                .iter()
+                .map(move |p| ([("room", u.room.as_str()), ("pool", p.name.as_str())], p))
+        })
+    };
+    f.gauges(
         "waitroom_pool_up",
-        "gauge",
         "1 while at least one origin of the pool is up on this node.",
-    );
-    family(
-        out,
+        pools().map(|(l, p)| (l, i64::from(p.is_up()))),
+    )?;
+    f.gauges(
         "waitroom_pool_rtt_ewma_seconds",
-        "gauge",
         "Time-based EWMA of the pool's health-check round-trip times (absent before the first probe).",
-    );
-    for u in upstreams.clone() {
-        for p in &u.pools {
-            let l = format!("room=\"{}\",pool=\"{}\"", u.room, p.name);
-            let _ = writeln!(out, "waitroom_pool_up{{{l}}} {}", u8::from(p.is_up()));
-            if let Some(rtt) = p.rtt.get() {
-                let _ = writeln!(out, "waitroom_pool_rtt_ewma_seconds{{{l}}} {rtt}");
-            }
-        }
-    }
-    family(
-        out,
+        pools().filter_map(|(l, p)| Some((l, p.rtt.get()?))),
+    )?;
+    let origins = || {
+        pools().flat_map(|([room, pool], p)| {
+            p.origins
+                .iter()
+                .map(move |o| ([room, pool, ("origin", o.authority.as_str())], o))
+        })
+    };
+    f.gauges(
         "waitroom_origin_up",
-        "gauge",
         "1 while the origin is up (fall/rise of health checks and failed connections).",
-    );
-    family(
-        out,
+        origins().map(|(l, o)| (l, i64::from(o.health.is_up()))),
+    )?;
+    f.counters(
         "waitroom_origin_requests_total",
-        "counter",
         "Requests the origin answered.",
-    );
-    family(
-        out,
+        origins().map(|(l, o)| (l, o.requests.load(Relaxed))),
+    )?;
+    f.counters(
         "waitroom_origin_connection_failures_total",
-        "counter",
         "Requests that could not reach the origin (each counts against its health).",
-    );
-    family(
-        out,
+        origins().map(|(l, o)| (l, o.connection_failures.load(Relaxed))),
+    )?;
+    f.counters(
         "waitroom_origin_probe_failures_total",
-        "counter",
         "Health checks the origin failed.",
-    );
-    family(
-        out,
+        origins().map(|(l, o)| (l, o.probe_failures.load(Relaxed))),
+    )?;
+    f.gauges(
         "waitroom_origin_probe_rtt_seconds",
-        "gauge",
-        "Round-trip time of the origin's last successful health check.",
-    );
-    for u in upstreams {
-        for p in &u.pools {
-            for o in &p.origins {
-                let l = format!(
-                    "room=\"{}\",pool=\"{}\",origin=\"{}\"",
-                    u.room, p.name, o.authority
-                );
-                let _ = writeln!(
-                    out,
-                    "waitroom_origin_up{{{l}}} {}",
-                    u8::from(o.health.is_up())
-                );
-                let _ = writeln!(
-                    out,
-                    "waitroom_origin_requests_total{{{l}}} {}",
-                    o.requests.load(Relaxed)
-                );
-                let _ = writeln!(
-                    out,
-                    "waitroom_origin_connection_failures_total{{{l}}} {}",
-                    o.connection_failures.load(Relaxed)
-                );
-                let _ = writeln!(
-                    out,
-                    "waitroom_origin_probe_failures_total{{{l}}} {}",
-                    o.probe_failures.load(Relaxed)
-                );
-                let rtt = o.last_rtt_micros.load(Relaxed);
-                if rtt > 0 {
-                    let _ = writeln!(
-                        out,
-                        "waitroom_origin_probe_rtt_seconds{{{l}}} {}",
-                        rtt as f64 / 1e6
-                    );
-                }
-            }
-        }
-    }
+        "Round-trip time of the origin's last successful health check (absent before it).",
+        origins().filter_map(|(l, o)| {
+            let rtt = o.last_rtt_micros.load(Relaxed);
+            (rtt > 0).then(|| (l, rtt as f64 / 1e6))
+        }),
+    )
 }
 
 /// The room's `upstream` object in `/status`.

@@ -1,0 +1,214 @@
+//! The aggregator's `/metrics`: one `prometheus-client` collector that reads
+//! the server's atomics and the cluster's status when scraped (see
+//! `waitroom_runtime::metrics`). The QUIC tasks only add to atomics.
+use std::{fmt, sync::Arc, sync::atomic::Ordering::Relaxed};
+
+use waitroom_common::cluster::RoomStatus;
+use waitroom_runtime::metrics::{self as exposition, Families, Registry};
+
+use crate::server::Shared;
+
+/// The registry the admin listener serves: one collector over `shared`.
+pub fn registry(shared: Arc<Shared>) -> Arc<Registry> {
+    exposition::registry(move |f| scrape(&shared, f))
+}
+
+/// Every family of the aggregator, in a stable order.
+fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
+    exposition::build_info(f, env!("CARGO_PKG_VERSION"))?;
+    let now = shared.clock.now();
+    // One short hold of the cluster lock: the status, the corrections and
+    // the rooms' limits, then everything is written without it.
+    let (status, implausible, limits) = {
+        let cluster = shared.cluster();
+        let limits: Vec<(String, waitroom_common::room::RoomConfig)> = cluster
+            .rooms()
+            .iter()
+            .map(|r| (r.name.clone(), r.room.config().clone()))
+            .collect();
+        (cluster.status(now), cluster.implausible_by_reason(), limits)
+    };
+    let m = &shared.metrics;
+    f.gauge(
+        "waitroom_aggregator_connections_open",
+        "Node connections open.",
+        m.connections_open.load(Relaxed),
+    )?;
+    for (name, help, value) in [
+        (
+            "waitroom_aggregator_connections_total",
+            "Node connections accepted.",
+            &m.connections_total,
+        ),
+        (
+            "waitroom_aggregator_handshakes_refused_total",
+            "Connections refused in the handshake (no certificate from the cluster CA).",
+            &m.handshakes_refused_total,
+        ),
+        (
+            "waitroom_aggregator_reports_total",
+            "Reports merged.",
+            &m.reports_total,
+        ),
+        (
+            "waitroom_aggregator_frames_refused_total",
+            "Frames refused: unknown version, malformed or too large.",
+            &m.frames_refused_total,
+        ),
+        (
+            "waitroom_aggregator_identity_refused_total",
+            "Reports refused: the node id is not certified by the connection's certificate.",
+            &m.identity_refused_total,
+        ),
+        (
+            "waitroom_aggregator_connections_replaced_total",
+            "Older connections closed because the same node connected again.",
+            &m.connections_replaced_total,
+        ),
+        (
+            "waitroom_aggregator_snapshots_total",
+            "Snapshots written.",
+            &m.snapshots_written_total,
+        ),
+        (
+            "waitroom_aggregator_snapshot_errors_total",
+            "Snapshots that could not be written.",
+            &m.snapshot_errors_total,
+        ),
+    ] {
+        f.counter(name, help, value.load(Relaxed))?;
+    }
+    f.counters(
+        "waitroom_aggregator_implausible_numbers_total",
+        "Reported numbers corrected before merging, by reason: future_minute (dropped), clamped (beyond what the room allows).",
+        implausible.map(|(reason, n)| ([("reason", reason)], n)),
+    )?;
+    let last = m.last_snapshot_ms.load(Relaxed);
+    if last != 0 {
+        f.gauge(
+            "waitroom_aggregator_last_snapshot_timestamp_seconds",
+            "When the last snapshot was written (absent before the first).",
+            last as f64 / 1e3,
+        )?;
+    }
+    shared.reloads.encode(f)?;
+
+    let departed = status.nodes.iter().filter(|n| n.departed).count();
+    f.gauges(
+        "waitroom_aggregator_nodes",
+        "Nodes known, by state.",
+        [
+            ([("state", "live")], status.nodes.len() - departed),
+            ([("state", "departed")], departed),
+        ],
+    )?;
+    type Field = fn(&RoomStatus) -> f64;
+    let per_room: [(&str, &str, Field); 5] = [
+        (
+            "waitroom_aggregator_active_users",
+            "Active users in the room, all nodes.",
+            |r| r.active_users as f64,
+        ),
+        (
+            "waitroom_aggregator_admitted_this_minute",
+            "Admits this minute, all nodes.",
+            |r| r.admitted_this_minute as f64,
+        ),
+        (
+            "waitroom_aggregator_slots_available",
+            "Slots left this minute.",
+            |r| r.slots_available as f64,
+        ),
+        (
+            "waitroom_aggregator_waiting",
+            "Visitors waiting, all buckets.",
+            |r| r.total_waiting as f64,
+        ),
+        (
+            "waitroom_aggregator_anywhere_leased",
+            "Anywhere slots leased to nodes and not used yet.",
+            |r| r.anywhere_leased as f64,
+        ),
+    ];
+    for (name, help, field) in per_room {
+        f.gauges(
+            name,
+            help,
+            status
+                .rooms
+                .iter()
+                .map(|r| ([("room", r.id.as_str())], field(r))),
+        )?;
+    }
+    f.gauges(
+        "waitroom_aggregator_admits_per_minute",
+        "Admit rate (EWMA over complete minutes), all nodes.",
+        status
+            .rooms
+            .iter()
+            .map(|r| ([("room", r.id.as_str())], r.admits_per_minute)),
+    )?;
+    f.gauges(
+        "waitroom_aggregator_nodes_reporting",
+        "Nodes whose reports count for the room.",
+        status
+            .rooms
+            .iter()
+            .map(|r| ([("room", r.id.as_str())], r.nodes_reporting)),
+    )?;
+
+    let rooms = || limits.iter().map(|(id, c)| (id.as_str(), c));
+    f.gauges(
+        "waitroom_aggregator_active_users_limit",
+        "The room's total_active_users as the aggregator's configuration in force says.",
+        rooms().map(|(id, c)| ([("room", id)], c.total_active_users)),
+    )?;
+    f.gauges(
+        "waitroom_aggregator_new_users_per_minute_limit",
+        "The room's new_users_per_minute as the aggregator's configuration in force says.",
+        rooms().map(|(id, c)| ([("room", id)], c.new_users_per_minute)),
+    )?;
+    f.gauges(
+        "waitroom_aggregator_session_duration_seconds",
+        "The room's session_duration as the aggregator's configuration in force says.",
+        rooms().map(|(id, c)| ([("room", id)], u64::from(c.session_duration) * 60)),
+    )?;
+    f.gauges(
+        "waitroom_aggregator_settings_version",
+        exposition::SETTINGS_VERSION_HELP,
+        rooms().map(|(id, c)| ([("room", id)], exposition::settings_version(c))),
+    )?;
+
+    f.gauges(
+        "waitroom_aggregator_wait_estimate_seconds",
+        exposition::WAIT_ESTIMATE_HELP,
+        status.rooms.iter().filter_map(|r| {
+            let (_, config) = limits.iter().find(|(id, _)| *id == r.id)?;
+            let wait =
+                exposition::arrival_wait_seconds(config, r.total_waiting, r.admits_per_minute)?;
+            Some(([("room", r.id.as_str())], wait))
+        }),
+    )?;
+
+    let nodes = || {
+        status
+            .nodes
+            .iter()
+            .map(|n| (n, [("node", n.node.as_str()), ("colo", n.colo.as_str())]))
+    };
+    f.gauges(
+        "waitroom_aggregator_node_report_age_seconds",
+        "Seconds since each node's last report.",
+        nodes().map(|(n, l)| (l, n.last_report_age_ms as f64 / 1e3)),
+    )?;
+    f.gauges(
+        "waitroom_aggregator_node_departed",
+        "1 once the node has been silent for longer than node_timeout_ms: its queue and traffic no longer count, its sessions do until they end.",
+        nodes().map(|(n, l)| (l, i64::from(n.departed))),
+    )?;
+    f.gauges(
+        "waitroom_aggregator_node_active_users",
+        "Active users counted on each node (its signed share of the rooms' sum).",
+        nodes().map(|(n, l)| (l, n.active_users)),
+    )
+}
