@@ -1,5 +1,6 @@
 //! The aggregator's admin listener: `/status` (JSON per room and per node),
-//! `/metrics` (Prometheus text) and `/healthz`. Bind it to loopback.
+//! `/metrics` (OpenMetrics text), the live dashboard (`/dashboard`, polling
+//! `/dashboard.json`) and `/healthz`. Bind it to loopback.
 use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};

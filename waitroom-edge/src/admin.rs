@@ -1,5 +1,6 @@
-//! The admin listener: Prometheus metrics, status and the XDP deny list, for
-//! operators only.
+//! The admin listener: Prometheus metrics (`/metrics`, OpenMetrics text),
+//! status (`/status` JSON), the live dashboard (`/dashboard`, polling
+//! `/dashboard.json`) and the XDP deny list, for operators only.
 //!
 //! Safe by default, as nginx's `stub_status` behind `allow 127.0.0.1` and
 //! HAProxy's stats socket are: the listener is loopback unless
