@@ -403,6 +403,7 @@ fn render_metrics(node: &Node) -> String {
     node.reloads.render(&mut out);
     node.refused_targets.render(&mut out);
     node.defences.render(&mut out);
+    node.access_log.render(&mut out);
     crate::upstream::status::render_metrics(&mut out, node.rooms.iter().map(|r| &*r.upstream));
     if let Some(gossip) = node.gossip.as_ref() {
         gossip

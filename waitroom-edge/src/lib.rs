@@ -39,7 +39,9 @@
 //! - [`xdp`], [`xdp_signal`]: the embedded XDP program, its loader, and its
 //!   telemetry as a traffic signal.
 //! - [`metrics`], [`admin`], [`stats`]: what operators read.
+//! - [`access_log`]: one line per request, written off the request path.
 
+pub mod access_log;
 pub mod admin;
 pub mod check;
 pub mod config;

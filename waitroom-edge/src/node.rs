@@ -184,6 +184,8 @@ pub struct Node {
     pub defences: crate::metrics::Defences,
     /// New tickets per client address (`new_tickets_per_address_per_minute`).
     pub new_tickets: crate::new_tickets::NewTicketLimiter,
+    /// `[node.access_log]`: each worker's queue and the writer thread.
+    pub access_log: crate::access_log::AccessLog,
     /// Each room's share as last persisted, from an earlier run: what the
     /// node goes by until the aggregator answers.
     restored_shares: Vec<Option<f64>>,
@@ -205,6 +207,8 @@ pub struct NodeParts {
     pub xdp: Option<NodeXdp>,
     /// The TLS listener's certificate (`[node.tls]`), which a reload replaces.
     pub https_cert: Option<Arc<CertSwap>>,
+    /// The access log, opened (or off).
+    pub access_log: crate::access_log::AccessLog,
 }
 
 impl Node {
@@ -238,6 +242,7 @@ impl Node {
                     burst: config.node.new_tickets_burst_per_address,
                 },
             ),
+            access_log: parts.access_log,
             restored_shares: config
                 .rooms
                 .iter()
