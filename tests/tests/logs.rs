@@ -330,6 +330,24 @@ fn the_combined_format_is_nginx_combined_with_waitrooms_fields() {
         assert!(line.contains(" upstream_status=200 upstream_ms="), "{line}");
         assert!(line.contains(" total_ms="), "{line}");
     }
+
+    // logrotate: move the file away, SIGHUP; new lines go to a new file.
+    let rotated = dir.path().join("access.log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(edge.proc.pid().unwrap() as libc::pid_t, libc::SIGHUP) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !log.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for _ in 0..2 {
+        assert_eq!(request(edge.http, "shop.example", b"/c", b""), 200);
+    }
+    assert_eq!(self::lines(&log, 2).len(), 2);
+    assert_eq!(
+        std::fs::read_to_string(&rotated).unwrap().lines().count(),
+        5
+    );
 }
 
 /// Runs `waitroom-edge` with `args` to its end; its exit code and stderr.

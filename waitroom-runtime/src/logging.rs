@@ -131,6 +131,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_log_format_is_text_or_json_and_nothing_else() {
+        assert_eq!(LogFormat::parse(""), Ok(LogFormat::Text));
+        assert_eq!(LogFormat::parse("text"), Ok(LogFormat::Text));
+        assert_eq!(LogFormat::parse("JSON"), Ok(LogFormat::Json));
+        assert_eq!(LogFormat::parse("logfmt"), Err("logfmt".into()));
+    }
+
+    #[test]
     fn one_line_per_period_and_it_says_how_many_were_held_back() {
         let gate = LogGate::new(10);
         assert_eq!(gate.pass(100), Some(0));
