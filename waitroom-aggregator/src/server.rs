@@ -218,9 +218,13 @@ async fn serve_stream(
             return;
         }
         Err(_) => {
-            tracing::warn!(
-                "report not received in full within {READ_TIMEOUT:?}; dropping the stream"
-            );
+            // A slow or hostile node on every stream: once per period, counted.
+            if let Some(suppressed) = shared.metrics.logs.frames.pass(shared.now_secs()) {
+                tracing::warn!(
+                    suppressed,
+                    "report not received in full within {READ_TIMEOUT:?}; dropping the stream"
+                );
+            }
             let _ = recv.stop(wire::close::MALFORMED.into());
             let _ = send.reset(wire::close::MALFORMED.into());
             return;

@@ -8,7 +8,9 @@
 //! - the new-ticket limit per client address (`new_tickets`): what a request
 //!   with a ticket pays (telling it is not new) and what a new visitor pays
 //!   (that, plus a keyed hash of its address and one CAS);
-//! - the front of every request: target normalization and the client address.
+//! - the front of every request: target normalization and the client address;
+//! - the access log: a record copied and queued per request (against the
+//!   front of every request), and the writer's formatting of a line.
 use std::{
     hint::black_box,
     sync::{
@@ -233,5 +235,107 @@ fn request_front(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, cookie, counters, new_ticket_limit, request_front);
+/// The access log's cost on the request path: copying what the line needs
+/// out of the request head into a record and putting it on the worker's
+/// queue (a writer thread drains it meanwhile, as in the node), against the
+/// front of every request (`request_front`); and, off the request path,
+/// what the writer spends formatting one line.
+fn access_log(c: &mut Criterion) {
+    use waitroom_edge::access_log::{
+        AccessLog, AccessLogConfig, AccessLogFormat, Outcome, Record, Trace, VisitorKind,
+    };
+    let mut req = http::Request::get("/drop/item?id=7")
+        .body(())
+        .expect("request");
+    let h = req.headers_mut();
+    h.insert(http::header::HOST, "shop.example".parse().expect("host"));
+    h.insert(
+        http::header::USER_AGENT,
+        "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"
+            .parse()
+            .expect("ua"),
+    );
+    h.insert(
+        http::header::REFERER,
+        "https://shop.example/drop".parse().expect("referer"),
+    );
+    let client = std::net::IpAddr::from([198, 51, 100, 7]);
+    let fill = |r: &mut Record| {
+        r.status = 200;
+        r.total_micros = 812;
+        r.bytes = Some(5_120);
+        r.trace = Trace {
+            client: Some(client),
+            outcome: Outcome::Admitted,
+            visitor: Some(VisitorKind::Admitted),
+            room: Some(0),
+            bucket: Some(29_345_678),
+            upstream_status: Some(200),
+            upstream_micros: Some(640),
+        };
+    };
+    let log = AccessLog::start(
+        Some(&AccessLogConfig {
+            enabled: true,
+            path: "/dev/null".into(),
+            format: AccessLogFormat::Json,
+            queue_per_worker: 65_536,
+        }),
+        1,
+        vec!["shop".into()],
+    )
+    .expect("access log to /dev/null");
+    let worker = log.for_worker(0).expect("worker queue");
+    let mut g = c.benchmark_group("access_log");
+    // The copy alone (built and dropped), to tell it from the queue's share.
+    g.bench_function("record_only", |b| {
+        b.iter(|| {
+            let mut r = Record::from_request(black_box(&req), client);
+            fill(&mut r);
+            black_box(r)
+        });
+    });
+    // The writer takes about a microsecond a line, so at this bench's pace
+    // most pushes find the queue full: the figure mixes queued and dropped
+    // records (the counts are printed at the end).
+    g.bench_function("record_and_enqueue", |b| {
+        b.iter(|| {
+            let mut r = Record::from_request(black_box(&req), client);
+            fill(&mut r);
+            worker.push(r);
+        });
+    });
+    let mut r = Record::from_request(&req, client);
+    fill(&mut r);
+    let rooms = vec!["shop".to_owned()];
+    let mut out = String::with_capacity(1024);
+    for (name, format) in [
+        ("format_json", AccessLogFormat::Json),
+        ("format_combined", AccessLogFormat::Combined),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                out.clear();
+                black_box(&r).format(format, &rooms, &mut out);
+                out.len()
+            });
+        });
+    }
+    g.finish();
+    log.finish();
+    eprintln!(
+        "access_log: {} lines written, {} dropped",
+        log.written(),
+        log.dropped()
+    );
+}
+
+criterion_group!(
+    benches,
+    cookie,
+    counters,
+    new_ticket_limit,
+    request_front,
+    access_log
+);
 criterion_main!(benches);

@@ -9,7 +9,8 @@
 //! it, the counters file (read, never written: a probe file shows the
 //! directory takes new files), every queue page template, the TLS listener's
 //! certificate and key (which must belong together), the aggregator's CA,
-//! certificate and key, and the origins' CA files. What `--check` does not
+//! certificate and key, the origins' CA files, and the access log's file
+//! (opened for appending, so created if missing). What `--check` does not
 //! do is bind the listeners: a running node holds them while its reload is
 //! checked.
 use std::path::Path;
@@ -65,6 +66,17 @@ pub fn check(config: &EdgeConfig, path: &Path) -> Result<(), CheckError> {
     if let Some(gossip) = &config.aggregator {
         waitroom_runtime::tls::client_config(&gossip.tls_files())
             .map_err(|e| err("aggregator", e.to_string()))?;
+    }
+    if let Some(log) = node.access_log.as_ref().filter(|l| l.enabled) {
+        // Opened for appending as the start opens it (a missing file is created).
+        log.open().map_err(|e| {
+            let problem = e.to_string();
+            let problem = problem
+                .strip_prefix("node.access_log.path: ")
+                .unwrap_or(&problem)
+                .to_owned();
+            err("node.access_log.path", problem)
+        })?;
     }
     crate::upstream::tls::OriginTls::new(config.rooms.iter().map(|r| (r.id.as_str(), &r.upstream)))
         .map_err(|e| err("rooms", e.to_string()))?;

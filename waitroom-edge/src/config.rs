@@ -132,6 +132,9 @@ pub struct NodeSection {
     /// connection without one is closed.
     #[serde(default)]
     pub proxy_protocol: bool,
+    /// `[node.access_log]`: one line per request (off unless `enabled`).
+    #[serde(default)]
+    pub access_log: Option<crate::access_log::AccessLogConfig>,
 }
 
 impl NodeSection {
@@ -214,6 +217,10 @@ impl NodeSection {
                 key.into(),
                 "needs trusted_proxies: a PROXY header is accepted only from a listed proxy, so every connection would be closed".into(),
             ));
+        }
+        if let Some(log) = &self.access_log {
+            log.check()
+                .map_err(|(key, problem)| (format!("access_log.{key}"), problem))?;
         }
         if self.id.is_empty() || self.id.len() > 253 {
             return Err(("id".into(), "must be 1 to 253 characters".into()));
@@ -566,6 +573,43 @@ mod tests {
         );
         let err = refused(&format!("{ROOM}[node.tls]\n"));
         assert_eq!(err, "node.toml:9:1: node.tls.listen: missing");
+    }
+
+    #[test]
+    fn the_access_log_table_is_checked_by_field() {
+        let config = parse(&format!("[node.access_log]\nenabled = true\n{ROOM}")).unwrap();
+        let log = config.node.access_log.unwrap();
+        assert_eq!(
+            (log.path.to_str(), log.format),
+            (
+                Some(crate::access_log::STDERR),
+                crate::access_log::AccessLogFormat::Json
+            )
+        );
+        assert!(
+            parse(ROOM).unwrap().node.access_log.is_none(),
+            "off by default"
+        );
+        let err = refused(&format!("[node.access_log]\nformat = \"apache\"\n{ROOM}"));
+        assert!(
+            err.starts_with("node.toml:5:10: node.access_log.format: unknown variant `apache`"),
+            "{err}"
+        );
+        let err = refused(&format!("[node.access_log]\npath = \"\"\n{ROOM}"));
+        assert!(
+            err.contains("node.access_log.path: must be a file"),
+            "{err}"
+        );
+        let err = refused(&format!("[node.access_log]\nqueue_per_worker = 1\n{ROOM}"));
+        assert!(
+            err.contains("node.access_log.queue_per_worker: 1 is outside"),
+            "{err}"
+        );
+        let err = refused(&format!("[node.access_log]\nenable = true\n{ROOM}"));
+        assert!(
+            err.contains("node.access_log.enable: unknown field"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -32,6 +32,7 @@ fn scrape(node: &Node, f: &mut Families<'_>) -> fmt::Result {
     node.reloads.encode(f)?;
     node.refused_targets.encode(f)?;
     node.defences.encode(f)?;
+    node.access_log.encode(f)?;
     crate::upstream::status::encode(f, node.rooms.iter().map(|r| &*r.upstream))?;
     if let Some(gossip) = node.gossip.as_ref() {
         gossip.status.encode(f, &gossip.world, node.clock.now())?;

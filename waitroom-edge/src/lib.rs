@@ -41,7 +41,9 @@
 //! - [`metrics`], [`exposition`], [`admin`], [`stats`], [`dashboard`]: what
 //!   operators read (the request path's atomics, their Prometheus families,
 //!   the listener, the live page).
+//! - [`access_log`]: one line per request, written off the request path.
 
+pub mod access_log;
 pub mod admin;
 pub mod check;
 pub mod config;

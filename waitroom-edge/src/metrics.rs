@@ -440,6 +440,50 @@ mod tests {
         assert!(out.contains("{reason=\"proxy_protocol\"} 0"), "{out}");
     }
 
+    /// Log lines written while `f` runs (text format, no colour).
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Lines(std::sync::Arc<parking_lot::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8(lines.0.lock().clone()).unwrap()
+    }
+
+    #[test]
+    fn a_warning_repeated_a_thousand_times_is_one_line_then_one_that_counts_the_rest() {
+        let d = Defences::default();
+        let text = logged(|| {
+            for i in 0..1_000 {
+                // A flood within one ten-second period (a driven clock).
+                d.record(Defence::Loop, 100 + i / 100, None, "loop");
+            }
+        });
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains("suppressed=0"), "{text}");
+        let text = logged(|| d.record(Defence::Loop, 110, None, "loop"));
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains("suppressed=999"), "{text}");
+        assert!(text.contains("reason=\"loop\""), "{text}");
+        assert_eq!(d.count(Defence::Loop), 1_001);
+        // Each reason has its own gate: another one is not held back.
+        let text = logged(|| d.record(Defence::TicketShared, 110, None, "shared"));
+        assert!(text.contains("suppressed=0"), "{text}");
+    }
+
     #[test]
     fn close_reasons_index_their_own_counter() {
         let m = std::sync::Arc::new(NodeMetrics::default());

@@ -186,6 +186,8 @@ pub struct Node {
     pub new_tickets: crate::new_tickets::NewTicketLimiter,
     /// The admin dashboard's last hour, sampled by a background task.
     pub history: waitroom_runtime::dashboard::History,
+    /// `[node.access_log]`: each worker's queue and the writer thread.
+    pub access_log: crate::access_log::AccessLog,
     /// Each room's share as last persisted, from an earlier run: what the
     /// node goes by until the aggregator answers.
     restored_shares: Vec<Option<f64>>,
@@ -207,6 +209,8 @@ pub struct NodeParts {
     pub xdp: Option<NodeXdp>,
     /// The TLS listener's certificate (`[node.tls]`), which a reload replaces.
     pub https_cert: Option<Arc<CertSwap>>,
+    /// The access log, opened (or off).
+    pub access_log: crate::access_log::AccessLog,
 }
 
 impl Node {
@@ -241,6 +245,7 @@ impl Node {
                 },
             ),
             history: waitroom_runtime::dashboard::History::new(),
+            access_log: parts.access_log,
             restored_shares: config
                 .rooms
                 .iter()

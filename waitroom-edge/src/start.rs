@@ -85,6 +85,8 @@ impl Running {
         for h in self.worker_threads {
             let _ = h.join();
         }
+        // The workers are done: what they queued is written before the exit.
+        self.node.access_log.finish();
         let _ = self.control.join();
         // The last reference to the node holds the XDP program: dropping it
         // detaches the program from the interface.
@@ -186,6 +188,11 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
     );
     let keys = keys::load(&config.node)?;
     let rooms = RoomRuntime::build_all(&config, &counters, &clock)?;
+    let access_log = crate::access_log::AccessLog::start(
+        config.node.access_log.as_ref(),
+        workers,
+        config.rooms.iter().map(|r| r.id.clone()).collect(),
+    )?;
 
     // The control runtime: signals, admin listener, background tasks. Small and
     // separate, so nothing on it can delay a request.
@@ -212,6 +219,7 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
             gossip,
             xdp,
             https_cert,
+            access_log,
         },
     )?);
 
@@ -576,12 +584,16 @@ fn spawn_signal_handlers(
         control.spawn(async move {
             loop {
                 tokio::select! {
-                    _ = hup.recv() => match node.reload(&path) {
-                        Ok(changes) => tracing::info!(file = %path.display(), ?changes, "configuration reloaded"),
-                        Err(err) => tracing::error!(
-                            "reload refused, the old configuration stays in force: {err}"
-                        ),
-                    },
+                    _ = hup.recv() => {
+                        // logrotate moved the file: new lines go to a new one.
+                        node.access_log.reopen();
+                        match node.reload(&path) {
+                            Ok(changes) => tracing::info!(file = %path.display(), ?changes, "configuration reloaded"),
+                            Err(err) => tracing::error!(
+                                "reload refused, the old configuration stays in force: {err}"
+                            ),
+                        }
+                    }
                     () = shutdown.requested() => return,
                 }
             }

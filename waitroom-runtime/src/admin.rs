@@ -7,7 +7,7 @@
 //! queue, as with nginx's `worker_connections`), and each connection lives
 //! at most [`CONNECTION_DEADLINE`], request heads included: an idle or
 //! slow client cannot hold the operators' door open.
-use std::{convert::Infallible, fmt::Write as _, sync::Arc, time::Duration};
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::{body::Incoming, service::service_fn};
@@ -90,10 +90,4 @@ pub fn text(status: StatusCode, content_type: &'static str, body: String) -> Res
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
-}
-
-/// Appends one Prometheus metric family header.
-pub fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
 }

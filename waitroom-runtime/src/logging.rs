@@ -1,14 +1,70 @@
-//! The `tracing` subscriber both binaries install first.
+//! The `tracing` subscriber both binaries install first, fit for journald.
+//!
+//! Under systemd stderr is a socket to journald, which adds its own time,
+//! unit and priority: colour codes there are noise in `journalctl` and in
+//! every log shipper, so colour is only on when stderr is a terminal (and
+//! `NO_COLOR` is unset). `WAITROOM_LOG_FORMAT=json` writes one JSON object
+//! per line instead of text, for shippers that parse fields.
+use std::io::IsTerminal as _;
 
-/// Structured logs on stderr, filtered by `RUST_LOG` (default `info`).
+/// The environment variable that picks the log format: `text` (default) or `json`.
+pub const FORMAT_VAR: &str = "WAITROOM_LOG_FORMAT";
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// tracing's human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, the event's
+    /// fields (`message` among them) at the top level, and the `span` it is in.
+    Json,
+}
+
+impl LogFormat {
+    /// `text` or `json` (any case); anything else is `Err` with the value.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value.to_ascii_lowercase().as_str() {
+            "" | "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            _ => Err(value.to_owned()),
+        }
+    }
+}
+
+/// Structured logs on stderr, filtered by `RUST_LOG` (default `info`), in
+/// the format `WAITROOM_LOG_FORMAT` names; colour only on a terminal.
 pub fn init() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+    let (format, bad) = match std::env::var(FORMAT_VAR) {
+        Ok(v) => {
+            LogFormat::parse(&v).map_or_else(|bad| (LogFormat::Text, Some(bad)), |f| (f, None))
+        }
+        Err(_) => (LogFormat::Text, None),
+    };
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter())
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(colour);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+    if let Some(bad) = bad {
+        tracing::warn!(
+            value = %bad,
+            "{FORMAT_VAR} must be \"text\" or \"json\"; writing text"
+        );
+    }
 }
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -73,6 +129,14 @@ impl LogGate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_format_is_text_or_json_and_nothing_else() {
+        assert_eq!(LogFormat::parse(""), Ok(LogFormat::Text));
+        assert_eq!(LogFormat::parse("text"), Ok(LogFormat::Text));
+        assert_eq!(LogFormat::parse("JSON"), Ok(LogFormat::Json));
+        assert_eq!(LogFormat::parse("logfmt"), Err("logfmt".into()));
+    }
 
     #[test]
     fn one_line_per_period_and_it_says_how_many_were_held_back() {

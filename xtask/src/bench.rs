@@ -12,7 +12,9 @@
 //!
 //! For each: requests per second at saturation (closed loop), and p50/p99/p99.9
 //! at a fixed rate of half the slower server's saturation (open loop, latency
-//! from the scheduled send time). Markdown on stdout, JSON in `target/bench/`.
+//! from the scheduled send time). Then (a) once more against a second node
+//! with the access log on (JSON lines to a file): its cost as the ratio on ÷
+//! off. Markdown on stdout, JSON in `target/bench/`.
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -237,6 +239,19 @@ pub fn run(args: &Args) -> Result<()> {
             "nginx": {"saturation": n_sat, "fixed_rate": n_fixed},
         }));
     }
+    let access_log = if args.xdp_only {
+        None
+    } else {
+        Some(access_log_overhead(
+            &bin,
+            &out,
+            origin_port,
+            load_cpu,
+            server_cpu,
+            &results[0],
+            args,
+        )?)
+    };
     let machine = machine();
     let report = json!({
         "machine": machine,
@@ -245,6 +260,7 @@ pub fn run(args: &Args) -> Result<()> {
         "pinning": if server_cpu.is_some() { "servers on CPU 0, load generator on CPU 1" } else { "none (one core)" },
         "results": results,
         "xdp_overhead": xdp,
+        "access_log_overhead": access_log,
     });
     let path = out.join("results.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
@@ -252,6 +268,9 @@ pub fn run(args: &Args) -> Result<()> {
     println!("{}", markdown(&report));
     if let Some(x) = report.get("xdp_overhead").filter(|x| !x.is_null()) {
         println!("{}", xdp_markdown(x));
+    }
+    if let Some(x) = report.get("access_log_overhead").filter(|x| !x.is_null()) {
+        println!("{}", access_log_markdown(x));
     }
     println!("JSON: {}", path.display());
     Ok(())
@@ -610,6 +629,76 @@ fn xdp_overhead(bin: &Path, out: &Path, origin_port: u16, args: &Args) -> Result
         );
     }
     Ok(Value::Object(runs))
+}
+
+/// Scenario (a) against a second node with the access log on, compared with
+/// (a)'s figures for the node with it off (`off`, one entry of `results`).
+fn access_log_overhead(
+    bin: &Path,
+    out: &Path,
+    origin_port: u16,
+    load_cpu: Option<&str>,
+    server_cpu: Option<&str>,
+    off: &Value,
+    args: &Args,
+) -> Result<Value> {
+    cmd::step("access log overhead: (a) with [node.access_log] on (JSON lines to a file)");
+    let port = free_port()?;
+    let log = out.join("access.log");
+    let _ = std::fs::remove_file(&log);
+    let mut cfg = edge_config(out, port, origin_port).replace("counters.shm", "counters-log.shm");
+    cfg.push_str(&format!(
+        "\n[node.access_log]\nenabled = true\npath = \"{}\"\nformat = \"json\"\n",
+        log.display()
+    ));
+    let path = out.join("edge-access-log.toml");
+    std::fs::write(&path, cfg)?;
+    let _ = std::fs::remove_file(out.join("counters-log.shm"));
+    let _ = std::fs::remove_file(out.join("counters-log.shm.tickets"));
+    let _edge = start(
+        "waitroom-edge (access log)",
+        pinned(server_cpu, &bin.join("waitroom-edge"))
+            .arg("--config")
+            .arg(&path)
+            .env("RUST_LOG", "warn"),
+    )?;
+    wait_port(port)?;
+    let headers = vec![format!("Cookie: {}", admitted_cookie(port)?)];
+    let sat = load(bin, load_cpu, port, "/product/1", &headers, 0.0, args)?;
+    let rate = off["fixed_rate_rps"].as_f64().unwrap_or(0.0);
+    let fixed = load(bin, load_cpu, port, "/product/1", &headers, rate, args)?;
+    let lines = std::fs::read(&log).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count());
+    Ok(json!({
+        "off": off["waitroom"],
+        "on": {"saturation": sat, "fixed_rate": fixed},
+        "fixed_rate_rps": rate,
+        "lines_written": lines,
+    }))
+}
+
+fn access_log_markdown(x: &Value) -> String {
+    let rps = |v: &Value| v["saturation"]["rps"].as_f64().unwrap_or(0.0);
+    let p99 = |v: &Value| v["fixed_rate"]["p99_us"].as_f64().unwrap_or(0.0);
+    let (off, on) = (&x["off"], &x["on"]);
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    format!(
+        "Access log, (a) admitted with a valid cookie ({} lines written):\n\n\
+         | access log | req/s | p50/p99/p99.9 µs at {:.0}/s |\n|---|---:|---|\n\
+         | off | {:.0} | {}/{}/{} |\n| on (JSON to a file) | {:.0} | {}/{}/{} |\n\
+         | ratio on ÷ off | {:.3} | p99 {:.2} |\n",
+        x["lines_written"],
+        x["fixed_rate_rps"].as_f64().unwrap_or(0.0),
+        rps(off),
+        off["fixed_rate"]["p50_us"],
+        off["fixed_rate"]["p99_us"],
+        off["fixed_rate"]["p999_us"],
+        rps(on),
+        on["fixed_rate"]["p50_us"],
+        on["fixed_rate"]["p99_us"],
+        on["fixed_rate"]["p999_us"],
+        ratio(rps(on), rps(off)),
+        ratio(p99(on), p99(off)),
+    )
 }
 
 fn xdp_markdown(x: &Value) -> String {

@@ -22,6 +22,7 @@ use waitroom_runtime::{
 };
 
 use crate::{
+    access_log::{self, Outcome, Trace},
     cookie,
     forwarded::Forwarding,
     http::ConnInfo,
@@ -39,6 +40,8 @@ pub struct Worker {
     client: proxy::OriginClient,
     /// Connections this worker accepted, for [`Worker::next_connection_id`].
     connections: std::sync::atomic::AtomicU64,
+    /// This worker's access log queue; `None`: the log is off.
+    access_log: Option<access_log::WorkerLog>,
 }
 
 impl Worker {
@@ -47,6 +50,7 @@ impl Worker {
             index,
             client: proxy::client(std::time::Duration::from_secs(3), &node.origin_tls),
             connections: std::sync::atomic::AtomicU64::new(0),
+            access_log: node.access_log.for_worker(index),
         }
     }
 
@@ -59,12 +63,36 @@ impl Worker {
 }
 
 /// Handles one request. Never fails: every problem becomes a response.
+/// With the access log on, what the line needs is copied from the head
+/// first and the record queued after the answer (`crate::access_log`).
 pub async fn handle(
     node: &Node,
     worker: &Worker,
     req: Request<Incoming>,
     conn: ConnInfo,
     scheme: &'static str,
+) -> Response<Body> {
+    let Some(log) = &worker.access_log else {
+        return answer(node, worker, req, conn, scheme, &mut Trace::default()).await;
+    };
+    let started = Instant::now();
+    let mut record = access_log::Record::from_request(&req, conn.client);
+    let resp = answer(node, worker, req, conn, scheme, &mut record.trace).await;
+    record.status = resp.status().as_u16();
+    record.bytes = hyper::body::Body::size_hint(resp.body()).exact();
+    record.total_micros = started.elapsed().as_micros() as u64;
+    log.push(record);
+    resp
+}
+
+/// The request path proper; `trace` gathers what the access log says of it.
+async fn answer(
+    node: &Node,
+    worker: &Worker,
+    req: Request<Incoming>,
+    conn: ConnInfo,
+    scheme: &'static str,
+    trace: &mut Trace,
 ) -> Response<Body> {
     // 0. A request that already passed this node stops here; the client is
     //    who a trusted proxy says it is (`crate::forwarded`).
@@ -75,6 +103,7 @@ pub async fn handle(
             Some(conn.client),
             "a request came back carrying this node's own Via: 508",
         );
+        trace.outcome = Outcome::Loop;
         return proxy::loop_detected();
     }
     let hop = conn.client;
@@ -82,6 +111,7 @@ pub async fn handle(
         client: node.settings.trusted_proxies.resolve(hop, req.headers()),
         ..conn
     };
+    trace.client = Some(conn.client);
 
     // 1. The room, by the one spelling of the target (`crate::target`); the
     //    origin gets that spelling too.
@@ -102,6 +132,7 @@ pub async fn handle(
         }
         Err(err) => {
             node.refused_targets.record(err, node.clock.now().0 / 1_000);
+            trace.outcome = Outcome::BadTarget;
             return bad_target(err);
         }
     };
@@ -118,6 +149,7 @@ pub async fn handle(
         }
     }
     let room = &node.rooms[index];
+    trace.room = Some(index as u16);
     let live = room.live.load_full();
     let engine_room = &live.engine;
 
@@ -178,6 +210,7 @@ pub async fn handle(
             Some(conn.client),
             "too many new tickets for one client address",
         );
+        trace.outcome = Outcome::TooManyNewTickets;
         return too_many_new_tickets(wait_ms);
     }
 
@@ -220,10 +253,13 @@ pub async fn handle(
         set_cookie_header(node, room, engine_room, decision.ticket(), scheme)
     };
     room.metrics.decision_latency.observe(started.elapsed());
+    trace.bucket = Some(decision.ticket().bucket.0);
 
     // 4. The answer.
     match decision {
         Decision::Admit { visitor, .. } => {
+            trace.outcome = Outcome::Admitted;
+            trace.visitor = Some(visitor.into());
             let counter = if visitor == Visitor::Admitted {
                 &room.metrics.admitted_returning
             } else {
@@ -250,9 +286,14 @@ pub async fn handle(
                 },
             )
             .await;
-            room.metrics.proxy_latency.observe(proxy_started.elapsed());
+            let proxy_time = proxy_started.elapsed();
+            room.metrics.proxy_latency.observe(proxy_time);
+            trace.upstream_micros = Some(proxy_time.as_micros() as u64);
             let mut resp = match result {
-                Ok(resp) => resp,
+                Ok(resp) => {
+                    trace.upstream_status = Some(resp.status().as_u16());
+                    resp
+                }
                 Err(err) => {
                     let counter = if matches!(err, proxy::ProxyError::ClientBody { .. }) {
                         &room.metrics.client_body_errors
@@ -269,13 +310,20 @@ pub async fn handle(
             resp
         }
         Decision::Queue {
-            ticket, estimate, ..
+            ticket,
+            estimate,
+            visitor,
+            ..
         } => {
+            trace.outcome = Outcome::Queued;
+            trace.visitor = Some(visitor.into());
             room.metrics.queued.fetch_add(1, Relaxed);
             let wants_json = wants_json(req.headers());
             queue_response(room, &live, &ticket, &estimate, now, wants_json, set_cookie)
         }
-        Decision::Reject { .. } => {
+        Decision::Reject { visitor, .. } => {
+            trace.outcome = Outcome::Rejected;
+            trace.visitor = Some(visitor.into());
             room.metrics.rejected.fetch_add(1, Relaxed);
             rejected(set_cookie)
         }
@@ -479,18 +527,8 @@ pub fn queue_view(
 /// `2026-11-22T10:00:00Z` from unix milliseconds (UTC, civil calendar).
 pub fn rfc3339(t: UnixMillis) -> String {
     let secs = t.0 / 1000;
-    let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
-    // Howard Hinnant's days-to-civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (y, m, d) = access_log::civil_from_days((secs / 86_400) as i64);
     format!(
         "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
         rem / 3600,

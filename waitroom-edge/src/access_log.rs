@@ -1,0 +1,931 @@
+//! The access log: one line per request, off by default (`[node.access_log]`).
+//!
+//! Written off the request path, the way nginx's `access_log ... buffer=`
+//! is: a worker fills a small [`Record`] (one allocation for the strings it
+//! copies out of the request) and `try_send`s it into its own bounded queue;
+//! a writer thread drains every worker's queue, formats the lines and writes
+//! them in one `write` per batch. A full queue drops the record and counts it
+//! (`waitroom_access_log_dropped_total`): a slow disk never slows a visitor.
+//!
+//! Everything a client sends (path, host, referer, user agent) is escaped
+//! and cut to a fixed length before it reaches a line, so no request can
+//! break a line or forge another: see docs/OPERATIONS.md, "Access log", for
+//! the exact format.
+use std::{
+    fmt::Write as _,
+    fs::File,
+    io::Write as _,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+        mpsc::{self, Receiver, SyncSender, TrySendError},
+    },
+    thread::JoinHandle,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use serde::{Deserialize, Serialize};
+
+/// The `[node.access_log]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogConfig {
+    /// Off unless set: a launch-day node answers many thousands of requests
+    /// a second, and the metrics already count them.
+    #[serde(default)]
+    pub enabled: bool,
+    /// A file (appended to, reopened on SIGHUP for logrotate) or `"stderr"`
+    /// (journald under systemd).
+    #[serde(default = "default_path")]
+    pub path: PathBuf,
+    /// `"json"` (one object per line) or `"combined"` (nginx's and Apache's
+    /// combined format with waitroom's fields appended).
+    #[serde(default)]
+    pub format: AccessLogFormat,
+    /// Records each worker may hold before the writer takes them; beyond
+    /// that they are dropped and counted.
+    #[serde(default = "default_queue_per_worker")]
+    pub queue_per_worker: usize,
+}
+
+fn default_path() -> PathBuf {
+    PathBuf::from(STDERR)
+}
+fn default_queue_per_worker() -> usize {
+    8_192
+}
+
+/// The `path` that means the process's standard error.
+pub const STDERR: &str = "stderr";
+
+impl AccessLogConfig {
+    /// Checks what parsing cannot: returns the key (under `access_log`) and why.
+    pub fn check(&self) -> Result<(), (String, String)> {
+        if self.path.as_os_str().is_empty() {
+            return Err((
+                "path".into(),
+                "must be a file or \"stderr\", not empty".into(),
+            ));
+        }
+        if !(16..=1_048_576).contains(&self.queue_per_worker) {
+            return Err((
+                "queue_per_worker".into(),
+                format!("{} is outside 16 ..= 1048576", self.queue_per_worker),
+            ));
+        }
+        Ok(())
+    }
+
+    fn is_stderr(&self) -> bool {
+        self.path == Path::new(STDERR)
+    }
+
+    /// Opens the file (or stderr) the log goes to: what `--check` and the
+    /// start run, so a path that cannot be opened stops the start.
+    pub fn open(&self) -> Result<Sink, AccessLogError> {
+        if self.is_stderr() {
+            return Ok(Sink::Stderr);
+        }
+        open_file(&self.path).map(Sink::File)
+    }
+}
+
+fn open_file(path: &Path) -> Result<File, AccessLogError> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|source| AccessLogError::Open {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// Why the access log could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessLogError {
+    #[error("node.access_log.path: cannot open {path} for appending: {source}")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("node.access_log: cannot start the writer thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// The line format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessLogFormat {
+    #[default]
+    Json,
+    Combined,
+}
+
+/// Where lines go.
+#[derive(Debug)]
+pub enum Sink {
+    Stderr,
+    File(File),
+}
+
+impl Sink {
+    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            // One locked write per batch: tracing's lines cannot land inside it.
+            Self::Stderr => std::io::stderr().lock().write_all(bytes),
+            Self::File(f) => f.write_all(bytes),
+        }
+    }
+}
+
+/// What the node did with a request: the `decision` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Outcome {
+    /// Proxied to the origin.
+    Admitted,
+    /// Answered with the queue page (or its JSON).
+    Queued,
+    /// The room's queueing method is `reject`: 403.
+    Rejected,
+    /// Over `new_tickets_per_address_per_minute`: 429, no ticket.
+    TooManyNewTickets,
+    /// No room covers the host and path: 404.
+    #[default]
+    NotARoom,
+    /// The request target could not be normalized: 400.
+    BadTarget,
+    /// The request already passed this node: 508.
+    Loop,
+}
+
+impl Outcome {
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Admitted => "admitted",
+            Self::Queued => "queued",
+            Self::Rejected => "rejected",
+            Self::TooManyNewTickets => "too_many_new_tickets",
+            Self::NotARoom => "not_a_room",
+            Self::BadTarget => "bad_target",
+            Self::Loop => "loop",
+        }
+    }
+}
+
+/// Who the ticket said the visitor was: the `visitor` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VisitorKind {
+    New,
+    Waiting,
+    Admitted,
+}
+
+impl VisitorKind {
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::New => "new",
+            Self::Waiting => "waiting",
+            Self::Admitted => "admitted",
+        }
+    }
+}
+
+impl From<waitroom_common::engine::Visitor> for VisitorKind {
+    fn from(v: waitroom_common::engine::Visitor) -> Self {
+        use waitroom_common::engine::Visitor;
+        match v {
+            Visitor::New => Self::New,
+            Visitor::Waiting => Self::Waiting,
+            Visitor::Admitted => Self::Admitted,
+        }
+    }
+}
+
+/// What the request path learns on its way, for the line: filled in place
+/// (on the stack) by `handler::handle`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Trace {
+    /// The client after `trusted_proxies` (see `crate::forwarded`).
+    pub client: Option<IpAddr>,
+    pub outcome: Outcome,
+    pub visitor: Option<VisitorKind>,
+    /// Index into the node's rooms.
+    pub room: Option<u16>,
+    /// The ticket's bucket: the minute its queue place was taken.
+    pub bucket: Option<u64>,
+    pub upstream_status: Option<u16>,
+    pub upstream_micros: Option<u64>,
+}
+
+/// The longest each copied field may be, bytes; longer ones are cut and end
+/// in `...`.
+pub const MAX_PATH: usize = 2_048;
+pub const MAX_HOST: usize = 256;
+pub const MAX_REFERER: usize = 1_024;
+pub const MAX_USER_AGENT: usize = 512;
+
+/// One request, as queued for the writer: numbers, and one buffer for the
+/// four strings copied out of the request (cut to their limits).
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// Unix time of the request's arrival, microseconds.
+    pub time_micros: u64,
+    pub client: IpAddr,
+    pub method: http::Method,
+    pub version: http::Version,
+    pub status: u16,
+    pub trace: Trace,
+    pub total_micros: u64,
+    /// The response body's length when known when the head is sent.
+    pub bytes: Option<u64>,
+    /// host, path, referer, user agent, back to back; `ends` marks where
+    /// each one ends.
+    text: Vec<u8>,
+    ends: [u16; 4],
+    /// Which of the four were cut.
+    cut: [bool; 4],
+}
+
+impl Record {
+    /// What the line needs from the request head, taken before the request
+    /// path consumes the request.
+    #[must_use]
+    pub fn from_request<B>(req: &http::Request<B>, client: IpAddr) -> Self {
+        let headers = req.headers();
+        let host = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str().as_bytes())
+            .or_else(|| headers.get(http::header::HOST).map(|h| h.as_bytes()))
+            .unwrap_or(b"");
+        let path = req
+            .uri()
+            .path_and_query()
+            .map_or(b"" as &[u8], |p| p.as_str().as_bytes());
+        let header = |name| headers.get(name).map_or(b"" as &[u8], |h| h.as_bytes());
+        let referer = header(http::header::REFERER);
+        let agent = header(http::header::USER_AGENT);
+        let fields = [
+            (host, MAX_HOST),
+            (path, MAX_PATH),
+            (referer, MAX_REFERER),
+            (agent, MAX_USER_AGENT),
+        ];
+        let mut text = Vec::with_capacity(fields.iter().map(|(f, max)| f.len().min(*max)).sum());
+        let mut ends = [0; 4];
+        let mut cut = [false; 4];
+        for (i, (field, max)) in fields.into_iter().enumerate() {
+            text.extend_from_slice(&field[..field.len().min(max)]);
+            ends[i] = text.len() as u16;
+            cut[i] = field.len() > max;
+        }
+        Self {
+            time_micros: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
+            client,
+            method: req.method().clone(),
+            version: req.version(),
+            status: 0,
+            trace: Trace::default(),
+            total_micros: 0,
+            bytes: None,
+            text,
+            ends,
+            cut,
+        }
+    }
+
+    fn field(&self, i: usize) -> (&[u8], bool) {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        (&self.text[start..self.ends[i] as usize], self.cut[i])
+    }
+
+    /// Appends the line (with its newline) to `out`; `rooms` names room indices.
+    pub fn format(&self, format: AccessLogFormat, rooms: &[String], out: &mut String) {
+        let room = self
+            .trace
+            .room
+            .and_then(|i| rooms.get(usize::from(i)))
+            .map(String::as_bytes);
+        let (host, path, referer, agent) =
+            (self.field(0), self.field(1), self.field(2), self.field(3));
+        let client = self.trace.client.unwrap_or(self.client);
+        match format {
+            AccessLogFormat::Json => {
+                let _ = write!(out, "{{\"time\":\"");
+                timestamp(self.time_micros, out);
+                let _ = write!(out, "\",\"client\":\"{client}\",\"method\":");
+                json_str(self.method.as_str().as_bytes(), false, out);
+                let _ = write!(out, ",\"host\":");
+                json_str(host.0, host.1, out);
+                out.push_str(",\"path\":");
+                json_str(path.0, path.1, out);
+                let _ = write!(
+                    out,
+                    ",\"protocol\":\"{}\",\"status\":{},\"decision\":\"{}\",\"visitor\":",
+                    protocol(self.version),
+                    self.status,
+                    self.trace.outcome.label()
+                );
+                match self.trace.visitor {
+                    Some(v) => {
+                        let _ = write!(out, "\"{}\"", v.label());
+                    }
+                    None => out.push_str("null"),
+                }
+                out.push_str(",\"room\":");
+                match room {
+                    Some(r) => json_str(r, false, out),
+                    None => out.push_str("null"),
+                }
+                out.push_str(",\"bucket\":");
+                json_opt(self.trace.bucket, out);
+                out.push_str(",\"upstream_status\":");
+                json_opt(self.trace.upstream_status, out);
+                out.push_str(",\"upstream_ms\":");
+                match self.trace.upstream_micros {
+                    Some(us) => millis(us, out),
+                    None => out.push_str("null"),
+                }
+                out.push_str(",\"total_ms\":");
+                millis(self.total_micros, out);
+                out.push_str(",\"bytes\":");
+                json_opt(self.bytes, out);
+                out.push_str(",\"referer\":");
+                json_str(referer.0, referer.1, out);
+                out.push_str(",\"user_agent\":");
+                json_str(agent.0, agent.1, out);
+                out.push_str("}\n");
+            }
+            AccessLogFormat::Combined => {
+                let _ = write!(out, "{client} - - [");
+                clf_time(self.time_micros / 1_000_000, out);
+                out.push_str("] \"");
+                clf_str(self.method.as_str().as_bytes(), false, out);
+                out.push(' ');
+                clf_str(path.0, path.1, out);
+                let _ = write!(out, " {}\" {} ", protocol(self.version), self.status);
+                match self.bytes {
+                    Some(b) => {
+                        let _ = write!(out, "{b}");
+                    }
+                    None => out.push('-'),
+                }
+                out.push_str(" \"");
+                clf_str_or_dash(referer, out);
+                out.push_str("\" \"");
+                clf_str_or_dash(agent, out);
+                out.push_str("\" host=\"");
+                clf_str(host.0, host.1, out);
+                let _ = write!(
+                    out,
+                    "\" decision={} visitor={} room=\"",
+                    self.trace.outcome.label(),
+                    self.trace.visitor.map_or("-", VisitorKind::label)
+                );
+                clf_str(room.unwrap_or(b"-"), false, out);
+                out.push_str("\" bucket=");
+                clf_opt(self.trace.bucket, out);
+                out.push_str(" upstream_status=");
+                clf_opt(self.trace.upstream_status, out);
+                out.push_str(" upstream_ms=");
+                match self.trace.upstream_micros {
+                    Some(us) => millis(us, out),
+                    None => out.push('-'),
+                }
+                out.push_str(" total_ms=");
+                millis(self.total_micros, out);
+                out.push('\n');
+            }
+        }
+    }
+}
+
+fn protocol(v: http::Version) -> &'static str {
+    match v {
+        http::Version::HTTP_09 => "HTTP/0.9",
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_2 => "HTTP/2.0",
+        http::Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP/1.1",
+    }
+}
+
+fn json_opt<T: std::fmt::Display>(v: Option<T>, out: &mut String) {
+    match v {
+        Some(v) => {
+            let _ = write!(out, "{v}");
+        }
+        None => out.push_str("null"),
+    }
+}
+
+fn clf_opt<T: std::fmt::Display>(v: Option<T>, out: &mut String) {
+    match v {
+        Some(v) => {
+            let _ = write!(out, "{v}");
+        }
+        None => out.push('-'),
+    }
+}
+
+/// Microseconds as milliseconds with three decimals.
+fn millis(us: u64, out: &mut String) {
+    let _ = write!(out, "{}.{:03}", us / 1_000, us % 1_000);
+}
+
+/// A JSON string of arbitrary bytes: printable ASCII as is (`"` and `\`
+/// escaped), every other byte as `\u00XX` (so invalid UTF-8 and control
+/// characters survive as their byte values and never end a line).
+fn json_str(bytes: &[u8], cut: bool, out: &mut String) {
+    out.push('"');
+    for &b in bytes {
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            0x20..=0x7e => out.push(b as char),
+            _ => {
+                let _ = write!(out, "\\u{b:04x}");
+            }
+        }
+    }
+    if cut {
+        out.push_str("...");
+    }
+    out.push('"');
+}
+
+/// A field of the combined format: printable ASCII as is, `"` and `\`
+/// backslash-escaped, every other byte as `\xXX` (nginx's escaping).
+fn clf_str(bytes: &[u8], cut: bool, out: &mut String) {
+    for &b in bytes {
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            0x20..=0x7e => out.push(b as char),
+            _ => {
+                let _ = write!(out, "\\x{b:02X}");
+            }
+        }
+    }
+    if cut {
+        out.push_str("...");
+    }
+}
+
+fn clf_str_or_dash((bytes, cut): (&[u8], bool), out: &mut String) {
+    if bytes.is_empty() {
+        out.push('-');
+    } else {
+        clf_str(bytes, cut, out);
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day) in the civil calendar
+/// (Howard Hinnant's days-to-civil).
+#[must_use]
+pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// `2026-11-23T16:45:00.123456Z`.
+fn timestamp(micros: u64, out: &mut String) {
+    let secs = micros / 1_000_000;
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let rem = secs % 86_400;
+    let _ = write!(
+        out,
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        micros % 1_000_000
+    );
+}
+
+/// `23/Nov/2026:16:45:00 +0000`.
+fn clf_time(secs: u64, out: &mut String) {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let rem = secs % 86_400;
+    let _ = write!(
+        out,
+        "{d:02}/{}/{y:04}:{:02}:{:02}:{:02} +0000",
+        MONTHS[(m - 1) as usize],
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    );
+}
+
+/// A worker's end of the log: where its request path puts records.
+#[derive(Debug, Clone)]
+pub struct WorkerLog {
+    queue: SyncSender<Record>,
+    shared: Arc<Shared>,
+}
+
+impl WorkerLog {
+    /// Queues `record` for the writer, or drops and counts it when the
+    /// queue is full (never waits).
+    pub fn push(&self, record: Record) {
+        match self.queue.try_send(record) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.shared.dropped.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+/// What the workers, the writer and the signal handler share.
+#[derive(Debug, Default)]
+struct Shared {
+    /// `waitroom_access_log_dropped_total`.
+    dropped: AtomicU64,
+    /// Lines written.
+    written: AtomicU64,
+    /// SIGHUP: the writer reopens the file before its next batch.
+    reopen: AtomicBool,
+    stop: AtomicBool,
+}
+
+/// The node's access log: off, or each worker's queue and the writer thread.
+#[derive(Debug, Default)]
+pub struct AccessLog {
+    workers: Vec<WorkerLog>,
+    shared: Arc<Shared>,
+    writer: parking_lot::Mutex<Option<JoinHandle<()>>>,
+}
+
+/// How long the writer sleeps between batches when the queues are quiet.
+const BATCH_EVERY: Duration = Duration::from_millis(50);
+
+impl AccessLog {
+    /// Off: nothing is recorded, no thread runs.
+    #[must_use]
+    pub fn off() -> Self {
+        Self::default()
+    }
+
+    /// Opens the sink and starts the writer for `workers` queues; `rooms`
+    /// names the rooms by index. Off (no thread) unless `config.enabled`.
+    pub fn start(
+        config: Option<&AccessLogConfig>,
+        workers: usize,
+        rooms: Vec<String>,
+    ) -> Result<Self, AccessLogError> {
+        let Some(config) = config.filter(|c| c.enabled) else {
+            return Ok(Self::off());
+        };
+        let sink = config.open()?;
+        let shared = Arc::new(Shared::default());
+        let mut receivers = Vec::with_capacity(workers);
+        let mut senders = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let (tx, rx) = mpsc::sync_channel(config.queue_per_worker);
+            senders.push(WorkerLog {
+                queue: tx,
+                shared: Arc::clone(&shared),
+            });
+            receivers.push(rx);
+        }
+        let writer = Writer {
+            receivers,
+            sink,
+            path: (!config.is_stderr()).then(|| config.path.clone()),
+            format: config.format,
+            rooms,
+            shared: Arc::clone(&shared),
+        };
+        let handle = std::thread::Builder::new()
+            .name("waitroom-access-log".into())
+            .spawn(move || writer.run())
+            .map_err(AccessLogError::Thread)?;
+        Ok(Self {
+            workers: senders,
+            shared,
+            writer: parking_lot::Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Worker `index`'s queue, or `None` when the log is off.
+    #[must_use]
+    pub fn for_worker(&self, index: usize) -> Option<WorkerLog> {
+        self.workers.get(index).cloned()
+    }
+
+    /// Records dropped because a worker's queue was full.
+    #[must_use]
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Relaxed)
+    }
+
+    /// Lines written so far.
+    #[must_use]
+    pub fn written(&self) -> u64 {
+        self.shared.written.load(Relaxed)
+    }
+
+    /// Asks the writer to reopen its file (SIGHUP, after logrotate moved it).
+    pub fn reopen(&self) {
+        self.shared.reopen.store(true, Relaxed);
+        if let Some(h) = self.writer.lock().as_ref() {
+            h.thread().unpark();
+        }
+    }
+
+    /// Writes what is queued and stops the writer: after the workers ended.
+    pub fn finish(&self) {
+        self.shared.stop.store(true, Relaxed);
+        if let Some(h) = self.writer.lock().take() {
+            h.thread().unpark();
+            let _ = h.join();
+        }
+    }
+
+    /// `waitroom_access_log_dropped_total`, read at scrape time.
+    pub fn encode(&self, f: &mut waitroom_runtime::metrics::Families<'_>) -> std::fmt::Result {
+        f.counter(
+            "waitroom_access_log_dropped_total",
+            "Access log records dropped because a worker's queue was full (the writer fell behind).",
+            self.dropped(),
+        )
+    }
+}
+
+/// Writes `lines` in one go and empties it.
+fn flush(sink: &mut Sink, lines: &mut String) {
+    if lines.is_empty() {
+        return;
+    }
+    if let Err(err) = sink.write_all(lines.as_bytes()) {
+        static LOG: waitroom_runtime::logging::LogGate =
+            waitroom_runtime::logging::LogGate::new(10);
+        if let Some(suppressed) = LOG.pass_now() {
+            tracing::warn!(%err, suppressed, "access log write failed; lines lost");
+        }
+    }
+    lines.clear();
+}
+
+/// The thread that turns records into lines.
+#[derive(Debug)]
+struct Writer {
+    receivers: Vec<Receiver<Record>>,
+    sink: Sink,
+    /// The file to reopen on SIGHUP; `None` for stderr.
+    path: Option<PathBuf>,
+    format: AccessLogFormat,
+    rooms: Vec<String>,
+    shared: Arc<Shared>,
+}
+
+impl Writer {
+    fn run(mut self) {
+        let mut lines = String::with_capacity(64 * 1024);
+        loop {
+            let stopping = self.shared.stop.load(Relaxed);
+            if self.shared.reopen.swap(false, Relaxed) {
+                self.reopen();
+            }
+            let mut n = 0;
+            for rx in &self.receivers {
+                while let Ok(record) = rx.try_recv() {
+                    record.format(self.format, &self.rooms, &mut lines);
+                    n += 1;
+                    if lines.len() >= 60 * 1024 {
+                        flush(&mut self.sink, &mut lines);
+                    }
+                }
+            }
+            flush(&mut self.sink, &mut lines);
+            self.shared.written.fetch_add(n, Relaxed);
+            if stopping {
+                return;
+            }
+            if n == 0 {
+                std::thread::park_timeout(BATCH_EVERY);
+            }
+        }
+    }
+
+    fn reopen(&mut self) {
+        let Some(path) = &self.path else { return };
+        match open_file(path) {
+            Ok(f) => self.sink = Sink::File(f),
+            Err(err) => {
+                tracing::warn!(%err, "access log not reopened; still writing to the old file")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(path: &str, agent: &[u8]) -> Record {
+        let mut req = http::Request::get(path).body(()).unwrap();
+        req.headers_mut()
+            .insert(http::header::HOST, "shop.example".parse().unwrap());
+        req.headers_mut().insert(
+            http::header::USER_AGENT,
+            http::HeaderValue::from_bytes(agent).unwrap(),
+        );
+        let mut r = Record::from_request(&req, "192.0.2.1".parse().unwrap());
+        r.time_micros = 1_709_210_096_123_456;
+        r.status = 200;
+        r.total_micros = 2_345;
+        r.bytes = Some(12);
+        r.trace = Trace {
+            client: Some("203.0.113.9".parse().unwrap()),
+            outcome: Outcome::Admitted,
+            visitor: Some(VisitorKind::New),
+            room: Some(0),
+            bucket: Some(29_000_000),
+            upstream_status: Some(200),
+            upstream_micros: Some(1_234),
+        };
+        r
+    }
+
+    fn line(r: &Record, format: AccessLogFormat) -> String {
+        let mut out = String::new();
+        r.format(format, &["shop".into()], &mut out);
+        out
+    }
+
+    #[test]
+    fn a_json_line_holds_every_field() {
+        let l = line(&record("/drop?id=7", b"curl/8"), AccessLogFormat::Json);
+        assert_eq!(
+            l,
+            "{\"time\":\"2024-02-29T12:34:56.123456Z\",\"client\":\"203.0.113.9\",\"method\":\"GET\",\
+             \"host\":\"shop.example\",\"path\":\"/drop?id=7\",\"protocol\":\"HTTP/1.1\",\"status\":200,\
+             \"decision\":\"admitted\",\"visitor\":\"new\",\"room\":\"shop\",\"bucket\":29000000,\
+             \"upstream_status\":200,\"upstream_ms\":1.234,\"total_ms\":2.345,\"bytes\":12,\
+             \"referer\":\"\",\"user_agent\":\"curl/8\"}\n"
+        );
+    }
+
+    #[test]
+    fn a_combined_line_is_nginx_combined_then_waitrooms_fields() {
+        let l = line(&record("/drop?id=7", b"curl/8"), AccessLogFormat::Combined);
+        assert_eq!(
+            l,
+            "203.0.113.9 - - [29/Feb/2024:12:34:56 +0000] \"GET /drop?id=7 HTTP/1.1\" 200 12 \"-\" \"curl/8\" \
+             host=\"shop.example\" decision=admitted visitor=new room=\"shop\" bucket=29000000 \
+             upstream_status=200 upstream_ms=1.234 total_ms=2.345\n"
+        );
+    }
+
+    #[test]
+    fn hostile_bytes_cannot_end_a_line_or_forge_fields() {
+        // What a header value may carry: quotes, backslashes, tabs, obs-text.
+        let agent = b"x\" \"forged\t{\"decision\":\"admitted\"}\\\xff\xfe";
+        for format in [AccessLogFormat::Json, AccessLogFormat::Combined] {
+            let l = line(&record("/a%22b", agent), format);
+            assert_eq!(l.matches('\n').count(), 1, "{l}");
+            assert!(l.ends_with('\n'));
+            assert!(l.is_ascii() && !l.contains('\t'), "{l}");
+            // Every quote the client sent is escaped.
+            assert!(!l.contains("x\" "), "{l}");
+        }
+        let l = line(&record("/a", agent), AccessLogFormat::Json);
+        let v: serde_json::Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(v["decision"], "admitted");
+        assert_eq!(
+            v["user_agent"],
+            "x\" \"forged\t{\"decision\":\"admitted\"}\\\u{ff}\u{fe}"
+        );
+        let l = line(&record("/a", agent), AccessLogFormat::Combined);
+        assert!(
+            l.contains(r#""x\" \"forged\x09{\"decision\":\"admitted\"}\\\xFF\xFE""#),
+            "{l}"
+        );
+        // Bytes no header may hold still cannot end a line.
+        let mut out = String::new();
+        json_str(b"a\r\n\0\x7f", false, &mut out);
+        assert_eq!(out, r#""a\u000d\u000a\u0000\u007f""#);
+        out.clear();
+        clf_str(b"a\r\n\0\x7f", false, &mut out);
+        assert_eq!(out, r"a\x0D\x0A\x00\x7F");
+    }
+
+    #[test]
+    fn long_fields_are_cut_and_marked() {
+        let long = format!("/{}", "a".repeat(10_000));
+        let r = record(&long, &[b'u'; 5_000]);
+        let v: serde_json::Value = serde_json::from_str(&line(&r, AccessLogFormat::Json)).unwrap();
+        let path = v["path"].as_str().unwrap();
+        assert_eq!(path.len(), MAX_PATH + 3);
+        assert!(path.ends_with("aaa..."));
+        assert_eq!(v["user_agent"].as_str().unwrap().len(), MAX_USER_AGENT + 3);
+        assert!(line(&r, AccessLogFormat::Combined).len() < MAX_PATH + MAX_USER_AGENT + 400);
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts() {
+        let shared = Arc::new(Shared::default());
+        let (tx, rx) = mpsc::sync_channel(16);
+        let worker = WorkerLog {
+            queue: tx,
+            shared: Arc::clone(&shared),
+        };
+        for _ in 0..100 {
+            worker.push(record("/", b"t"));
+        }
+        assert_eq!(rx.try_iter().count(), 16);
+        assert_eq!(shared.dropped.load(Relaxed), 84);
+        let log = Arc::new(AccessLog {
+            shared,
+            ..AccessLog::off()
+        });
+        let scraped = Arc::clone(&log);
+        let registry = waitroom_runtime::metrics::registry(move |f| scraped.encode(f));
+        let out = waitroom_runtime::metrics::encode(&registry);
+        assert!(
+            out.contains("waitroom_access_log_dropped_total 84\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn the_writer_writes_every_queued_record_and_reopens_its_file() {
+        let dir = std::env::temp_dir().join(format!("wr-access-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("access.log");
+        let config = AccessLogConfig {
+            enabled: true,
+            path: path.clone(),
+            format: AccessLogFormat::Json,
+            queue_per_worker: 64,
+        };
+        let log = AccessLog::start(Some(&config), 2, vec!["shop".into()]).unwrap();
+        assert!(log.for_worker(2).is_none());
+        for i in 0..20 {
+            log.for_worker(i % 2).unwrap().push(record("/", b"t"));
+        }
+        // logrotate: the file is moved away, SIGHUP, new lines go to a new file.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while log.written() < 20 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let rotated = dir.join("access.log.1");
+        std::fs::rename(&path, &rotated).unwrap();
+        log.reopen();
+        while path.metadata().is_err() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for _ in 0..5 {
+            log.for_worker(0).unwrap().push(record("/", b"t"));
+        }
+        log.finish();
+        assert_eq!(
+            std::fs::read_to_string(&rotated).unwrap().lines().count(),
+            20
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 5);
+        assert_eq!((log.written(), log.dropped()), (25, 0));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_path_that_cannot_be_opened_is_an_error_naming_the_field() {
+        let config = AccessLogConfig {
+            enabled: true,
+            path: "/nonexistent-dir/access.log".into(),
+            format: AccessLogFormat::Json,
+            queue_per_worker: 16,
+        };
+        let err = AccessLog::start(Some(&config), 1, vec![]).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("node.access_log.path: cannot open /nonexistent-dir/access.log"),
+            "{err}"
+        );
+        assert!(
+            AccessLog::start(None, 1, vec![])
+                .unwrap()
+                .for_worker(0)
+                .is_none()
+        );
+    }
+}
