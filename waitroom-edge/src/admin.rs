@@ -447,7 +447,7 @@ fn render_rooms(out: &mut String, node: &Node) {
         let _ = writeln!(
             out,
             "waitroom_active_users{{room=\"{id}\",scope=\"node\"}} {}",
-            c.active_users(minute)
+            c.active_users(now.expiry_slot())
         );
         let _ = writeln!(
             out,
@@ -548,7 +548,7 @@ fn status(node: &Node) -> serde_json::Value {
                 "queueing_method": cfg.queueing_method,
                 "total_active_users": cfg.total_active_users,
                 "new_users_per_minute": cfg.new_users_per_minute,
-                "node_active_users": c.active_users(minute),
+                "node_active_users": c.active_users(now.expiry_slot()),
                 "node_admitted_this_minute": c.admits(minute).total(),
                 "node_waiting": c.total_waiting(minute),
                 "global_active_users": state.active_users,

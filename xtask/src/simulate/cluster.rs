@@ -715,11 +715,11 @@ impl Sim {
     }
 
     fn sample(&mut self, now_ms: u64) {
-        let minute = at(now_ms).minute();
+        let slot = at(now_ms).expiry_slot();
         let counted: i64 = self
             .nodes
             .iter()
-            .map(|n| n.counters.active_users(minute))
+            .map(|n| n.counters.active_users(slot))
             .sum();
         self.peak_active_counted = self.peak_active_counted.max(counted);
         if now_ms.is_multiple_of(TIMELINE_EVERY_MS) {
