@@ -191,7 +191,7 @@ pub struct Sample {
     pub at_s: u64,
     /// Visitors with a live session (ground truth).
     pub active: u64,
-    /// Active users as the node counters count them (to the end of the expiry minute).
+    /// Active users as the node counters count them (to the end of the expiry slot, a second).
     pub active_counted: i64,
     pub admits_this_minute: u64,
     pub queued: u64,
