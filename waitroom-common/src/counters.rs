@@ -58,10 +58,14 @@ pub const EXPIRY_RING: usize = (crate::room::MAX_SESSION_MINUTES as usize + 10) 
 /// Expiries further than this many slots from now are reported per minute
 /// (at the last slot of their minute, so they count no shorter): the
 /// aggregator needs the second only for the expiries it will see pass before
-/// the next report, and the report of a room with day-long sessions stays
-/// about 2,000 entries instead of 86,400. Ten minutes is far beyond any
-/// report interval (at most a few seconds) or answer delay.
-pub const REPORT_FINE_SLOTS: u64 = 10 * EXPIRY_SLOTS_PER_MINUTE;
+/// the node's next report, so a report holds at most 120 entries per slot
+/// plus one per further minute (about 125 for 5-minute sessions, 1,560 for
+/// day-long ones, instead of 300 and 86,400), and the aggregator's sums over
+/// all reports stay short. Two minutes is far beyond a report's age when it
+/// is used (interval plus delay, seconds; answers go stale after 10 s). Only
+/// a departed node's report is used longer: its far sessions then count to
+/// the end of their minute, as every session did before slots.
+pub const REPORT_FINE_SLOTS: u64 = 2 * EXPIRY_SLOTS_PER_MINUTE;
 
 /// Buckets the waiting table holds, by arrival minute modulo this.
 pub const WAITING_BUCKETS: usize = 2_048;
