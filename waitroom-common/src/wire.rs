@@ -17,9 +17,10 @@
 //! version or longer than [`MAX_FRAME_BYTES`] is refused without reading it.
 //!
 //! # Why postcard
-//! Reports are mostly lists of small integers (session expiries per minute,
-//! waiting per bucket); postcard's varints make a typical report a few hundred
-//! bytes where JSON would be several times that, it encodes and decodes
+//! Reports are mostly lists of small integers (session expiries per second,
+//! waiting per bucket); postcard's varints make a typical report about a
+//! kilobyte per room (up to 120 expiry seconds of 6–7 bytes each) where JSON
+//! would be several times that, it encodes and decodes
 //! without a schema lookup, and it has no float-formatting or map-ordering
 //! ambiguity. What it lacks, self-description, is what [`VERSION`] is for:
 //! any change to a type carried here (including the engine's `NodeReport` and
