@@ -55,7 +55,7 @@ fn node(
     shutdown: &shutdown::Shutdown,
 ) -> GossipHandle {
     let counters = RoomCounters::new_boxed(RoomId::from_name("shop"));
-    let expiry = clock::now().minute().plus(5);
+    let expiry = clock::now().plus_minutes(5).expiry_slot();
     for _ in 0..sessions {
         counters.start_session(expiry);
     }

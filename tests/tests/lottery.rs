@@ -181,12 +181,11 @@ fn a_cookie_less_poller_wins_no_slot_from_the_waiting() {
     let poller = loopback(250);
 
     // Sessions last a minute from the last request and count to the end of
-    // their expiry minute. START is one second into minute 0, so holders
-    // that never come back count through minute 1; holders 4..=9 browse
-    // once more early in minute 1 (59.5 s after START, before their session
-    // ends) and count through minute 2; holders 8 and 9 again early in
-    // minute 2 and count through minute 3. Four slots come free at 119 s
-    // after START, four at 179 s and two at 239 s.
+    // their expiry slot (the second they end in). Holders that never come
+    // back end 60 s after START; holders 4..=9 browse once more 59.5 s after
+    // START (before their session ends) and end at 119.5 s; holders 8 and 9
+    // again at 119.25 s and end at 179.25 s. Four slots come free at 60 s
+    // after START, four at 119.5 s and two at 179.25 s.
     let renewals: [(u64, std::ops::Range<usize>); 2] = [(59_500, 4..10), (119_250, 8..10)];
     let mut renewed = [false; 2];
 
@@ -229,8 +228,12 @@ fn a_cookie_less_poller_wins_no_slot_from_the_waiting() {
         "the poller won {poller_wins} of the slots; honest visitors won at {won:?} s"
     );
     assert_eq!(won.len(), 10, "the honest visitors won every slot: {won:?}");
+    let freed_by = |from: u64, to: u64| won.iter().filter(|&&t| (from..to).contains(&t)).count();
     assert!(
-        won.iter().all(|&t| t >= 119) && won.iter().filter(|&&t| t >= 239).count() == 2,
+        won.iter().all(|&t| t >= 60)
+            && freed_by(60, 119) == 4
+            && freed_by(119, 179) == 4
+            && freed_by(179, u64::MAX) == 2,
         "slots came free as the sessions ended: {won:?}"
     );
 }

@@ -200,7 +200,7 @@ fn an_ended_session_frees_its_slot_for_the_queue() {
     assert!(get(&first, &node.url("/")).contains(SITE));
     assert!(get(&waiting, &node.url("/")).contains(QUEUE));
     // The first visitor stops browsing; after its session (1 minute, counted to the
-    // end of its expiry minute) the waiting one gets in by checking in.
+    // end of its expiry slot) the waiting one gets in by checking in.
     let (_, admitted_at) = check_in_until(&node, &waiting, STEP, Duration::from_secs(150), |b| {
         b.contains(SITE)
     })
@@ -215,16 +215,22 @@ fn an_ended_session_frees_its_slot_for_the_queue() {
 }
 
 /// Ten minutes of a queue draining: five visitors behind one, two sessions
-/// at most, one new visitor a minute, two-minute sessions nobody renews.
+/// at most, one new visitor a minute, three-minute sessions nobody renews.
 /// Every minute the admits stay within new-users-per-minute and the active
 /// sessions within total-active-users; ended sessions make the room for
 /// everyone to get in.
+///
+/// The sessions were two minutes long while they counted to the end of their
+/// expiry minute (about three minutes in effect); counted to the second, two
+/// two-minute sessions at one admit a minute never fill two places, so the
+/// total limit would hold nobody back and the test would prove nothing about
+/// it. Three minutes at one a minute asks for three places of two.
 #[test]
 fn a_queue_drains_over_several_minutes_within_both_limits() {
     let node = InProcNode::start(
         "drain",
         &format!(
-            "total_active_users = 2\nnew_users_per_minute = 1\nsession_duration = 2\n{ROOM_REFRESH}"
+            "total_active_users = 2\nnew_users_per_minute = 1\nsession_duration = 3\n{ROOM_REFRESH}"
         ),
     )
     .unwrap();

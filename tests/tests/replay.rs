@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use waitroom_common::time::Minute;
+use waitroom_common::time::ExpirySlot;
 use waitroom_edge::metrics::Defence;
 use waitroom_tests::{edge::SITE, inproc::InProcNode};
 
@@ -119,12 +119,12 @@ fn visit(node: &InProcNode) -> (bool, String) {
     )
 }
 
-/// The sessions counted at expiry minute `minute` on the node.
-fn counted_at(node: &InProcNode, minute: Minute) -> i64 {
+/// The sessions counted at expiry slot `slot` on the node.
+fn counted_at(node: &InProcNode, slot: ExpirySlot) -> i64 {
     node.node()
         .room_counters(0)
-        .expiries(minute)
-        .filter(|&(m, _)| m == minute)
+        .expiries(slot)
+        .filter(|&(s, _)| s == slot)
         .map(|(_, n)| n)
         .sum()
 }
@@ -156,10 +156,13 @@ fn forty_replays_of_an_expired_cookie_free_one_place_once() {
         }
     }
     // The first session has ended (5 minutes after its last request) but
-    // is still counted in its expiry minute: the room is full.
-    node.advance_into_next_minute(30);
-    let expired_at = start.plus_minutes(5).minute();
-    assert_eq!(node.now().minute(), expired_at);
+    // is still counted in its expiry slot, the second it ended in: the room
+    // is full.
+    let expired_at = start.plus_minutes(5).expiry_slot();
+    node.advance(Duration::from_millis(
+        start.plus_minutes(5).plus_millis(400).0 - node.now().0,
+    ));
+    assert_eq!(node.now().expiry_slot(), expired_at);
     assert_eq!(counted_at(&node, expired_at), 1);
     let replayed_before = node.node().defences.count(Defence::TicketReplayed);
     let mut conn = Conn::open(node.http);
@@ -275,10 +278,11 @@ fn the_ledger_survives_a_restart() {
     let start = node.now();
     let (admitted, cookie) = visit(&node);
     assert!(admitted);
-    // Five minutes and 29 s on: the session has ended, its minute still counts it.
-    node.advance(Duration::from_secs(329));
-    let expired_at = start.plus_minutes(5).minute();
-    assert_eq!(node.now().minute(), expired_at);
+    // Five minutes and 0.4 s on: the session has ended, its slot (the
+    // second it ended in) still counts it.
+    node.advance(Duration::from_millis(300_400));
+    let expired_at = start.plus_minutes(5).expiry_slot();
+    assert_eq!(node.now().expiry_slot(), expired_at);
     assert_eq!(counted_at(&node, expired_at), 1);
     let _ = Conn::open(node.http).get(Some(&cookie));
     assert_eq!(counted_at(&node, expired_at), 0, "ended, uncounted");

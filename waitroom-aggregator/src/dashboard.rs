@@ -115,7 +115,10 @@ mod tests {
             at: T0,
             rooms: vec![RoomReport {
                 room: RoomId::from_name("shop"),
-                expiries: vec![(m.plus(3), active)],
+                expiries: vec![(
+                    waitroom_common::time::ExpirySlot::end_of_minute(m.plus(3)),
+                    active,
+                )],
                 admits: vec![MinuteAdmits {
                     minute: m,
                     admits: PoolCounts::default(),

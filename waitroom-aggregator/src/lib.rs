@@ -403,6 +403,7 @@ mod tests {
         use waitroom_common::{
             aggregate::{MinuteAdmits, NodeReport, RoomReport},
             counters::PoolCounts,
+            time::ExpirySlot,
         };
         let dir = temp_dir("poison");
         let certs = devcerts::write(&dir, &["n1".into()]).unwrap();
@@ -412,7 +413,7 @@ mod tests {
         let mut cluster = cluster::Cluster::new(vec![shop.clone()], 5_000);
         let honest = RoomReport {
             room: shop.room.id(),
-            expiries: vec![(m.plus(3), 4)],
+            expiries: vec![(ExpirySlot::end_of_minute(m.plus(3)), 4)],
             admits: vec![MinuteAdmits {
                 minute: m,
                 admits: PoolCounts::default(),
@@ -420,7 +421,10 @@ mod tests {
             ..RoomReport::default()
         };
         let mut poisoned = honest.clone();
-        poisoned.expiries = vec![(m.plus(50_000), 1_000), (m.plus(2), i64::MAX)];
+        poisoned.expiries = vec![
+            (ExpirySlot::end_of_minute(m.plus(50_000)), 1_000),
+            (ExpirySlot::end_of_minute(m.plus(2)), i64::MAX),
+        ];
         poisoned.admits[0].admits.anywhere = u64::MAX;
         for (node, room) in [("n1", honest), ("n2", poisoned)] {
             cluster.apply(
@@ -437,7 +441,10 @@ mod tests {
         // into the file as a corrupted or hand-edited snapshot would hold it.
         let mut snap = cluster.snapshot(now);
         let bad = &mut snap.nodes[1].0.rooms[0];
-        bad.expiries = vec![(m.plus(50_000), 1_000), (m.plus(2), i64::MAX)];
+        bad.expiries = vec![
+            (ExpirySlot::end_of_minute(m.plus(50_000)), 1_000),
+            (ExpirySlot::end_of_minute(m.plus(2)), i64::MAX),
+        ];
         bad.admits[0].admits.anywhere = u64::MAX;
         std::fs::create_dir_all(&dir).unwrap();
         snapshot::write(&dir.join("snapshot.json"), &snap).unwrap();

@@ -66,7 +66,7 @@ fn bench(c: &mut Criterion) {
         let admitted = Ticket {
             accepted_at: Some(NOW.minus_secs(60)),
             last_check_in: NOW.minus_secs(30),
-            counted_expiry: Some(NOW.minus_secs(30).plus_minutes(5).minute()),
+            counted_expiry: Some(NOW.minus_secs(30).plus_minutes(5).expiry_slot()),
             id: 0x5eed,
             ..Ticket::new_visitor(RoomId(1), NOW.minus_secs(120), 20)
         };

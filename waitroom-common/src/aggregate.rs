@@ -24,7 +24,7 @@ use crate::counters::{PoolCounts, RECENT_MINUTES, RoomCounters};
 use crate::room::{QueueingMethod, Room, RoomId};
 use crate::slots::{ColoWeight, SlotInputs, SlotPlan, share_of};
 use crate::state::{AdmitRate, GlobalState};
-use crate::time::{Minute, UnixMillis};
+use crate::time::{ExpirySlot, Minute, UnixMillis};
 
 /// Share of the shared slots always kept for the Anywhere pool, so a colo
 /// that had no traffic two minutes ago is not shut out during a spike.
@@ -41,8 +41,10 @@ pub struct MinuteAdmits {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoomReport {
     pub room: RoomId,
-    /// Non-zero session-expiry counts, minute ≥ now (signed: see `counters`).
-    pub expiries: Vec<(Minute, i64)>,
+    /// Non-zero session-expiry counts per slot, slot ≥ now, earliest first
+    /// (signed: see `counters`; far ones per minute, see
+    /// [`RoomCounters::expiries_to_report`]).
+    pub expiries: Vec<(ExpirySlot, i64)>,
     /// Admits of the current minute and the ones before it still counted.
     pub admits: Vec<MinuteAdmits>,
     /// Non-zero waiting counts per bucket (signed), oldest first.
@@ -77,7 +79,9 @@ impl RoomCounters {
         let mut current = self.admits(minute);
         let mut tries = 0;
         loop {
-            expiries = self.expiries(minute).collect::<BTreeMap<_, _>>();
+            expiries = self
+                .expiries_to_report(now.expiry_slot())
+                .collect::<BTreeMap<_, _>>();
             let after = self.admits(minute);
             tries += 1;
             // Still racing after a few tries: report the earlier admits, which
@@ -146,7 +150,7 @@ pub fn totals<'a>(
     reports: impl IntoIterator<Item = &'a RoomReport>,
     now: UnixMillis,
 ) -> RoomTotals {
-    let minute = now.minute();
+    let (minute, slot) = (now.minute(), now.expiry_slot());
     let (mut active, mut admitted) = (0_i64, 0_u64);
     let mut waiting: BTreeMap<Minute, i64> = BTreeMap::new();
     for report in reports {
@@ -155,7 +159,8 @@ pub fn totals<'a>(
         active = report
             .expiries
             .iter()
-            .filter(|&&(m, _)| m >= minute)
+            // A slot counts while its end is after now.
+            .filter(|&&(s, _)| s >= slot)
             .fold(active, |sum, &(_, n)| sum.saturating_add(n));
         admitted = admitted.saturating_add(report.admits_in(minute).total());
         for &(bucket, n) in &report.waiting {
@@ -340,13 +345,16 @@ mod tests {
         let b = |mm| at(15, mm, 0).minute();
         let dublin = RoomReport {
             room: RoomId(1),
-            expiries: vec![(m.plus(3), 50)],
+            expiries: vec![(ExpirySlot::end_of_minute(m.plus(3)), 50)],
             waiting: vec![(b(55), 20), (b(56), 40)],
             ..RoomReport::default()
         };
         let nairobi = RoomReport {
             room: RoomId(1),
-            expiries: vec![(m.plus(1), 100), (m.plus(4), 51)],
+            expiries: vec![
+                (ExpirySlot::end_of_minute(m.plus(1)), 100),
+                (ExpirySlot::end_of_minute(m.plus(4)), 51),
+            ],
             waiting: vec![(b(54), 2), (b(55), 30), (b(56), 20)],
             ..RoomReport::default()
         };
@@ -360,6 +368,26 @@ mod tests {
         let waiting: Vec<u64> = state.buckets.iter().map(|b| b.waiting).collect();
         assert_eq!(waiting, [2, 50, 60]);
         assert_eq!(state.slots_available, 0, "200 − 201 = −1: users get queued");
+    }
+
+    /// A session whose end passed seconds ago is no longer summed, though
+    /// its minute has not ended; one ending this second still is.
+    #[test]
+    fn totals_count_a_slot_while_its_end_is_after_now() {
+        let now = at(16, 0, 30);
+        let counters = RoomCounters::new_boxed(RoomId(1));
+        counters.start_session(now.minus_secs(3).expiry_slot());
+        counters.start_session(now.expiry_slot());
+        counters.start_session(now.plus_secs(4).expiry_slot());
+        let reported = counters.report(now.minus_secs(5));
+        assert_eq!(reported.expiries.len(), 3);
+        assert_eq!(totals([&reported], now).active_users, 2);
+        assert_eq!(totals([&reported], now.plus_secs(1)).active_users, 1);
+        assert_eq!(totals([&reported], now.plus_secs(5)).active_users, 0);
+        assert_eq!(
+            counters.report(now).expiries,
+            vec![(now.expiry_slot(), 1), (now.plus_secs(4).expiry_slot(), 1)]
+        );
     }
 
     /// Seed 002: at 16:33:20 slots split by 16:31's traffic (50/50), at 16:34 by 16:32's (45/55).
@@ -494,9 +522,11 @@ mod tests {
         ) {
             let now = at(12, 0, 0).plus_secs(30);
             let m = now.minute();
+            // Slots from 5 s in the past to past the fine part of a report (600 s).
+            let slot = |k: u64| now.expiry_slot().minus(5).plus(k * 37);
             let apply = |counters: &RoomCounters, event: &Event| match *event {
-                Event::StartSession { expiry } => counters.start_session(m.plus(expiry)),
-                Event::MoveSession { from, to } => counters.move_session(m.plus(from), m.plus(to)),
+                Event::StartSession { expiry } => counters.start_session(slot(expiry)),
+                Event::MoveSession { from, to } => counters.move_session(slot(from), slot(to)),
                 Event::JoinQueue { bucket } => counters.move_waiting(m.minus(bucket), None, Some(m.minus(1)), m),
                 Event::CheckIn { bucket } => counters.move_waiting(m.minus(bucket), Some(m.minus(1)), Some(m), m),
                 Event::LeaveQueue { bucket } => counters.move_waiting(m.minus(bucket), Some(m), None, m),
@@ -543,7 +573,7 @@ mod tests {
                     ..RoomReport::default()
                 };
                 if i == 0 {
-                    room_report.expiries = vec![(m.plus(1), active as i64)];
+                    room_report.expiries = vec![(ExpirySlot::end_of_minute(m.plus(1)), active as i64)];
                     room_report.waiting = waiting.iter().enumerate().map(|(b, &n)| (m.minus(5 - b as u64), n as i64)).collect();
                 }
                 report(&format!("n{i}"), &format!("c{colo}"), now, room_report)

@@ -185,8 +185,10 @@ pub struct Snapshot {
     pub rooms: Vec<(RoomId, RoomMemory)>,
 }
 
-/// Current snapshot layout.
-pub const SNAPSHOT_VERSION: u32 = 1;
+/// Current snapshot layout. 2: reports hold session expiries per
+/// [`crate::time::ExpirySlot`]; a snapshot of 1 (expiry minutes) is refused, not misread:
+/// the state rebuilds from the nodes' next reports.
+pub const SNAPSHOT_VERSION: u32 = 2;
 
 impl Cluster {
     #[must_use]
@@ -399,7 +401,7 @@ impl Cluster {
             }
             if meta.departed {
                 for room in &mut report.rooms {
-                    forget_live_counts(room, minute);
+                    forget_live_counts(room, now);
                 }
             }
         }
@@ -523,7 +525,7 @@ impl Cluster {
                     .rooms
                     .iter()
                     .flat_map(|r| &r.expiries)
-                    .filter(|&&(m, _)| m >= minute)
+                    .filter(|&&(s, _)| s >= now.expiry_slot())
                     .fold(0_i64, |t, &(_, n)| t.saturating_add(n)),
             })
             .collect();
@@ -675,11 +677,11 @@ pub enum RoomsChangeError {
 }
 
 /// Strips a departed node's room report down to what still counts.
-fn forget_live_counts(room: &mut RoomReport, minute: Minute) {
+fn forget_live_counts(room: &mut RoomReport, now: UnixMillis) {
     room.waiting.clear();
     room.distinct_visitors.clear();
-    room.expiries.retain(|&(m, _)| m >= minute);
-    room.admits.retain(|a| a.minute >= minute);
+    room.expiries.retain(|&(s, _)| s >= now.expiry_slot());
+    room.admits.retain(|a| a.minute >= now.minute());
 }
 
 /// Both shared grants of `node` together, `(colo_share, anywhere)`, cut to
@@ -828,7 +830,7 @@ mod tests {
         let m = now.minute();
         RoomReport {
             room: RoomId::from_name("shop"),
-            expiries: vec![(m.plus(3), n)],
+            expiries: vec![(crate::time::ExpirySlot::end_of_minute(m.plus(3)), n)],
             admits: vec![MinuteAdmits {
                 minute: m,
                 admits: PoolCounts {
@@ -953,7 +955,7 @@ mod tests {
                 now,
                 RoomReport {
                     room: RoomId::from_name("shop"),
-                    expiries: vec![(m.plus(3), 1)],
+                    expiries: vec![(crate::time::ExpirySlot::end_of_minute(m.plus(3)), 1)],
                     admits: vec![MinuteAdmits {
                         minute: m,
                         admits: used,
@@ -1063,8 +1065,14 @@ mod tests {
         let mut poisoned = cluster.snapshot(T0);
         // Sessions that would never end and an overflowing count.
         let expiries = &mut poisoned.nodes[0].0.rooms[0].expiries;
-        expiries.push((T0.minute().plus(1_000_000), 5));
-        expiries.push((T0.minute().plus(1), i64::MAX));
+        expiries.push((
+            crate::time::ExpirySlot::end_of_minute(T0.minute().plus(1_000_000)),
+            5,
+        ));
+        expiries.push((
+            crate::time::ExpirySlot::end_of_minute(T0.minute().plus(1)),
+            i64::MAX,
+        ));
         poisoned.nodes.push(poisoned.nodes[0].clone());
         let lease = Lease {
             minute: T0.minute(),
@@ -1106,9 +1114,18 @@ mod tests {
         cluster.apply(report("honest", "x", T0, sessions(T0, 10, 0, 1)), T0);
         let mut bad = report("liar", "y", T0, sessions(T0, 0, 0, 1));
         bad.rooms[0].expiries = vec![
-            (T0.minute().plus(2), i64::MIN),
-            (T0.minute().plus(2), i64::MIN),
-            (T0.minute().plus(100_000), 1),
+            (
+                crate::time::ExpirySlot::end_of_minute(T0.minute().plus(2)),
+                i64::MIN,
+            ),
+            (
+                crate::time::ExpirySlot::end_of_minute(T0.minute().plus(2)),
+                i64::MIN,
+            ),
+            (
+                crate::time::ExpirySlot::end_of_minute(T0.minute().plus(100_000)),
+                1,
+            ),
         ];
         let answers = cluster.apply(bad, T0);
         assert_eq!(answers.len(), 1);

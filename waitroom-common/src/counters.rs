@@ -6,17 +6,19 @@
 //! `/dev/shm` (they survive a restart of the process) and the simulator can
 //! simply [`RoomCounters::new_boxed`] them.
 //!
-//! Every slot is a *tagged count*: one `AtomicU64` holding the minute it
-//! counts for (low 32 bits of the unix minute) and a signed 32-bit count. A
-//! write for a newer minute replaces an older tag, so rings never need a
-//! sweeper, and a compare-and-swap loop keeps tag and count consistent.
+//! Every slot is a *tagged count*: one `AtomicU64` holding the minute (or, in
+//! the expiry ring, the second) it counts for (low 32 bits) and a signed
+//! 32-bit count. A write for a newer tag replaces an older one, so rings
+//! never need a sweeper, and a compare-and-swap loop keeps tag and count
+//! consistent.
 //!
 //! What is counted:
-//! - **session expiries** per minute, signed: a check-in of an admitted
-//!   visitor moves one count from the old expiry minute to the new one, on
-//!   whichever node it lands, so the sum across nodes is exact even though one
-//!   node's entry may be negative. Active users at minute M = sum of the
-//!   entries for minutes ≥ M.
+//! - **session expiries** per [`ExpirySlot`] (one second), signed: a
+//!   check-in of an admitted visitor moves one count from the old expiry slot
+//!   to the new one, on whichever node it lands, so the sum across nodes is
+//!   exact even though one node's entry may be negative. Active users at
+//!   instant t = sum of the entries for slots ≥ `t.expiry_slot()` (a slot
+//!   counts while its end is after t).
 //! - **admits per minute per [`Pool`]**: the ticket counter of seed 000.
 //!   [`RoomCounters::take_ticket`] is a compare-and-increment against a cap,
 //!   exact within the node under any concurrency.
@@ -32,19 +34,38 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 
 use crate::room::RoomId;
-use crate::time::Minute;
+use crate::time::{EXPIRY_SLOTS_PER_MINUTE, ExpirySlot, Minute, UnixMillis};
 
 /// Changes whenever the layout of [`RoomCounters`] changes; a shared-memory
 /// file with another version must be recreated, not reused.
-pub const COUNTERS_LAYOUT_VERSION: u32 = 1;
+///
+/// 2: session expiries per second ([`ExpirySlot`]) instead of per minute,
+/// and the furthest expiry counted. The edge sets a file of layout 1 aside
+/// (`PATH.old`) and starts a fresh one; the tickets of format 2 that pointed
+/// into it are then believed counted nowhere (see [`crate::ticket`]).
+pub const COUNTERS_LAYOUT_VERSION: u32 = 2;
 
 /// Marks a claimed [`RoomCounters`] ("WRC" + version), so an all-zero slot is
 /// recognisably free.
 const LAYOUT_MAGIC: u64 = 0x5752_4300_0000_0000 | COUNTERS_LAYOUT_VERSION as u64;
 
-/// Minutes of session expiries the ring holds. Expiries lie in
-/// `now ..= now + MAX_SESSION_MINUTES`, so 2048 never wraps onto a live minute.
-pub const EXPIRY_RING: usize = 2_048;
+/// Expiry slots (seconds) the ring holds. Expiries lie in
+/// `now ..= now + MAX_SESSION_MINUTES` (plus a minute for a ticket of format
+/// 2, counted to the end of its minute), so a day and ten minutes never wraps
+/// onto a live slot. See [`crate::time::EXPIRY_SLOT_MILLIS`] for the grain.
+pub const EXPIRY_RING: usize = (crate::room::MAX_SESSION_MINUTES as usize + 10) * 60;
+
+/// Expiries further than this many slots from now are reported per minute
+/// (at the last slot of their minute, so they count no shorter): the
+/// aggregator needs the second only for the expiries it will see pass before
+/// the node's next report, so a report holds at most 120 entries per slot
+/// plus one per further minute (about 125 for 5-minute sessions, 1,560 for
+/// day-long ones, instead of 300 and 86,400), and the aggregator's sums over
+/// all reports stay short. Two minutes is far beyond a report's age when it
+/// is used (interval plus delay, seconds; answers go stale after 10 s). Only
+/// a departed node's report is used longer: its far sessions then count to
+/// the end of their minute, as every session did before slots.
+pub const REPORT_FINE_SLOTS: u64 = 2 * EXPIRY_SLOTS_PER_MINUTE;
 
 /// Buckets the waiting table holds, by arrival minute modulo this.
 pub const WAITING_BUCKETS: usize = 2_048;
@@ -166,6 +187,12 @@ fn tag_of(minute: Minute) -> u32 {
     minute.0 as u32
 }
 
+/// Low 32 bits of an expiry slot (a unix second): right for any two slots
+/// less than 68 years apart.
+fn slot_tag(slot: ExpirySlot) -> u32 {
+    slot.0 as u32
+}
+
 /// One `AtomicU64` holding `(tag: u32, count: i32)`.
 #[repr(transparent)]
 #[derive(Debug)]
@@ -188,10 +215,6 @@ impl TaggedCount {
     fn get(&self, tag: u32) -> i32 {
         let (stored, count) = Self::unpack(self.0.load(Ordering::Relaxed));
         if stored == tag { count } else { 0 }
-    }
-
-    fn load(&self) -> (u32, i32) {
-        Self::unpack(self.0.load(Ordering::Relaxed))
     }
 
     /// Adds `delta` to the count for `tag`. A slot holding an older minute is
@@ -237,7 +260,7 @@ impl TaggedCount {
 
 /// Everything one node counts for one room. See the module docs.
 ///
-/// Size: [`RoomCounters::SIZE`] bytes (82,112), aligned to 64. Place
+/// Size: [`RoomCounters::SIZE`] bytes (761,728), aligned to 64. Place
 /// `n` of them in a file of `n * SIZE` bytes and view it with
 /// [`RoomCounters::from_bytes_mut`]; an all-zero region is a valid, free set.
 #[repr(C, align(64))]
@@ -251,9 +274,13 @@ pub struct RoomCounters {
     admits: [TaggedCount; RECENT_MINUTES * POOLS],
     /// Distinct visitors per minute: `[minute % RECENT_MINUTES]`.
     distinct: [TaggedCount; RECENT_MINUTES],
+    /// The furthest expiry slot ever counted (raw [`ExpirySlot`]): reads scan
+    /// the ring from now to here only, so their cost follows the session
+    /// length, not the ring's.
+    furthest_expiry: AtomicU64,
     /// Pads the hot header to whole cache lines.
-    _reserved: [AtomicU64; 2],
-    /// Signed session-expiry counts: `[expiry minute % EXPIRY_RING]`.
+    _reserved: [AtomicU64; 1],
+    /// Signed session-expiry counts: `[expiry slot % EXPIRY_RING]`.
     expiries: [TaggedCount; EXPIRY_RING],
     /// Waiting visitors: `[bucket % WAITING_BUCKETS][check-in minute % CHECK_IN_SLOTS]`,
     /// tagged with the check-in minute.
@@ -261,7 +288,9 @@ pub struct RoomCounters {
 }
 
 const _: () = assert!(size_of::<RoomCounters>() == RoomCounters::SIZE);
-const _: () = assert!(EXPIRY_RING as u64 > crate::room::MAX_SESSION_MINUTES as u64 + 2);
+const _: () = assert!(
+    EXPIRY_RING as u64 > (crate::room::MAX_SESSION_MINUTES as u64 + 2) * EXPIRY_SLOTS_PER_MINUTE
+);
 const _: () = assert!((MAX_BUCKET_AGE_MINUTES as usize) < WAITING_BUCKETS);
 const _: () = assert!(CHECK_IN_SLOTS as u64 > WAITING_WINDOW_MINUTES);
 
@@ -291,14 +320,15 @@ impl RoomCounters {
             room: AtomicU64::new(0),
             admits: [const { TaggedCount::zero() }; RECENT_MINUTES * POOLS],
             distinct: [const { TaggedCount::zero() }; RECENT_MINUTES],
-            _reserved: [const { AtomicU64::new(0) }; 2],
+            furthest_expiry: AtomicU64::new(0),
+            _reserved: [const { AtomicU64::new(0) }; 1],
             expiries: [const { TaggedCount::zero() }; EXPIRY_RING],
             waiting: [const { TaggedCount::zero() }; WAITING_BUCKETS * CHECK_IN_SLOTS],
         }
     }
 
     /// Counters on the heap, claimed for `room` (for the simulator and tests;
-    /// 80 KiB is too much for some threads' stacks).
+    /// 744 KiB is too much for threads' stacks).
     #[must_use]
     pub fn new_boxed(room: RoomId) -> Box<Self> {
         let zeroed = Box::<Self>::new_zeroed();
@@ -387,6 +417,7 @@ impl RoomCounters {
         {
             slot.clear();
         }
+        self.furthest_expiry.store(0, Ordering::Relaxed);
         self.room.store(0, Ordering::Relaxed);
         self.layout.store(0, Ordering::Release);
     }
@@ -438,37 +469,85 @@ impl RoomCounters {
 
     // ---- sessions ----
 
-    fn expiry_slot(&self, minute: Minute) -> &TaggedCount {
-        &self.expiries[minute.0 as usize % EXPIRY_RING]
+    fn expiry_slot(&self, slot: ExpirySlot) -> &TaggedCount {
+        &self.expiries[slot.0 as usize % EXPIRY_RING]
     }
 
-    /// Counts a new session ending in minute `expiry`.
-    pub fn start_session(&self, expiry: Minute) {
-        self.expiry_slot(expiry).add(tag_of(expiry), 1);
+    /// Adds `delta` sessions at `slot`, after noting it as the furthest
+    /// expiry if it is (so a read that sees the count scans that far).
+    fn add_expiry(&self, slot: ExpirySlot, delta: i32) {
+        self.furthest_expiry.fetch_max(slot.0, Ordering::Release);
+        self.expiry_slot(slot).add(slot_tag(slot), delta);
     }
 
-    /// Moves a renewed session from its old expiry minute to its new one.
-    pub fn move_session(&self, from: Minute, to: Minute) {
+    /// Counts a new session ending in slot `expiry`.
+    pub fn start_session(&self, expiry: ExpirySlot) {
+        self.add_expiry(expiry, 1);
+    }
+
+    /// Moves a renewed session from its old expiry slot to its new one.
+    pub fn move_session(&self, from: ExpirySlot, to: ExpirySlot) {
         if from != to {
-            self.expiry_slot(from).add(tag_of(from), -1);
-            self.expiry_slot(to).add(tag_of(to), 1);
+            self.add_expiry(from, -1);
+            self.add_expiry(to, 1);
         }
     }
 
-    /// Uncounts a session that ended early (expired within its last minute).
-    pub fn end_session(&self, expiry: Minute) {
-        self.expiry_slot(expiry).add(tag_of(expiry), -1);
+    /// Uncounts a session that ended early (its slot has not passed yet).
+    pub fn end_session(&self, expiry: ExpirySlot) {
+        self.add_expiry(expiry, -1);
     }
 
-    /// Non-zero session-expiry counts for minutes `now` and later.
-    pub fn expiries(&self, now: Minute) -> impl Iterator<Item = (Minute, i64)> + '_ {
-        let now_tag = tag_of(now);
-        self.expiries.iter().filter_map(move |slot| {
-            let (tag, count) = slot.load();
-            let ahead = tag.wrapping_sub(now_tag);
-            (count != 0 && (ahead as usize) < EXPIRY_RING)
-                .then(|| (now.plus(u64::from(ahead)), i64::from(count)))
+    /// Non-zero session-expiry counts for slots `now` and later, earliest
+    /// first: the slots between now and the furthest expiry counted.
+    pub fn expiries(&self, now: ExpirySlot) -> impl Iterator<Item = (ExpirySlot, i64)> + '_ {
+        let furthest = self.furthest_expiry.load(Ordering::Acquire);
+        let span = if furthest < now.0 {
+            0
+        } else {
+            (furthest - now.0).saturating_add(1).min(EXPIRY_RING as u64)
+        };
+        (0..span).filter_map(move |ahead| {
+            let slot = now.plus(ahead);
+            let count = self.expiry_slot(slot).get(slot_tag(slot));
+            (count != 0).then_some((slot, i64::from(count)))
         })
+    }
+
+    /// [`Self::expiries`] as reported: per slot up to [`REPORT_FINE_SLOTS`]
+    /// ahead, beyond that summed per minute at the minute's last slot.
+    /// Earliest first; the sum is the same.
+    pub fn expiries_to_report(
+        &self,
+        now: ExpirySlot,
+    ) -> impl Iterator<Item = (ExpirySlot, i64)> + '_ {
+        let fine_until = now.plus(REPORT_FINE_SLOTS);
+        let mut pending: Option<(ExpirySlot, i64)> = None;
+        let mut source = self.expiries(now).map(move |(slot, n)| {
+            if slot < fine_until {
+                (slot, n)
+            } else {
+                (ExpirySlot::end_of_minute(slot.minute()), n)
+            }
+        });
+        core::iter::from_fn(move || {
+            loop {
+                match (source.next(), pending) {
+                    (None, _) => return pending.take(),
+                    (Some(next), None) => pending = Some(next),
+                    (Some((slot, n)), Some((at, sum))) if slot == at => {
+                        pending = Some((at, sum.saturating_add(n)));
+                    }
+                    (Some(next), Some(done)) => {
+                        pending = Some(next);
+                        if done.1 != 0 {
+                            return Some(done);
+                        }
+                    }
+                }
+            }
+        })
+        .filter(|&(_, n)| n != 0)
     }
 
     /// This minute's admits and the active sessions, as one consistent pair.
@@ -480,19 +559,20 @@ impl RoomCounters {
     /// computed from the pair may then be one too few for a moment, never one
     /// too many.
     #[must_use]
-    pub fn admits_and_active(&self, now: Minute) -> (PoolCounts, i64) {
-        let mut before = self.admits(now);
+    pub fn admits_and_active(&self, now: UnixMillis) -> (PoolCounts, i64) {
+        let (minute, slot) = (now.minute(), now.expiry_slot());
+        let mut before = self.admits(minute);
         for _ in 0..8 {
-            let active = self.active_users(now);
-            let after = self.admits(now);
+            let active = self.active_users(slot);
+            let after = self.admits(minute);
             if after == before {
                 return (after, active);
             }
             before = after;
         }
         // Admissions kept racing the reads: count the latest admits as active too.
-        let active = self.active_users(now);
-        let after = self.admits(now);
+        let active = self.active_users(slot);
+        let after = self.admits(minute);
         let raced = after.total().saturating_sub(before.total());
         (
             after,
@@ -500,10 +580,10 @@ impl RoomCounters {
         )
     }
 
-    /// Sessions this node counts as active at minute `now` (may be negative
+    /// Sessions this node counts as active in slot `now` (may be negative
     /// on one node; the sum over nodes is not).
     #[must_use]
-    pub fn active_users(&self, now: Minute) -> i64 {
+    pub fn active_users(&self, now: ExpirySlot) -> i64 {
         self.expiries(now).map(|(_, count)| count).sum()
     }
 
@@ -579,9 +659,11 @@ mod tests {
 
     #[test]
     fn layout_is_fixed_and_zero_is_free() {
-        assert_eq!(RoomCounters::SIZE, 82_112);
+        assert_eq!(RoomCounters::SIZE, 761_728);
         assert_eq!(RoomCounters::ALIGN, 64);
-        let counters = RoomCounters::new();
+        // Boxed: 744 KiB would not fit a test thread's stack.
+        let counters = RoomCounters::new_boxed(RoomId(0));
+        counters.reset();
         assert_eq!(counters.room(), None);
         counters.claim(RoomId(5)).unwrap();
         assert_eq!(counters.room(), Some(RoomId(5)));
@@ -741,25 +823,115 @@ mod tests {
         }
     }
 
+    /// An expiry slot in minute `M`.
+    const S: ExpirySlot = ExpirySlot(M.0 * EXPIRY_SLOTS_PER_MINUTE);
+
     #[test]
-    fn sessions_move_between_expiry_minutes() {
+    fn sessions_move_between_expiry_slots() {
         let counters = RoomCounters::new_boxed(RoomId(1));
-        counters.start_session(M.plus(5));
-        counters.start_session(M.plus(5));
-        counters.start_session(M.plus(1));
-        assert_eq!(counters.active_users(M), 3);
-        counters.move_session(M.plus(5), M.plus(7));
+        counters.start_session(S.plus(5));
+        counters.start_session(S.plus(5));
+        counters.start_session(S.plus(1));
+        assert_eq!(counters.active_users(S), 3);
+        counters.move_session(S.plus(5), S.plus(7));
         assert_eq!(
-            counters.expiries(M).collect::<Vec<_>>(),
-            vec![(M.plus(1), 1), (M.plus(5), 1), (M.plus(7), 1)]
+            counters.expiries(S).collect::<Vec<_>>(),
+            vec![(S.plus(1), 1), (S.plus(5), 1), (S.plus(7), 1)]
         );
         assert_eq!(
-            counters.active_users(M.plus(1)),
+            counters.active_users(S.plus(1)),
             3,
-            "counted through the end of the expiry minute"
+            "counted through the end of the expiry slot"
         );
-        assert_eq!(counters.active_users(M.plus(2)), 2);
-        assert_eq!(counters.active_users(M.plus(8)), 0);
+        assert_eq!(counters.active_users(S.plus(2)), 2);
+        assert_eq!(counters.active_users(S.plus(8)), 0);
+    }
+
+    /// The minute grain counted a session to the end of its expiry minute: up
+    /// to 59 s after it ended. A slot stops counting the second after.
+    #[test]
+    fn a_session_that_ended_seconds_ago_no_longer_counts() {
+        let counters = RoomCounters::new_boxed(RoomId(1));
+        let end = M.start().plus_secs(12).plus_millis(400);
+        counters.start_session(end.expiry_slot());
+        assert_eq!(counters.active_users(end.minus_secs(1).expiry_slot()), 1);
+        assert_eq!(
+            counters.active_users(end.expiry_slot()),
+            1,
+            "until its slot ends"
+        );
+        let (_, active) = counters.admits_and_active(end.plus_secs(3));
+        assert_eq!(active, 0, "3 s after the end, same minute");
+        assert_eq!(counters.expiries(end.plus_secs(1).expiry_slot()).count(), 0);
+    }
+
+    #[test]
+    fn reads_scan_only_up_to_the_furthest_expiry() {
+        let counters = RoomCounters::new_boxed(RoomId(1));
+        assert_eq!(
+            counters.active_users(S),
+            0,
+            "nothing counted: nothing scanned"
+        );
+        let day = crate::room::MAX_SESSION_MINUTES as u64 * EXPIRY_SLOTS_PER_MINUTE;
+        counters.start_session(S.plus(day));
+        counters.start_session(S.plus(3));
+        assert_eq!(
+            counters.expiries(S).collect::<Vec<_>>(),
+            vec![(S.plus(3), 1), (S.plus(day), 1)]
+        );
+        // A renewal counted on another node first (-1 at a slot this node never
+        // counted at) is seen too.
+        let other = RoomCounters::new_boxed(RoomId(1));
+        other.move_session(S.plus(50), S.plus(40));
+        assert_eq!(
+            other.expiries(S).collect::<Vec<_>>(),
+            vec![(S.plus(40), 1), (S.plus(50), -1)]
+        );
+        counters.reset();
+        counters.claim(RoomId(1)).unwrap();
+        assert_eq!(counters.expiries(S).count(), 0);
+    }
+
+    #[test]
+    fn far_expiries_are_reported_per_minute_with_the_same_sum() {
+        let counters = RoomCounters::new_boxed(RoomId(1));
+        let far = S.plus(REPORT_FINE_SLOTS + 120);
+        for slot in [
+            S.plus(2),
+            S.plus(2),
+            S.plus(REPORT_FINE_SLOTS - 1),
+            far,
+            far.plus(7),
+            far.plus(80),
+        ] {
+            counters.start_session(slot);
+        }
+        counters.end_session(far.plus(30));
+        let reported: Vec<_> = counters.expiries_to_report(S).collect();
+        let minute_end = |slot: ExpirySlot| ExpirySlot::end_of_minute(slot.minute());
+        let mut expected = vec![(S.plus(2), 2), (S.plus(REPORT_FINE_SLOTS - 1), 1)];
+        // far and far + 7 share a minute; far + 30 may too (its -1 then cancels one).
+        let mut tail: std::collections::BTreeMap<ExpirySlot, i64> = Default::default();
+        for (slot, n) in [
+            (far, 1),
+            (far.plus(7), 1),
+            (far.plus(30), -1),
+            (far.plus(80), 1),
+        ] {
+            *tail.entry(minute_end(slot)).or_default() += n;
+        }
+        expected.extend(tail.into_iter().filter(|&(_, n)| n != 0));
+        assert_eq!(reported, expected);
+        assert!(
+            reported.windows(2).all(|w| w[0].0 < w[1].0),
+            "earliest first"
+        );
+        assert_eq!(
+            reported.iter().map(|(_, n)| n).sum::<i64>(),
+            counters.active_users(S)
+        );
+        assert!(reported.iter().all(|&(slot, _)| slot >= S));
     }
 
     #[test]
@@ -768,11 +940,11 @@ mod tests {
             RoomCounters::new_boxed(RoomId(1)),
             RoomCounters::new_boxed(RoomId(1)),
         );
-        a.start_session(M.plus(5));
-        b.move_session(M.plus(5), M.plus(6));
-        assert_eq!(b.active_users(M), 0, "-1 at minute 5, +1 at minute 6");
-        assert_eq!(a.active_users(M) + b.active_users(M), 1);
-        assert_eq!(a.active_users(M.plus(6)) + b.active_users(M.plus(6)), 1);
+        a.start_session(S.plus(5));
+        b.move_session(S.plus(5), S.plus(6));
+        assert_eq!(b.active_users(S), 0, "-1 at slot 5, +1 at slot 6");
+        assert_eq!(a.active_users(S) + b.active_users(S), 1);
+        assert_eq!(a.active_users(S.plus(6)) + b.active_users(S.plus(6)), 1);
     }
 
     #[test]

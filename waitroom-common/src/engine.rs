@@ -47,8 +47,8 @@ use crate::ledger::{Counted, Seen, TicketLedger, ticket_id};
 use crate::room::{QueueingMethod, Room};
 use crate::slots::SharedFor;
 use crate::state::GlobalState;
-use crate::ticket::{TICKET_VERSION, Ticket};
-use crate::time::{Minute, UnixMillis};
+use crate::ticket::Ticket;
+use crate::time::{ExpirySlot, Minute, UnixMillis};
 
 /// Check-ins this much before the ticket's refresh time still count, for
 /// clock differences between nodes (not enough to gain anything by spamming).
@@ -176,19 +176,26 @@ pub fn decide_noting(
 ) -> (Decision, LedgerNote) {
     let minute = now.minute();
     let ticket = ticket
-        .filter(|t| t.version == TICKET_VERSION && t.room == room.id())
-        .map(|mut t| {
+        .filter(|t| t.room == room.id())
+        .and_then(Ticket::upgraded)
+        .map(|(mut t, claims_hold)| {
             if t.id == 0 {
                 t.id = ticket_id(rng);
             }
-            t
+            (t, claims_hold)
         });
     let mut note = LedgerNote::default();
-    let mut place = ticket.map(|t| {
-        let place = Place::of(ledger, &t, minute);
+    let mut place = ticket.map(|(t, claims_hold)| {
+        let mut place = Place::of(ledger, &t, minute);
+        if !claims_hold {
+            // A ticket of the old format points into counters this node has
+            // set aside (see `crate::ticket`): counted nowhere here.
+            place.claim = Counted::Nowhere;
+        }
         note.replayed = place.replayed();
         place
     });
+    let ticket = ticket.map(|(t, _)| t);
 
     // 1. A live session goes straight through, whatever the queue looks like.
     if let (Some(ticket), Some(place)) = (ticket, place.as_mut())
@@ -200,19 +207,25 @@ pub fn decide_noting(
                 note,
             );
         }
-        // Ended: uncount it now (if still within its last counted minute),
+        // Ended: uncount it now (if its counted slot has not passed yet),
         // from where the ledger says it is counted. A stale copy of a
         // ticket renewed since proves nothing about the later session.
         match (place.seen.known, place.claim) {
+            // The ledger is ahead of this cookie: requests since its last seal
+            // (the edge reseals a browsing visitor's cookie at most every
+            // 30 s) renewed the session to a later slot. Not this cookie's to
+            // end, and no replay: the later session ends at its own slot.
+            (Some(Counted::Session { expiry: known }), Counted::Session { expiry: claimed })
+                if known > claimed => {}
             (Some(known @ Counted::Session { .. }), claim) if known != claim => {
                 note.replayed = true;
             }
-            _ => place.settle(ledger, counters, Counted::Nowhere, minute, false),
+            _ => place.settle(ledger, counters, Counted::Nowhere, now, false),
         }
     }
     let (ticket, visitor, mut place) = match (ticket, place) {
         (Some(ticket), Some(mut place)) if !ticket.is_admitted() => (
-            keep_bucket_trackable(ledger, counters, &mut place, ticket, minute),
+            keep_bucket_trackable(ledger, counters, &mut place, ticket, now),
             Visitor::Waiting,
             place,
         ),
@@ -335,7 +348,7 @@ fn decide_for(
     // admits, then sessions, then admits again) may then count one visitor too
     // many as active, never one too few, so the slots it hands out never
     // exceed the limits.
-    let expiry = now.plus_minutes(room.session_minutes()).minute();
+    let expiry = now.plus_minutes(room.session_minutes()).expiry_slot();
     counters.start_session(expiry);
     match take_slot(room, global, counters, ticket.bucket, visitor, now) {
         Ok(pool) => admit(
@@ -364,7 +377,11 @@ fn decide_for(
 /// without the engine having moved any counter.
 #[must_use]
 pub fn is_new_visitor(room: &Room, ticket: Option<&Ticket>, now: UnixMillis) -> bool {
-    match ticket.filter(|t| t.version == TICKET_VERSION && t.room == room.id()) {
+    match ticket
+        .filter(|t| t.room == room.id())
+        .and_then(|t| t.upgraded())
+        .map(|(t, _)| t)
+    {
         None => true,
         // Only an admitted ticket has a session end; a queued one is Waiting.
         Some(t) => t
@@ -391,15 +408,9 @@ fn renew_session(
     ticket.last_check_in = now;
     let expiry = match (room.session_renewal(), ticket.counted_expiry) {
         (false, Some(expiry)) => expiry,
-        _ => now.plus_minutes(room.session_minutes()).minute(),
+        _ => now.plus_minutes(room.session_minutes()).expiry_slot(),
     };
-    place.settle(
-        ledger,
-        counters,
-        Counted::Session { expiry },
-        now.minute(),
-        false,
-    );
+    place.settle(ledger, counters, Counted::Session { expiry }, now, false);
     ticket.counted_expiry = Some(expiry);
     Decision::Admit {
         ticket,
@@ -459,7 +470,7 @@ fn take_slot(
         .ok_or(QueueReason::NoSlotLeft)
 }
 
-/// Admits the visitor; `started` is the expiry minute when the session was
+/// Admits the visitor; `started` is the expiry slot when the session was
 /// already counted (see step 6 of [`decide`]).
 #[expect(
     clippy::too_many_arguments,
@@ -474,15 +485,14 @@ fn admit(
     visitor: Visitor,
     now: UnixMillis,
     reason: AdmitReason,
-    started: Option<Minute>,
+    started: Option<ExpirySlot>,
 ) -> Decision {
-    let minute = now.minute();
-    let expiry = started.unwrap_or_else(|| now.plus_minutes(room.session_minutes()).minute());
+    let expiry = started.unwrap_or_else(|| now.plus_minutes(room.session_minutes()).expiry_slot());
     place.settle(
         ledger,
         counters,
         Counted::Session { expiry },
-        minute,
+        now,
         started.is_some(),
     );
     ticket.accepted_at = Some(now);
@@ -520,7 +530,7 @@ fn queue(
             bucket: ticket.bucket,
             check_in: minute,
         },
-        minute,
+        now,
         false,
     );
     ticket.counted_waiting = Some(minute);
@@ -556,13 +566,14 @@ fn keep_bucket_trackable(
     counters: &RoomCounters,
     place: &mut Place,
     mut ticket: Ticket,
-    minute: Minute,
+    now: UnixMillis,
 ) -> Ticket {
+    let minute = now.minute();
     let bucket = ticket
         .bucket
         .clamp(minute.minus(MAX_BUCKET_AGE_MINUTES), minute);
     if bucket != ticket.bucket {
-        place.settle(ledger, counters, Counted::Nowhere, minute, false);
+        place.settle(ledger, counters, Counted::Nowhere, now, false);
         ticket.bucket = bucket;
         ticket.counted_waiting = None;
     }
@@ -601,7 +612,7 @@ impl Place {
 
     /// The cookie claims a count the ledger says has moved since (a session
     /// renewed by a parallel request of the same browser is not one: its
-    /// expiry minute only moved on).
+    /// expiry slot only moved on).
     fn replayed(&self) -> bool {
         match (self.seen.known, self.claim) {
             (None, _) => false,
@@ -620,9 +631,10 @@ impl Place {
         ledger: &TicketLedger,
         counters: &RoomCounters,
         to: Counted,
-        now: Minute,
+        now: UnixMillis,
         provisional: bool,
     ) {
+        let minute = now.minute();
         // Each failed swap means another request of this ticket moved it;
         // bounded so a pathological storm cannot hold a worker.
         for _ in 0..64 {
@@ -633,7 +645,7 @@ impl Place {
                 }
                 return;
             }
-            if ledger.replace(&mut self.seen, to, now) {
+            if ledger.replace(&mut self.seen, to, minute) {
                 uncount(counters, from, now);
                 if !provisional {
                     count(counters, to, now);
@@ -648,31 +660,32 @@ impl Place {
 }
 
 /// Takes a ticket's count away from where it was.
-fn uncount(counters: &RoomCounters, from: Counted, now: Minute) {
+fn uncount(counters: &RoomCounters, from: Counted, now: UnixMillis) {
+    let minute = now.minute();
     match from {
         Counted::Nowhere => {}
-        // A past minute no longer counts; only the current one and later.
+        // A slot that has ended no longer counts; only the current one and later.
         Counted::Session { expiry } => {
-            if expiry >= now {
+            if expiry >= now.expiry_slot() {
                 counters.end_session(expiry);
             }
         }
         Counted::Waiting { bucket, check_in } => {
             // The row is only safe to touch while it cannot hold a live bucket.
-            if bucket.plus(WAITING_BUCKETS as u64) > now && bucket <= now {
-                counters.move_waiting(bucket, Some(check_in), None, now);
+            if bucket.plus(WAITING_BUCKETS as u64) > minute && bucket <= minute {
+                counters.move_waiting(bucket, Some(check_in), None, minute);
             }
         }
     }
 }
 
 /// Counts a ticket where it now is.
-fn count(counters: &RoomCounters, to: Counted, now: Minute) {
+fn count(counters: &RoomCounters, to: Counted, now: UnixMillis) {
     match to {
         Counted::Nowhere => {}
         Counted::Session { expiry } => counters.start_session(expiry),
         Counted::Waiting { bucket, check_in } => {
-            counters.move_waiting(bucket, None, Some(check_in), now);
+            counters.move_waiting(bucket, None, Some(check_in), now.minute());
         }
     }
 }
@@ -782,8 +795,11 @@ mod tests {
         };
         assert_eq!(ticket.bucket, now.minute());
         assert_eq!(ticket.accepted_at, Some(now));
-        assert_eq!(ticket.counted_expiry, Some(now.plus_minutes(5).minute()));
-        assert_eq!(counters.active_users(now.minute()), 1);
+        assert_eq!(
+            ticket.counted_expiry,
+            Some(now.plus_minutes(5).expiry_slot())
+        );
+        assert_eq!(counters.active_users(now.expiry_slot()), 1);
         assert_eq!(counters.admits(now.minute()).colo_share, 1);
         assert_eq!(counters.distinct_visitors(now.minute()), 1);
     }
@@ -856,7 +872,7 @@ mod tests {
             workers.into_iter().map(|w| w.join().unwrap()).sum()
         });
         assert_eq!(admitted, 100);
-        assert_eq!(counters.active_users(now.minute()), 100);
+        assert_eq!(counters.active_users(now.expiry_slot()), 100);
         assert_eq!(counters.waiting(now.minute(), now.minute()), 700);
     }
 
@@ -886,7 +902,7 @@ mod tests {
             let watcher = scope.spawn(move || {
                 let mut snapshots = 0;
                 while !done_ref.load(Ordering::Relaxed) {
-                    let (admits, active) = counters.admits_and_active(now.minute());
+                    let (admits, active) = counters.admits_and_active(now);
                     assert!(
                         active >= i64::try_from(admits.total()).unwrap(),
                         "{} admits but only {active} sessions",
@@ -906,7 +922,7 @@ mod tests {
             done.store(true, Ordering::Relaxed);
             assert!(watcher.join().unwrap() > 0);
         });
-        assert_eq!(counters.active_users(now.minute()), 40_000);
+        assert_eq!(counters.active_users(now.expiry_slot()), 40_000);
     }
 
     #[test]
@@ -934,10 +950,10 @@ mod tests {
         };
         assert_eq!(ticket.last_check_in, t1);
         assert_eq!(ticket.accepted_at, Some(t0));
-        assert_eq!(ticket.counted_expiry, Some(at(20, 9, 0).minute()));
+        assert_eq!(ticket.counted_expiry, Some(at(20, 9, 0).expiry_slot()));
         assert_eq!(
-            counters.expiries(t1.minute()).collect::<Vec<_>>(),
-            vec![(at(20, 9, 0).minute(), 1)]
+            counters.expiries(t1.expiry_slot()).collect::<Vec<_>>(),
+            vec![(at(20, 9, 0).expiry_slot(), 1)]
         );
         assert_eq!(
             counters.admits(t1.minute()),
@@ -973,7 +989,7 @@ mod tests {
         assert_eq!(ticket.bucket, t1.minute(), "back of the queue");
         assert_eq!(ticket.accepted_at, None);
         assert_eq!(
-            counters.active_users(t1.minute()),
+            counters.active_users(t1.expiry_slot()),
             0,
             "uncounted at once, not at the end of 20:06"
         );
@@ -1006,7 +1022,7 @@ mod tests {
             ticket = ticket_of(&decision);
             assert_eq!(
                 ticket.counted_expiry,
-                Some(at(8, 5, 0).minute()),
+                Some(at(8, 5, 0).expiry_slot()),
                 "the expiry does not move"
             );
         }
@@ -1173,7 +1189,7 @@ mod tests {
                 }
             ));
         }
-        assert_eq!(counters.active_users(now.minute()), 50);
+        assert_eq!(counters.active_users(now.expiry_slot()), 50);
         assert_eq!(counters.admits(now.minute()).uncapped, 50);
     }
 
@@ -1797,15 +1813,144 @@ mod tests {
             ticket_of(&decision)
         }
 
+        /// Issue 15: a session whose end passed seconds ago frees its room at
+        /// once, not at the end of its expiry minute. One place, taken at
+        /// 10:00:30 for five minutes; the next visitor comes at 10:05:33.
+        #[test]
+        fn room_a_session_frees_is_reused_within_seconds() {
+            let room = room(1, 1);
+            let (counters, ledger) = (RoomCounters::new_boxed(ROOM), ledger());
+            let t0 = at(10, 0, 30);
+            let _first = admitted(&room, &counters, &ledger, t0);
+            let mut rate = crate::state::AdmitRate::default();
+            let ending = at(10, 5, 29);
+            let state = GlobalState::standalone(&room, &counters, &mut rate, ending);
+            assert_eq!(state.active_users, 1, "a second before its end");
+            let next = at(10, 5, 33);
+            assert_eq!(counters.active_users(next.expiry_slot()), 0);
+            let state = GlobalState::standalone(&room, &counters, &mut rate, next);
+            assert_eq!(state.active_users, 0, "3 s after its end, same minute");
+            let d = super::super::decide(&room, &state, &counters, &ledger, None, next, 9);
+            assert!(d.is_admitted(), "the freed place is taken: {d:?}");
+            assert_eq!(counters.active_users(next.expiry_slot()), 1);
+        }
+
+        /// A renewal within the minute moves the count to the new slot; the
+        /// stale cookie replayed later moves it once more (from where the
+        /// ledger says it is), never adds a second session.
+        #[test]
+        fn a_renewal_moves_the_count_to_its_new_slot_and_replays_move_it_once() {
+            let room = room(10, 10);
+            let (counters, ledger) = (RoomCounters::new_boxed(ROOM), ledger());
+            let t0 = at(10, 0, 30);
+            let first = admitted(&room, &counters, &ledger, t0);
+            let renew_at = at(10, 0, 45);
+            let renewed = ticket_of(&super::super::decide(
+                &room,
+                &full(renew_at),
+                &counters,
+                &ledger,
+                Some(first),
+                renew_at,
+                2,
+            ));
+            assert_eq!(renewed.counted_expiry, Some(at(10, 5, 45).expiry_slot()));
+            assert_eq!(
+                counters.expiries(t0.expiry_slot()).collect::<Vec<_>>(),
+                vec![(at(10, 5, 45).expiry_slot(), 1)]
+            );
+            let replay_at = at(10, 0, 50);
+            for i in 0..5 {
+                let d = super::super::decide(
+                    &room,
+                    &full(replay_at),
+                    &counters,
+                    &ledger,
+                    Some(first),
+                    replay_at,
+                    i,
+                );
+                assert!(d.is_admitted());
+            }
+            assert_eq!(
+                counters.expiries(t0.expiry_slot()).collect::<Vec<_>>(),
+                vec![(at(10, 5, 50).expiry_slot(), 1)],
+                "one session, at its latest slot"
+            );
+        }
+
+        /// A cookie issued before the upgrade (ticket format 2: expiry minute
+        /// 10:05) on a node whose counters and ledger were set aside: the
+        /// session goes on, is counted once at its new slot, and its old claim
+        /// moves nothing (there is nothing of it in the new counters).
+        #[test]
+        fn a_version_2_ticket_from_before_the_upgrade_is_honoured() {
+            use crate::ticket::TICKET_VERSION_MINUTES;
+            let room = room(10, 10);
+            let (counters, ledger) = (RoomCounters::new_boxed(ROOM), ledger());
+            let t0 = at(10, 0, 30);
+            let old = Ticket {
+                version: TICKET_VERSION_MINUTES,
+                accepted_at: Some(t0),
+                counted_expiry: Some(ExpirySlot(at(10, 5, 0).minute().0)),
+                id: 99,
+                ..Ticket::new_visitor(ROOM, at(9, 59, 0), 20)
+            };
+            let now = at(10, 3, 0);
+            let d = super::super::decide(&room, &full(now), &counters, &ledger, Some(old), now, 1);
+            let Decision::Admit {
+                ticket,
+                reason: AdmitReason::SessionValid,
+                ..
+            } = d
+            else {
+                panic!("an admitted visitor stays admitted: {d:?}")
+            };
+            assert_eq!(ticket.version, crate::ticket::TICKET_VERSION);
+            assert_eq!(ticket.id, old.id, "the same ticket, rewritten");
+            assert_eq!(ticket.counted_expiry, Some(at(10, 8, 0).expiry_slot()));
+            assert_eq!(
+                counters.expiries(now.expiry_slot()).collect::<Vec<_>>(),
+                vec![(at(10, 8, 0).expiry_slot(), 1)],
+                "counted once, nothing taken from the old minute"
+            );
+            // Without renewal the old expiry is kept, as the end of its minute.
+            let fixed = room_without_renewal();
+            let (counters, fresh) = (
+                RoomCounters::new_boxed(ROOM),
+                TicketLedger::new_boxed(4_096, KEY),
+            );
+            let d = super::super::decide(&fixed, &full(now), &counters, &fresh, Some(old), now, 1);
+            assert!(d.is_admitted());
+            assert_eq!(
+                d.ticket().counted_expiry,
+                Some(ExpirySlot::end_of_minute(at(10, 5, 0).minute()))
+            );
+            assert_eq!(counters.active_users(at(10, 5, 59).expiry_slot()), 1);
+            assert_eq!(counters.active_users(at(10, 6, 0).expiry_slot()), 0);
+            assert!(!super::super::is_new_visitor(&room, Some(&old), now));
+        }
+
+        fn room_without_renewal() -> Room {
+            crate::room::RoomConfig {
+                disable_session_renewal: true,
+                ..config(10, 10)
+            }
+            .validate()
+            .unwrap()
+            .with_id(ROOM)
+        }
+
         #[test]
         fn forty_replays_of_an_expired_admitted_ticket_uncount_it_once() {
             let room = room(10, 10);
             let (counters, ledger) = (RoomCounters::new_boxed(ROOM), ledger());
             let t0 = at(10, 0, 30);
             let ticket = admitted(&room, &counters, &ledger, t0);
-            // Session ends 10:05:30; its expiry minute 10:05 still counts it.
-            let later = at(10, 5, 40);
-            assert_eq!(counters.active_users(later.minute()), 1);
+            // Session ends 10:05:30; its expiry slot (that second) still
+            // counts it until 10:05:31, so an uncount is still due.
+            let later = at(10, 5, 30).plus_millis(400);
+            assert_eq!(counters.active_users(later.expiry_slot()), 1);
             let mut replayed = 0;
             for i in 0..40 {
                 let (decision, note) = decide_noting(
@@ -1821,7 +1966,7 @@ mod tests {
                 replayed += usize::from(note.replayed);
             }
             assert_eq!(
-                counters.active_users(later.minute()),
+                counters.active_users(later.expiry_slot()),
                 0,
                 "uncounted once, not forty times"
             );
@@ -1859,9 +2004,9 @@ mod tests {
                 );
                 assert!(d.is_admitted(), "the session is live: {d:?}");
             }
-            let expiry = now.plus_minutes(5).minute();
+            let expiry = now.plus_minutes(5).expiry_slot();
             assert_eq!(
-                counters.expiries(t0.minute()).collect::<Vec<_>>(),
+                counters.expiries(t0.expiry_slot()).collect::<Vec<_>>(),
                 vec![(expiry, 1)],
                 "one session, counted once, at its latest expiry"
             );
@@ -1878,7 +2023,7 @@ mod tests {
                 3,
             );
             assert!(!d.is_admitted());
-            assert_eq!(counters.active_users(stale_end.minute()), 1);
+            assert_eq!(counters.active_users(stale_end.expiry_slot()), 1);
         }
 
         #[test]
@@ -1911,13 +2056,15 @@ mod tests {
             let renew_at = t0.plus_minutes(2);
             replay_all(renew_at);
             assert_eq!(
-                counters.expiries(t0.minute()).collect::<Vec<_>>(),
-                vec![(renew_at.plus_minutes(5).minute(), 1)]
+                counters.expiries(t0.expiry_slot()).collect::<Vec<_>>(),
+                vec![(renew_at.plus_minutes(5).expiry_slot(), 1)]
             );
-            // Expired replays racing: uncounted once.
-            let later = renew_at.plus_minutes(5).plus_secs(10);
+            // Expired replays racing, within the second its slot still counts
+            // it: uncounted once.
+            let later = renew_at.plus_minutes(5).plus_millis(300);
+            assert_eq!(counters.active_users(later.expiry_slot()), 1);
             replay_all(later);
-            assert_eq!(counters.active_users(later.minute()), 0);
+            assert_eq!(counters.active_users(later.expiry_slot()), 0);
         }
 
         #[test]
@@ -1928,7 +2075,9 @@ mod tests {
             let (a, b) = (RoomCounters::new_boxed(ROOM), RoomCounters::new_boxed(ROOM));
             let (ledger_a, ledger_b) = (ledger(), TicketLedger::new_boxed(4_096, [7, 8]));
             let ticket = admitted(&room, &a, &ledger_a, t0);
-            let later = at(10, 5, 40);
+            // Ended at 10:05:30, its slot still counted on A until 10:05:31.
+            let later = at(10, 5, 30).plus_millis(500);
+            assert_eq!(a.active_users(later.expiry_slot()), 1);
             for i in 0..10 {
                 let _ = super::super::decide(
                     &room,
@@ -1941,7 +2090,7 @@ mod tests {
                 );
             }
             assert_eq!(
-                a.active_users(later.minute()) + b.active_users(later.minute()),
+                a.active_users(later.expiry_slot()) + b.active_users(later.expiry_slot()),
                 0,
                 "B believed the claim once: -1 there, +1 on A"
             );

@@ -15,7 +15,7 @@
 //! - Every ticket gets a random non-zero 64-bit id when it is issued
 //!   ([`Ticket::id`](crate::ticket::Ticket::id)).
 //! - An entry is one `AtomicU64`: a 31-bit fingerprint of the id and what the
-//!   ticket is counted at — nowhere, a session-expiry minute, or waiting in
+//!   ticket is counted at — nowhere, a session-expiry slot, or waiting in
 //!   (bucket, check-in minute) — see [`Counted`].
 //! - A count is moved only together with a successful compare-and-swap of
 //!   the entry from the state it moves *from* to the state it moves *to*
@@ -45,7 +45,7 @@
 //! tickets at one bucket to evict a chosen entry. (Ids are random and sealed
 //! in the cookie anyway; the key is a second wall.) A new ticket takes an
 //! empty way, else the way that stops mattering first: a session's expiry
-//! minute, a waiting count's last minute in the waiting window, an
+//! (its minute), a waiting count's last minute in the waiting window, an
 //! uncounted ticket's last minute. Evicting an entry never changes a count:
 //! the counts it tracked age out of the counters as they always did. A fake
 //! fingerprint match (another id in the same bucket with the same 31-bit
@@ -55,7 +55,9 @@
 //!
 //! Minutes are stored as their low 20 bits and read back as the minute
 //! nearest now (±364 days); a bucket as its age at the check-in (11 bits,
-//! buckets are never older than [`MAX_BUCKET_AGE_MINUTES`]).
+//! buckets are never older than [`MAX_BUCKET_AGE_MINUTES`]); a session's
+//! expiry slot (a second) in those 31 bits together, read back as the slot
+//! nearest now (±34 years).
 //!
 //! # Connections per ticket
 //! A shared cookie lets every holder in. The node checks every presented
@@ -85,11 +87,14 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::counters::{MAX_BUCKET_AGE_MINUTES, WAITING_WINDOW_MINUTES};
-use crate::time::Minute;
+use crate::time::{ExpirySlot, Minute};
 use crate::xdp::fmix64;
 
 /// Changes whenever the layout changes; a file of another version is made anew.
-pub const LEDGER_LAYOUT_VERSION: u32 = 1;
+///
+/// 2: a session entry holds its expiry slot (a second), not its minute. The
+/// edge sets a file of layout 1 aside with the counters file it described.
+pub const LEDGER_LAYOUT_VERSION: u32 = 2;
 
 /// Marks a claimed ledger ("WTL" + version).
 const LAYOUT_MAGIC: u64 = 0x5754_4C00_0000_0000 | LEDGER_LAYOUT_VERSION as u64;
@@ -128,6 +133,9 @@ const MINUTE_MASK: u64 = (1 << MINUTE_BITS) - 1;
 const AGE_MASK: u64 = (1 << AGE_BITS) - 1;
 const SECOND_BITS: u32 = 24;
 const SECOND_MASK: u64 = (1 << SECOND_BITS) - 1;
+/// A session's expiry slot takes the minute and the age bits.
+const SLOT_BITS: u32 = MINUTE_BITS + AGE_BITS;
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 
 const _: () = assert!(FINGERPRINT_BITS + 2 + MINUTE_BITS + AGE_BITS == 64);
 const _: () = assert!(MAX_BUCKET_AGE_MINUTES < AGE_MASK);
@@ -137,8 +145,8 @@ const _: () = assert!(MAX_BUCKET_AGE_MINUTES < AGE_MASK);
 pub enum Counted {
     /// Nowhere: its session ended, or it was never counted.
     Nowhere,
-    /// An admitted session, counted at its expiry minute.
-    Session { expiry: Minute },
+    /// An admitted session, counted at its expiry slot.
+    Session { expiry: ExpirySlot },
     /// Queued, counted in `bucket` at check-in minute `check_in`.
     Waiting { bucket: Minute, check_in: Minute },
 }
@@ -148,7 +156,7 @@ impl Counted {
     fn useful_until(self, touched: Minute) -> Minute {
         match self {
             Self::Nowhere => touched,
-            Self::Session { expiry } => expiry,
+            Self::Session { expiry } => expiry.minute(),
             Self::Waiting { check_in, .. } => check_in.plus(WAITING_WINDOW_MINUTES),
         }
     }
@@ -586,34 +594,39 @@ pub fn ticket_id(rng: u64) -> u64 {
 }
 
 fn encode(fingerprint: u64, counted: Counted, now: Minute) -> u64 {
-    let (kind, minute, age) = match counted {
-        Counted::Nowhere => (1, now, 0),
-        Counted::Session { expiry } => (2, expiry, 0),
+    let (kind, low) = match counted {
+        Counted::Nowhere => (1, (now.0 & MINUTE_MASK) << AGE_BITS),
+        Counted::Session { expiry } => (2, expiry.0 & SLOT_MASK),
         Counted::Waiting { bucket, check_in } => (
             3,
-            check_in,
-            check_in.0.saturating_sub(bucket.0).min(AGE_MASK),
+            ((check_in.0 & MINUTE_MASK) << AGE_BITS)
+                | check_in.0.saturating_sub(bucket.0).min(AGE_MASK),
         ),
     };
-    (fingerprint << (64 - FINGERPRINT_BITS))
-        | (kind << (MINUTE_BITS + AGE_BITS))
-        | ((minute.0 & MINUTE_MASK) << AGE_BITS)
-        | age
+    (fingerprint << (64 - FINGERPRINT_BITS)) | (kind << SLOT_BITS) | low
+}
+
+/// The value with the low `bits` of `low` nearest to `now`.
+fn nearest(low: u64, now: u64, bits: u32) -> u64 {
+    let mask = (1 << bits) - 1;
+    let delta = low.wrapping_sub(now & mask) & mask;
+    if delta < 1 << (bits - 1) {
+        now.wrapping_add(delta)
+    } else {
+        now.wrapping_sub((1 << bits) - delta)
+    }
 }
 
 /// What an entry says, and the minute it was written for.
 fn decode(raw: u64, now: Minute) -> (Counted, Minute) {
-    let kind = (raw >> (MINUTE_BITS + AGE_BITS)) & 0b11;
-    let low = (raw >> AGE_BITS) & MINUTE_MASK;
-    // The minute with these low bits nearest to now.
-    let delta = low.wrapping_sub(now.0 & MINUTE_MASK) & MINUTE_MASK;
-    let minute = if delta < 1 << (MINUTE_BITS - 1) {
-        Minute(now.0.wrapping_add(delta))
-    } else {
-        Minute(now.0.wrapping_sub((1 << MINUTE_BITS) - delta))
-    };
+    let kind = (raw >> SLOT_BITS) & 0b11;
+    if kind == 2 {
+        let now_slot = now.start().expiry_slot();
+        let expiry = ExpirySlot(nearest(raw & SLOT_MASK, now_slot.0, SLOT_BITS));
+        return (Counted::Session { expiry }, expiry.minute());
+    }
+    let minute = Minute(nearest((raw >> AGE_BITS) & MINUTE_MASK, now.0, MINUTE_BITS));
     let counted = match kind {
-        2 => Counted::Session { expiry: minute },
         3 => Counted::Waiting {
             bucket: minute.minus(raw & AGE_MASK),
             check_in: minute,
@@ -628,6 +641,11 @@ mod tests {
     use super::*;
 
     const M: Minute = Minute(29_000_123);
+
+    /// The expiry slot `secs` seconds into minute `M`.
+    fn slot(minutes: u64, secs: u64) -> ExpirySlot {
+        M.plus(minutes).start().plus_secs(secs).expiry_slot()
+    }
     const KEY: [u64; 2] = [0x1234, 0x5678];
 
     #[test]
@@ -635,13 +653,18 @@ mod tests {
         for counted in [
             Counted::Nowhere,
             Counted::Session {
-                expiry: M.plus(1_440),
+                expiry: slot(1_440, 59),
             },
             Counted::Waiting {
                 bucket: M.minus(MAX_BUCKET_AGE_MINUTES),
                 check_in: M,
             },
-            Counted::Session { expiry: M.minus(3) },
+            Counted::Session {
+                expiry: slot(0, 0).minus(3 * 60 + 7),
+            },
+            Counted::Session {
+                expiry: slot(0, 17),
+            },
         ] {
             let raw = encode(0x7fff_ffff, counted, M);
             assert_eq!(decode(raw, M).0, counted);
@@ -655,7 +678,9 @@ mod tests {
         ledger.check().unwrap();
         let mut seen = ledger.look(42, M);
         assert_eq!(seen.known, None);
-        let to = Counted::Session { expiry: M.plus(5) };
+        let to = Counted::Session {
+            expiry: slot(5, 17),
+        };
         assert!(ledger.replace(&mut seen, to, M));
         assert_eq!(ledger.look(42, M).known, Some(to));
         assert_eq!(ledger.look(43, M).known, None);
@@ -678,7 +703,7 @@ mod tests {
                 Counted::Nowhere
             } else {
                 Counted::Session {
-                    expiry: M.plus(id + 10),
+                    expiry: slot(id + 10, id),
                 }
             };
             assert!(ledger.replace(&mut seen, to, M));

@@ -22,7 +22,7 @@
 use crate::{
     aggregate::RoomReport,
     room::{QueueingMethod, Room},
-    time::{Minute, UnixMillis},
+    time::{ExpirySlot, Minute, UnixMillis},
 };
 
 /// The largest magnitude any single reported count may have.
@@ -41,7 +41,7 @@ const LIMIT_MARGIN: u64 = 64;
 pub struct Implausible {
     /// Which list of the report: `expiries`, `admits`, `waiting`, `distinct_visitors`.
     pub field: &'static str,
-    /// The entry's minute.
+    /// The entry's minute (for an expiry: the minute its slot lies in).
     pub minute: Minute,
     /// What was wrong and what was done.
     pub problem: ImplausibleKind,
@@ -100,11 +100,14 @@ impl RoomReport {
         let mut found = Vec::new();
         let minute = now.minute();
         let (sessions, admits) = node_bounds(room);
-        let last_expiry = minute.plus(room.session_minutes() + EXPIRY_SLACK_MINUTES);
+        // Far expiries are reported at the last slot of their minute.
+        let last_expiry = ExpirySlot::end_of_minute(
+            now.plus_minutes(room.session_minutes() + EXPIRY_SLACK_MINUTES)
+                .minute(),
+        );
         let next = minute.plus(1);
 
-        let mut drop_future = |field: &'static str, m: Minute, last: Minute| {
-            let keep = m <= last;
+        let mut drop_future = |field: &'static str, m: Minute, keep: bool| {
             if !keep {
                 found.push(Implausible {
                     field,
@@ -115,16 +118,16 @@ impl RoomReport {
             keep
         };
         self.expiries
-            .retain(|&(m, _)| drop_future("expiries", m, last_expiry));
+            .retain(|&(slot, _)| drop_future("expiries", slot.minute(), slot <= last_expiry));
         self.admits
-            .retain(|a| drop_future("admits", a.minute, next));
+            .retain(|a| drop_future("admits", a.minute, a.minute <= next));
         self.waiting
-            .retain(|&(m, _)| drop_future("waiting", m, next));
+            .retain(|&(m, _)| drop_future("waiting", m, m <= next));
         self.distinct_visitors
-            .retain(|&(m, _)| drop_future("distinct_visitors", m, next));
+            .retain(|&(m, _)| drop_future("distinct_visitors", m, m <= next));
 
-        for (m, n) in &mut self.expiries {
-            clamp_signed(n, sessions, "expiries", *m, &mut found);
+        for (slot, n) in &mut self.expiries {
+            clamp_signed(n, sessions, "expiries", slot.minute(), &mut found);
         }
         for a in &mut self.admits {
             let counts = &mut a.admits;
@@ -212,9 +215,18 @@ mod tests {
     #[test]
     fn an_honest_report_is_untouched() {
         let m = NOW.minute();
+        let s = NOW.expiry_slot();
         let mut report = RoomReport {
             room: room(QueueingMethod::Fifo).id(),
-            expiries: vec![(m, 3), (m.plus(5), 40), (m.plus(6), -2)],
+            expiries: vec![
+                (s, 3),
+                (s.plus(5 * 60 + 59), 40),
+                // A far expiry reported at the end of its minute, session + 2 min on.
+                (
+                    ExpirySlot::end_of_minute(m.plus(5 + EXPIRY_SLACK_MINUTES)),
+                    -2,
+                ),
+            ],
             admits: vec![MinuteAdmits {
                 minute: m,
                 admits: PoolCounts {
@@ -237,12 +249,13 @@ mod tests {
     #[test]
     fn sessions_that_never_end_and_overflowing_counts_are_refused() {
         let m = NOW.minute();
+        let s = NOW.expiry_slot();
         let mut report = RoomReport {
             room: room(QueueingMethod::Fifo).id(),
             expiries: vec![
-                (m.plus(10_000), 1),
-                (m.plus(1), i64::MAX),
-                (m.plus(2), i64::MIN),
+                (s.plus(10_000 * 60), 1),
+                (s.plus(60), i64::MAX),
+                (s.plus(120), i64::MIN),
             ],
             admits: vec![
                 MinuteAdmits {
@@ -262,7 +275,10 @@ mod tests {
         };
         let found = report.make_plausible(&room(QueueingMethod::Fifo), NOW);
         assert_eq!(found.len(), 8, "{found:#?}");
-        assert_eq!(report.expiries, vec![(m.plus(1), 264), (m.plus(2), -264)]);
+        assert_eq!(
+            report.expiries,
+            vec![(s.plus(60), 264), (s.plus(120), -264)]
+        );
         assert_eq!(report.admits.len(), 1);
         assert_eq!(report.admits[0].admits.anywhere, 104);
         assert_eq!(report.waiting, vec![(m, MAX_COUNT as i64)]);
@@ -272,10 +288,9 @@ mod tests {
 
     #[test]
     fn passthrough_rooms_are_bounded_only_by_max_count() {
-        let m = NOW.minute();
         let mut report = RoomReport {
             room: room(QueueingMethod::Passthrough).id(),
-            expiries: vec![(m.plus(1), 1_000_000)],
+            expiries: vec![(NOW.expiry_slot().plus(60), 1_000_000)],
             ..RoomReport::default()
         };
         assert!(
@@ -283,5 +298,47 @@ mod tests {
                 .make_plausible(&room(QueueingMethod::Passthrough), NOW)
                 .is_empty()
         );
+    }
+
+    /// Attacker's expiry slots: one second past the last slot a session may
+    /// end in, the end of time, and a flood of tiny entries in one slot each.
+    /// The far ones are dropped and counted; those in range are clamped one
+    /// by one (their sum stays what `node_bounds` allows per entry).
+    #[test]
+    fn absurd_expiry_slots_are_dropped_or_clamped() {
+        let room = room(QueueingMethod::Fifo);
+        let last = ExpirySlot::end_of_minute(NOW.plus_minutes(5 + EXPIRY_SLACK_MINUTES).minute());
+        let mut report = RoomReport {
+            room: room.id(),
+            expiries: vec![
+                (last, 1),
+                (last.plus(1), 1),
+                (ExpirySlot(u64::MAX), i64::MAX),
+                (NOW.expiry_slot(), -i64::MAX),
+            ],
+            ..RoomReport::default()
+        };
+        let found = report.make_plausible(&room, NOW);
+        assert_eq!(report.expiries, vec![(last, 1), (NOW.expiry_slot(), -264)]);
+        let kinds: Vec<_> = found.iter().map(|f| f.problem).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                ImplausibleKind::FutureMinute,
+                ImplausibleKind::FutureMinute,
+                ImplausibleKind::Clamped {
+                    reported: -i128::from(i64::MAX),
+                    bound: 264
+                }
+            ]
+        );
+        assert_eq!(found[0].minute, last.plus(1).minute());
+        // A slot in the past is harmless: totals never count it.
+        let past = RoomReport {
+            room: room.id(),
+            expiries: vec![(NOW.expiry_slot().minus(1), 264)],
+            ..RoomReport::default()
+        };
+        assert_eq!(crate::aggregate::totals([&past], NOW).active_users, 0);
     }
 }

@@ -43,7 +43,7 @@ pub fn own_counts(report: &RoomReport, at: UnixMillis) -> (i64, u64) {
     let active = report
         .expiries
         .iter()
-        .filter(|&&(m, _)| m >= minute)
+        .filter(|&&(s, _)| s >= at.expiry_slot())
         .map(|&(_, n)| n)
         .sum();
     let admitted = report
@@ -188,7 +188,12 @@ mod tests {
         };
         let report = RoomReport {
             room: crate::room::RoomId::from_name("shop"),
-            expiries: vec![(m.minus(1), 7), (m, 3), (m.plus(2), 4)],
+            // Ended a second ago, ends this second, ends in two minutes.
+            expiries: vec![
+                (at.expiry_slot().minus(1), 7),
+                (at.expiry_slot(), 3),
+                (at.plus_minutes(2).expiry_slot(), 4),
+            ],
             admits: vec![admits(m.minus(1), 9), admits(m, 5)],
             waiting: vec![],
             distinct_visitors: vec![],

@@ -160,7 +160,7 @@ impl GlobalState {
     ) -> Self {
         let minute = now.minute();
         rate.fold_until(minute, |m| counters.admits(m).total());
-        let (used, active) = counters.admits_and_active(minute);
+        let (used, active) = counters.admits_and_active(now);
         let active = u64::try_from(active).unwrap_or(0);
         let waiting: Vec<(Minute, u64)> = counters
             .waiting_buckets(minute)
@@ -346,7 +346,7 @@ mod tests {
         let now = at(15, 57, 10);
         let m = now.minute();
         for _ in 0..148 {
-            counters.start_session(m.plus(3));
+            counters.start_session(m.plus(3).start().expiry_slot());
         }
         for (bucket, n) in [(at(15, 54, 0), 2), (at(15, 55, 0), 50), (at(15, 56, 0), 60)] {
             for _ in 0..n {

@@ -2,7 +2,7 @@
 //!
 //! Besides the seeds' `bucketId`, `acceptedAt`, `lastCheckInTime` and
 //! `refreshIntervalSeconds`, a ticket remembers where the visitor is counted
-//! in the node counters (the session-expiry minute, or the waiting check-in
+//! in the node counters (the session-expiry slot, or the waiting check-in
 //! minute), so that the next check-in moves the count from the old slot to
 //! the new one in O(1), on whichever node it lands.
 //!
@@ -11,6 +11,15 @@
 //! now, so a replayed cookie's claim moves nothing twice; and an optional
 //! network binding (`ticket_binding = "network"`).
 //!
+//! Version 3 counts a session at its expiry slot (a second,
+//! [`ExpirySlot`]) instead of its minute. A ticket of version 2 is still
+//! honoured ([`Ticket::upgraded`]): its expiry minute becomes the last slot
+//! of that minute, so its session lasts exactly as long as before and no
+//! admitted visitor is sent back to the queue by an upgrade. Its claims of
+//! where it is counted point into counters of the old layout, which an
+//! upgraded node has set aside: they are not believed (the visitor is counted
+//! afresh where the engine moves them next).
+//!
 //! Field names are one letter on the wire because the ticket becomes a cookie.
 //! No field is skipped when serialising, so non-self-describing formats
 //! (postcard, bincode) work as well as JSON.
@@ -18,11 +27,16 @@
 use serde::{Deserialize, Serialize};
 
 use crate::room::RoomId;
-use crate::time::{Minute, UnixMillis};
+use crate::time::{ExpirySlot, Minute, UnixMillis};
 
-/// Version of the ticket format; a ticket of another version is treated as
-/// no ticket at all (a new visitor), never as an error.
-pub const TICKET_VERSION: u8 = 2;
+/// Version of the ticket format; a ticket of another version (but
+/// [`TICKET_VERSION_MINUTES`]) is treated as no ticket at all (a new
+/// visitor), never as an error.
+pub const TICKET_VERSION: u8 = 3;
+
+/// The format before [`TICKET_VERSION`]: the same fields, but
+/// `counted_expiry` is a unix minute. Read, converted, never written.
+pub const TICKET_VERSION_MINUTES: u8 = 2;
 
 /// A visitor's ticket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,9 +62,10 @@ pub struct Ticket {
     /// is jittered around the room's mean so check-ins drift apart.
     #[serde(rename = "i")]
     pub refresh_interval_secs: u16,
-    /// Session-expiry minute at which this admitted visitor is counted.
+    /// Session-expiry slot at which this admitted visitor is counted (a
+    /// minute in tickets of [`TICKET_VERSION_MINUTES`]).
     #[serde(rename = "e")]
-    pub counted_expiry: Option<Minute>,
+    pub counted_expiry: Option<ExpirySlot>,
     /// Check-in minute at which this queued visitor is counted as waiting in
     /// its bucket.
     #[serde(rename = "w")]
@@ -83,6 +98,27 @@ impl Ticket {
             counted_waiting: None,
             id: 0,
             network: 0,
+        }
+    }
+
+    /// This ticket in the current format, and whether its claims of where it
+    /// is counted hold (see the module docs); `None` for a format this build
+    /// cannot read.
+    #[must_use]
+    pub fn upgraded(self) -> Option<(Self, bool)> {
+        match self.version {
+            TICKET_VERSION => Some((self, true)),
+            TICKET_VERSION_MINUTES => Some((
+                Self {
+                    version: TICKET_VERSION,
+                    counted_expiry: self
+                        .counted_expiry
+                        .map(|minute| ExpirySlot::end_of_minute(Minute(minute.0))),
+                    ..self
+                },
+                false,
+            )),
+            _ => None,
         }
     }
 
@@ -193,8 +229,36 @@ mod tests {
         let json = serde_json::to_string(&ticket).unwrap();
         assert_eq!(
             json,
-            r#"{"v":2,"r":9,"b":0,"a":null,"c":1,"i":20,"e":null,"w":3,"t":0,"n":0}"#
+            r#"{"v":3,"r":9,"b":0,"a":null,"c":1,"i":20,"e":null,"w":3,"t":0,"n":0}"#
         );
         assert_eq!(serde_json::from_str::<Ticket>(&json).unwrap(), ticket);
+    }
+
+    /// A cookie issued before the upgrade (format 2, expiry minute 10:05):
+    /// read, its session counted to the end of 10:05 as it was, its claims
+    /// not believed; any other version is no ticket.
+    #[test]
+    fn a_version_2_ticket_is_read_with_its_minute_as_the_minutes_end() {
+        let json = format!(
+            r#"{{"v":2,"r":9,"b":{b},"a":{a},"c":{a},"i":20,"e":{e},"w":null,"t":77,"n":0}}"#,
+            b = at(10, 0, 0).minute().0,
+            a = at(10, 0, 20).0,
+            e = at(10, 5, 0).minute().0,
+        );
+        let old: Ticket = serde_json::from_str(&json).unwrap();
+        let (ticket, claims_hold) = old.upgraded().unwrap();
+        assert!(!claims_hold);
+        assert_eq!(ticket.version, TICKET_VERSION);
+        let expiry = ticket.counted_expiry.unwrap();
+        assert_eq!(expiry.end(), at(10, 6, 0), "counted to the end of 10:05");
+        assert_eq!(ticket.id, 77);
+        assert_eq!(ticket.accepted_at, Some(at(10, 0, 20)));
+        let current = Ticket {
+            version: TICKET_VERSION,
+            ..old
+        };
+        assert_eq!(current.upgraded(), Some((current, true)));
+        assert_eq!(Ticket { version: 1, ..old }.upgraded(), None);
+        assert_eq!(Ticket { version: 4, ..old }.upgraded(), None);
     }
 }

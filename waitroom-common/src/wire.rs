@@ -17,9 +17,10 @@
 //! version or longer than [`MAX_FRAME_BYTES`] is refused without reading it.
 //!
 //! # Why postcard
-//! Reports are mostly lists of small integers (session expiries per minute,
-//! waiting per bucket); postcard's varints make a typical report a few hundred
-//! bytes where JSON would be several times that, it encodes and decodes
+//! Reports are mostly lists of small integers (session expiries per second,
+//! waiting per bucket); postcard's varints make a typical report about a
+//! kilobyte per room (up to 120 expiry seconds of 6–7 bytes each) where JSON
+//! would be several times that, it encodes and decodes
 //! without a schema lookup, and it has no float-formatting or map-ordering
 //! ambiguity. What it lacks, self-description, is what [`VERSION`] is for:
 //! any change to a type carried here (including the engine's `NodeReport` and
@@ -32,8 +33,14 @@ use serde::{Deserialize, Serialize};
 pub const MAGIC: [u8; 4] = *b"WRGP";
 
 /// Protocol version this build speaks. 2: reports carry the node's opinion
-/// of its rooms' origin pools.
-pub const VERSION: u16 = 2;
+/// of its rooms' origin pools. 3: a report's session expiries are
+/// [`ExpirySlot`](crate::time::ExpirySlot)s (seconds), no longer minutes.
+/// The bytes have the same shape, so a version-2 report read as 3 would
+/// count every session as ended; frames of another version are refused
+/// instead, and a node refused goes on with its local-only state until both
+/// sides speak the same version (upgrade the aggregator and the nodes
+/// together; docs/BENCHMARKS.md).
+pub const VERSION: u16 = 3;
 
 /// Magic, version and length.
 pub const HEADER_LEN: usize = 10;
@@ -249,7 +256,7 @@ mod tests {
     use crate::{
         aggregate::{MinuteAdmits, RoomReport},
         counters::PoolCounts,
-        time::Minute,
+        time::{ExpirySlot, Minute},
     };
 
     use super::*;
@@ -263,7 +270,7 @@ mod tests {
                 at: UnixMillis(1_622_073_600_000),
                 rooms: vec![RoomReport {
                     room: RoomId(3),
-                    expiries: vec![(Minute(10), 2), (Minute(12), -1)],
+                    expiries: vec![(ExpirySlot(10), 2), (ExpirySlot(12), -1)],
                     admits: vec![MinuteAdmits {
                         minute: Minute(9),
                         admits: PoolCounts {
@@ -316,18 +323,32 @@ mod tests {
         }
     }
 
-    /// Pins the bytes of version 2: if this fails, a carried type changed
+    /// Pins the bytes of version 3: if this fails, a carried type changed
     /// shape and [`VERSION`] must be bumped (and this test updated).
+    /// Version 3 has the bytes of 2 (expiry slots are varints as minutes
+    /// were) but not their meaning: only the header differs, and a frame of
+    /// version 2 is refused.
     #[test]
-    fn version_2_bytes_are_pinned() {
+    fn version_3_bytes_are_pinned() {
         let report = hex::encode(encode(&sample_report()).unwrap());
         assert_eq!(
             report,
-            "5752475000020000002d0007026e31016380d0fbd89a2f0103020a040c0101\
+            "5752475000030000002d0007026e31016380d0fbd89a2f0103020a040c0101\
              090102030001080a010904010473686f700265750101dc0b"
         );
         let answer = encode(&sample_answer()).unwrap();
-        assert_eq!(&answer[..6], b"WRGP\x00\x02");
+        assert_eq!(&answer[..6], b"WRGP\x00\x03");
+        let mut old = encode(&sample_report()).unwrap();
+        old[4..6].copy_from_slice(&2u16.to_be_bytes());
+        let err = decode(&old).unwrap_err();
+        assert!(
+            matches!(err, WireError::UnsupportedVersion { found: 2 }),
+            "{err}"
+        );
+        assert_eq!(
+            err.refusal().reason,
+            RefusalReason::UnsupportedVersion { supported: 3 }
+        );
         assert_eq!(decode(&answer).unwrap(), sample_answer());
     }
 
@@ -346,12 +367,12 @@ mod tests {
         ));
 
         let mut future = good.clone();
-        future[4..6].copy_from_slice(&3u16.to_be_bytes());
+        future[4..6].copy_from_slice(&4u16.to_be_bytes());
         let err = decode(&future).unwrap_err();
-        assert!(matches!(err, WireError::UnsupportedVersion { found: 3 }));
+        assert!(matches!(err, WireError::UnsupportedVersion { found: 4 }));
         assert_eq!(
             err.refusal().reason,
-            RefusalReason::UnsupportedVersion { supported: 2 }
+            RefusalReason::UnsupportedVersion { supported: 3 }
         );
         assert_eq!(err.close_code(), close::UNSUPPORTED_VERSION);
 

@@ -35,7 +35,7 @@ fn cookie(c: &mut Criterion) {
     let now = UnixMillis(1_800_000_000_000);
     let mut ticket = Ticket::new_visitor(room, now, 20);
     ticket.accepted_at = Some(now);
-    ticket.counted_expiry = Some(now.plus_minutes(10).minute());
+    ticket.counted_expiry = Some(now.plus_minutes(10).expiry_slot());
     let bytes = postcard::to_allocvec(&ticket).expect("ticket encodes");
     let sealed = keys.seal("shop", &bytes);
     let mut g = c.benchmark_group("cookie");
@@ -163,7 +163,7 @@ fn new_ticket_limit(c: &mut Criterion) {
     let now = UnixMillis(1_800_000_000_000);
     let mut admitted = Ticket::new_visitor(RoomId(1), now, 20);
     admitted.accepted_at = Some(now);
-    admitted.counted_expiry = Some(now.plus_minutes(5).minute());
+    admitted.counted_expiry = Some(now.plus_minutes(5).expiry_slot());
     let mut g = c.benchmark_group("new_ticket_limit");
     g.bench_function("visitor_with_ticket", |b| {
         b.iter(|| is_new_visitor(&room, black_box(Some(&admitted)), black_box(now)));

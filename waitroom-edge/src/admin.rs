@@ -371,7 +371,7 @@ pub(crate) fn status(node: &Node) -> serde_json::Value {
                 "queueing_method": cfg.queueing_method,
                 "total_active_users": cfg.total_active_users,
                 "new_users_per_minute": cfg.new_users_per_minute,
-                "node_active_users": c.active_users(minute),
+                "node_active_users": c.active_users(now.expiry_slot()),
                 "node_admitted_this_minute": c.admits(minute).total(),
                 "node_waiting": c.total_waiting(minute),
                 "global_active_users": state.active_users,

@@ -261,7 +261,10 @@ impl SharedCounters {
 mod tests {
     use std::os::unix::fs::FileExt as _;
 
-    use waitroom_common::{counters::Pool, time::Minute};
+    use waitroom_common::{
+        counters::Pool,
+        time::{ExpirySlot, Minute},
+    };
 
     use super::*;
 
@@ -279,12 +282,12 @@ mod tests {
                     .unwrap()
                     .take_ticket(Pool::ColoShare, Minute(100), 5)
             );
-            c.room(b).unwrap().start_session(Minute(110));
+            c.room(b).unwrap().start_session(ExpirySlot(110));
         }
         let c = SharedCounters::open(&path, &[b, a]).unwrap();
         assert_eq!(c.room(a).unwrap().admits(Minute(100)).total(), 1);
-        assert_eq!(c.room(b).unwrap().active_users(Minute(105)), 1);
-        assert_eq!(c.room(a).unwrap().active_users(Minute(105)), 0);
+        assert_eq!(c.room(b).unwrap().active_users(ExpirySlot(105)), 1);
+        assert_eq!(c.room(a).unwrap().active_users(ExpirySlot(105)), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -296,10 +299,39 @@ mod tests {
         std::fs::write(&path, b"not a counters file").unwrap();
         let a = RoomId::from_name("a");
         let c = SharedCounters::open(&path, &[a]).unwrap();
-        assert_eq!(c.room(a).unwrap().active_users(Minute(1)), 0);
+        assert_eq!(c.room(a).unwrap().active_users(ExpirySlot(1)), 0);
         assert!(path.with_extension("old").exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
+    /// An upgrade from expiry minutes (layout 1) to slots: the old file
+    /// (its header intact, its size that of layout 1) is set aside as
+    /// `PATH.old`, the node starts with fresh counters, nothing crashes.
+    #[test]
+    fn a_counters_file_of_layout_1_is_set_aside_on_upgrade() {
+        const LAYOUT_1_SIZE: usize = 82_112;
+        let dir = scratch("layout1");
+        let path = dir.join("c.shm");
+        let mut h = [0u8; CHECKED + 8];
+        h[..8].copy_from_slice(MAGIC);
+        h[8..12].copy_from_slice(&1u32.to_le_bytes());
+        h[12..16].copy_from_slice(&(SLOTS as u32).to_le_bytes());
+        h[16..24].copy_from_slice(&(LAYOUT_1_SIZE as u64).to_le_bytes());
+        let old = sealed(h);
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len((HEADER + SLOTS * LAYOUT_1_SIZE) as u64).unwrap();
+        f.write_all_at(&old, 0).unwrap();
+        drop(f);
+        let a = RoomId::from_name("a");
+        let c = SharedCounters::open(&path, &[a]).unwrap();
+        assert_eq!(c.room(a).unwrap().active_users(ExpirySlot(1)), 0);
+        c.room(a).unwrap().start_session(ExpirySlot(10));
+        assert_eq!(c.room(a).unwrap().active_users(ExpirySlot(10)), 1);
+        let aside = std::fs::metadata(path.with_extension("old")).unwrap();
+        assert_eq!(aside.len(), (HEADER + SLOTS * LAYOUT_1_SIZE) as u64);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), FILE_LEN as u64);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     fn scratch(tag: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("wr-counters-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -318,7 +350,7 @@ mod tests {
         f.set_len(HEADER as u64 + 100).unwrap();
         drop(f);
         let c = SharedCounters::open(&path, &[a]).unwrap();
-        assert_eq!(c.room(a).unwrap().active_users(Minute(1)), 0);
+        assert_eq!(c.room(a).unwrap().active_users(ExpirySlot(1)), 0);
         let old = std::fs::metadata(path.with_extension("old")).unwrap();
         assert_eq!(old.len(), HEADER as u64 + 100);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), FILE_LEN as u64);
@@ -332,13 +364,13 @@ mod tests {
         let a = RoomId::from_name("a");
         {
             let c = SharedCounters::open(&path, &[a]).unwrap();
-            c.room(a).unwrap().start_session(Minute(10));
+            c.room(a).unwrap().start_session(ExpirySlot(10));
         }
         let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         f.write_all_at(&[0xff], 30).unwrap();
         drop(f);
         let c = SharedCounters::open(&path, &[a]).unwrap();
-        assert_eq!(c.room(a).unwrap().active_users(Minute(10)), 0);
+        assert_eq!(c.room(a).unwrap().active_users(ExpirySlot(10)), 0);
         assert!(path.with_extension("old").exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -367,8 +399,8 @@ mod tests {
         let a = RoomId::from_name("a");
         let c = SharedCounters::open(&path, &[a]).unwrap();
         let room = c.room(a).unwrap();
-        room.start_session(Minute(10));
-        assert_eq!(room.active_users(Minute(10)), 1);
+        room.start_session(ExpirySlot(10));
+        assert_eq!(room.active_users(ExpirySlot(10)), 1);
         assert!(!c.truncated());
         std::fs::OpenOptions::new()
             .write(true)
@@ -378,13 +410,13 @@ mod tests {
             .unwrap();
         // Without the guard, this read dies of SIGBUS.
         assert_eq!(
-            room.active_users(Minute(10)),
+            room.active_users(ExpirySlot(10)),
             0,
             "counts start over in memory"
         );
         assert!(c.truncated());
-        room.start_session(Minute(10));
-        assert_eq!(room.active_users(Minute(10)), 1, "and go on counting");
+        room.start_session(ExpirySlot(10));
+        assert_eq!(room.active_users(ExpirySlot(10)), 1, "and go on counting");
         drop(c);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -42,7 +42,8 @@ fn scrape(node: &Node, f: &mut Families<'_>) -> fmt::Result {
 
 /// Each room's counts, this node's and the global view's.
 fn rooms(node: &Node, f: &mut Families<'_>) -> fmt::Result {
-    let minute = node.clock.now().minute();
+    let now = node.clock.now();
+    let minute = now.minute();
     let ids = || {
         node.rooms
             .iter()
@@ -56,7 +57,7 @@ fn rooms(node: &Node, f: &mut Families<'_>) -> fmt::Result {
             [
                 (
                     [("room", id), ("scope", "node")],
-                    node.room_counters(i).active_users(minute),
+                    node.room_counters(i).active_users(now.expiry_slot()),
                 ),
                 (
                     [("room", id), ("scope", "global")],

@@ -162,7 +162,10 @@ fn header(entries: usize, file_len: usize) -> [u8; CHECKED + 8] {
 mod tests {
     use std::os::unix::fs::FileExt as _;
 
-    use waitroom_common::{ledger::Counted, time::Minute};
+    use waitroom_common::{
+        ledger::Counted,
+        time::{ExpirySlot, Minute},
+    };
 
     use super::*;
 
@@ -179,7 +182,7 @@ mod tests {
         let path = ledger_file(&dir.join("edge.counters"));
         assert!(path.ends_with("edge.counters.tickets"));
         let to = Counted::Session {
-            expiry: Minute(1_000),
+            expiry: ExpirySlot(60_017),
         };
         {
             let shared = SharedLedger::open(&path, 2_048).unwrap();

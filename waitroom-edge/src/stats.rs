@@ -50,7 +50,7 @@ pub fn render(config: &EdgeConfig) -> anyhow::Result<String> {
             out,
             "{:<16} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9}",
             room.id,
-            c.active_users(minute),
+            c.active_users(now.expiry_slot()),
             room.engine.total_active_users(),
             c.admits(minute).total(),
             room.engine.new_users_per_minute(),

@@ -13,7 +13,7 @@ use waitroom_common::{
     estimate::WaitEstimate,
     room::{CookieSameSite, CookieSecure, QueueingMethod, Room, TicketBinding},
     ticket::Ticket,
-    time::UnixMillis,
+    time::{EXPIRY_SLOT_MILLIS, UnixMillis},
 };
 
 use waitroom_runtime::{
@@ -370,12 +370,18 @@ fn open_ticket(
 /// How stale a browsing visitor's cookie may get before it is sealed anew.
 const RESEAL_AFTER_MS: u64 = 30_000;
 
-/// A returning admitted visitor's cookie needs no new seal while its session
-/// is counted in the same expiry minute and it was sealed less than
-/// [`RESEAL_AFTER_MS`] ago: the counters are already right (the engine's move
-/// of the expiry was a no-op) and the session it proves ends at most that much
-/// earlier than the renewed one. Saves an AEAD seal and a header on most
-/// requests of a visitor who is browsing.
+/// A returning admitted visitor's cookie needs no new seal while it was
+/// sealed less than [`RESEAL_AFTER_MS`] ago and its counted expiry slot lags
+/// the renewed one by less than that: the session it proves ends at most
+/// that much earlier than the renewed one. Saves an AEAD seal and a header
+/// on most requests of a visitor who is browsing.
+///
+/// Since expiries are counted per second the cookie's claim of where the
+/// session is counted lags by up to those 30 s (with minutes it was exact).
+/// Only a node whose ledger does not know the ticket believes the claim: it
+/// then takes the count from the earlier slot while the session is counted
+/// at the later one, so the session counts twice for at most 30 s and is
+/// never uncounted early (too few slots, never too many).
 fn cookie_still_good(presented: Option<&Ticket>, decision: &Decision) -> bool {
     let (
         Some(old),
@@ -388,7 +394,13 @@ fn cookie_still_good(presented: Option<&Ticket>, decision: &Decision) -> bool {
     else {
         return false;
     };
-    old.counted_expiry == new.counted_expiry
+    let expiry_close = match (old.counted_expiry, new.counted_expiry) {
+        (Some(old), Some(new)) => {
+            new >= old && (new.0 - old.0) * EXPIRY_SLOT_MILLIS < RESEAL_AFTER_MS
+        }
+        (old, new) => old == new,
+    };
+    expiry_close
         && old.accepted_at == new.accepted_at
         && old.id == new.id
         && old.network == new.network
@@ -596,11 +608,11 @@ mod tests {
 
     #[test]
     fn a_browsing_visitors_cookie_is_resealed_only_when_it_matters() {
-        use waitroom_common::{engine::AdmitReason, room::RoomId, time::Minute};
+        use waitroom_common::{engine::AdmitReason, room::RoomId, time::ExpirySlot};
         let now = UnixMillis(1_800_000_000_000);
         let mut old = Ticket::new_visitor(RoomId(1), now, 20);
         old.accepted_at = Some(now);
-        old.counted_expiry = Some(Minute(100));
+        old.counted_expiry = Some(ExpirySlot(6_000));
         let admit = |t: Ticket| Decision::Admit {
             ticket: t,
             visitor: Visitor::Admitted,
@@ -613,10 +625,20 @@ mod tests {
         later.last_check_in = UnixMillis(now.0 + RESEAL_AFTER_MS);
         assert!(!cookie_still_good(Some(&old), &admit(later)), "too old");
         let mut moved = same;
-        moved.counted_expiry = Some(Minute(101));
+        moved.counted_expiry = Some(ExpirySlot(6_010));
+        assert!(
+            cookie_still_good(Some(&old), &admit(moved)),
+            "expiry moved with the 10 s of browsing"
+        );
+        moved.counted_expiry = Some(ExpirySlot(6_030));
         assert!(
             !cookie_still_good(Some(&old), &admit(moved)),
-            "expiry moved"
+            "expiry moved too far"
+        );
+        moved.counted_expiry = Some(ExpirySlot(5_999));
+        assert!(
+            !cookie_still_good(Some(&old), &admit(moved)),
+            "expiry moved back"
         );
         assert!(
             !cookie_still_good(None, &admit(same)),

@@ -191,7 +191,7 @@ pub struct Sample {
     pub at_s: u64,
     /// Visitors with a live session (ground truth).
     pub active: u64,
-    /// Active users as the node counters count them (to the end of the expiry minute).
+    /// Active users as the node counters count them (to the end of the expiry slot, a second).
     pub active_counted: i64,
     pub admits_this_minute: u64,
     pub queued: u64,
@@ -715,11 +715,11 @@ impl Sim {
     }
 
     fn sample(&mut self, now_ms: u64) {
-        let minute = at(now_ms).minute();
+        let slot = at(now_ms).expiry_slot();
         let counted: i64 = self
             .nodes
             .iter()
-            .map(|n| n.counters.active_users(minute))
+            .map(|n| n.counters.active_users(slot))
             .sum();
         self.peak_active_counted = self.peak_active_counted.max(counted);
         if now_ms.is_multiple_of(TIMELINE_EVERY_MS) {

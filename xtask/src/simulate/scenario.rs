@@ -306,7 +306,7 @@ pub struct ScenarioResult {
     /// Most visitors with a live session at once (ground truth).
     pub peak_active: u64,
     pub peak_active_ratio: f64,
-    /// Peak of the active users the counters count (to the end of the expiry minute).
+    /// Peak of the active users the counters count (to the end of the expiry slot).
     pub peak_active_counted_ratio: f64,
     pub peak_admits_per_minute: u64,
     pub peak_admits_ratio: f64,
