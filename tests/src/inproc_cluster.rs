@@ -202,6 +202,12 @@ counters_path = "{counters}"
         }
     }
 
+    /// Node `i` itself (its rooms, counters and metrics).
+    #[must_use]
+    pub fn node(&self, i: usize) -> &waitroom_edge::node::Node {
+        &self.nodes[i].running().node
+    }
+
     /// The state node `i` decides its first room with now.
     #[must_use]
     pub fn node_state(&self, i: usize) -> waitroom_common::state::GlobalState {
