@@ -10,12 +10,18 @@
 //! # Layout
 //! - [`cluster`]: the discrete-event loop (nodes, aggregator, visitors).
 //! - [`scenario`]: the four accuracy scenarios and their measurements.
+//! - [`targets`]: issue 15's targets, met or missed per scenario.
 //! - [`fairness`]: seed 001's experiment, FIFO against random.
 //! - [`plot`]: the heatmap PNGs.
 //!
 //! Output: a Markdown table on stdout, and CSV, JSON and PNG files under
 //! `target/simulate/`.
-use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    time::Instant,
+};
 
 use anyhow::{Context as _, Result};
 
@@ -25,8 +31,9 @@ pub mod cluster;
 pub mod fairness;
 pub mod plot;
 pub mod scenario;
+pub mod targets;
 
-use cluster::{Grants, LedgerCheck, Phases, Topology};
+use cluster::{Conditions, Grants, LedgerCheck, Phases, Topology};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -58,6 +65,40 @@ pub struct Args {
     /// experiment) the engine's unclamped share.
     #[arg(long, value_enum, default_value_t = Grants::Ledger)]
     grants: Grants,
+    /// Percent of gossip answers lost (the node waits for its answer
+    /// timeout, then reports again; two in a row and it reconnects).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    lost_answers_pct: u32,
+    /// Percent of gossip answers held back by up to two intervals more
+    /// (taken late, or ignored once the node stopped waiting for them).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    reordered_answers_pct: u32,
+    /// Each node's clock is off by a fixed offset, uniform in ±this.
+    #[arg(long, default_value_t = 0)]
+    skew_ms: u64,
+    /// Each request of a visitor goes to a random node of their colo.
+    #[arg(long)]
+    roaming: bool,
+    /// Percent of visitors who give up once queued for --give-up-after-s.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    give_up_pct: u32,
+    /// How long a visitor who gives up waits first (from arrival).
+    #[arg(long, default_value_t = 60)]
+    give_up_after_s: u64,
+    /// Run under a preset of conditions (added to the flags above) instead
+    /// of the run as given followed by the hostile run's targets.
+    #[arg(long, value_enum)]
+    preset: Option<Preset>,
+    /// Without --preset: skip the hostile run that follows the normal one.
+    #[arg(long)]
+    no_hostile: bool,
+    /// Skip the Anywhere ledger check after every report (O(nodes) each:
+    /// for the scale run).
+    #[arg(long)]
+    no_ledger_check: bool,
+    /// Run only this scenario (steady, colo-spike, uniform-spike, burst-7-1).
+    #[arg(long)]
+    scenario: Option<String>,
     /// Visitors in the fairness experiment.
     #[arg(long, default_value_t = 10_000)]
     fairness_visitors: u64,
@@ -75,6 +116,32 @@ enum Part {
     Fairness,
 }
 
+/// Named sets of conditions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Preset {
+    /// Issue 15's hostile network: 10 % of answers lost, nodes out of
+    /// phase, clocks skewed by up to ±500 ms.
+    Hostile,
+}
+
+impl Preset {
+    /// `topology` with this preset's conditions added.
+    #[must_use]
+    pub fn apply(self, topology: Topology) -> Topology {
+        match self {
+            Self::Hostile => Topology {
+                phases: Phases::Random,
+                conditions: Conditions {
+                    lost_answers_pct: topology.conditions.lost_answers_pct.max(10),
+                    skew_ms: topology.conditions.skew_ms.max(500),
+                    ..topology.conditions
+                },
+                ..topology
+            },
+        }
+    }
+}
+
 pub fn run(args: &Args) -> Result<()> {
     anyhow::ensure!(
         args.colos >= 1 && args.nodes_per_colo >= 1 && args.colos * args.nodes_per_colo >= 2,
@@ -84,7 +151,12 @@ pub fn run(args: &Args) -> Result<()> {
         args.gossip_interval_ms >= 1,
         "--gossip-interval-ms must be at least 1"
     );
-    let topology = Topology {
+    anyhow::ensure!(
+        !(args.no_ledger_check && args.grants == Grants::EngineShare),
+        "--grants engine-share needs the ledger check (it swaps the grant there)"
+    );
+    let started = Instant::now();
+    let given = Topology {
         colos: args.colos,
         nodes_per_colo: args.nodes_per_colo,
         gossip_delay_ms: args.gossip_delay_ms,
@@ -93,53 +165,198 @@ pub fn run(args: &Args) -> Result<()> {
         stale_after_ms: args.stale_after_ms,
         node_timeout_ms: args.node_timeout_ms,
         grants: args.grants,
+        conditions: Conditions {
+            lost_answers_pct: args.lost_answers_pct,
+            reordered_answers_pct: args.reordered_answers_pct,
+            skew_ms: args.skew_ms,
+            roaming: args.roaming,
+            give_up_pct: args.give_up_pct,
+            give_up_after_ms: args.give_up_after_s * 1_000,
+            check_ledger: !args.no_ledger_check,
+        },
     };
+    let topology = args.preset.map_or(given, |p| p.apply(given));
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| cmd::workspace_root().join("target").join("simulate"));
     fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    println!(
-        "simulate: seed {}, {} colos × {} nodes reporting every {} ms ({:?}), answers {} ms old, stale after {} ms, departed after {} ms; aggregator: waitroom_common::cluster::Cluster (Anywhere lease ledger simulated), nodes get the {:?} Anywhere grant",
-        args.seed,
-        topology.colos,
-        topology.nodes_per_colo,
-        topology.gossip_interval_ms,
-        topology.phases,
-        topology.gossip_delay_ms,
-        topology.stale_after_ms,
-        topology.node_timeout_ms,
-        topology.grants
-    );
+    println!("simulate: seed {}, {}", args.seed, describe(&topology));
+    if let Some(preset) = args.preset {
+        println!("preset {preset:?}");
+    }
     if args.only != Some(Part::Fairness) {
-        run_scenarios(&topology, args.seed, &out)?;
+        run_scenarios(&topology, args.seed, args.scenario.as_deref(), &out, true)?;
     }
     if args.only != Some(Part::Scenarios) {
         fairness::run_and_write(&topology, args.seed, args.fairness_visitors, &out)?;
+    }
+    let normal_s = started.elapsed().as_secs_f64();
+    if args.preset.is_none() && !args.no_hostile && args.only != Some(Part::Fairness) {
+        let hostile = Preset::Hostile.apply(topology);
+        let hostile_out = out.join("hostile");
+        fs::create_dir_all(&hostile_out)
+            .with_context(|| format!("creating {}", hostile_out.display()))?;
+        println!();
+        println!(
+            "Under the hostile preset (`--preset hostile`): {}",
+            describe(&hostile)
+        );
+        run_scenarios(
+            &hostile,
+            args.seed,
+            args.scenario.as_deref(),
+            &hostile_out,
+            false,
+        )?;
+        println!(
+            "wall time: {:.0} s ({normal_s:.0} s the run as given, {:.0} s the hostile run)",
+            started.elapsed().as_secs_f64(),
+            started.elapsed().as_secs_f64() - normal_s
+        );
+    } else {
+        println!("wall time: {normal_s:.0} s");
     }
     println!("files in {}", out.display());
     Ok(())
 }
 
-fn run_scenarios(topology: &Topology, seed: u64, out: &std::path::Path) -> Result<()> {
+/// The run's shape and conditions, in one line.
+fn describe(t: &Topology) -> String {
+    let c = &t.conditions;
+    let mut line = format!(
+        "{} colos × {} nodes reporting every {} ms ({:?}), answers {} ms old, stale after {} ms, departed after {} ms; aggregator: waitroom_common::cluster::Cluster (Anywhere lease ledger simulated), nodes get the {:?} Anywhere grant",
+        t.colos,
+        t.nodes_per_colo,
+        t.gossip_interval_ms,
+        t.phases,
+        t.gossip_delay_ms,
+        t.stale_after_ms,
+        t.node_timeout_ms,
+        t.grants
+    );
+    let mut add = |on: bool, what: String| {
+        if on {
+            line.push_str("; ");
+            line.push_str(&what);
+        }
+    };
+    add(
+        c.lost_answers_pct > 0,
+        format!("{} % of answers lost", c.lost_answers_pct),
+    );
+    add(
+        c.reordered_answers_pct > 0,
+        format!("{} % of answers held back", c.reordered_answers_pct),
+    );
+    add(
+        c.skew_ms > 0,
+        format!("clocks skewed by up to ±{} ms", c.skew_ms),
+    );
+    add(
+        c.roaming,
+        "visitors roam over the nodes of their colo".to_owned(),
+    );
+    add(
+        c.give_up_pct > 0,
+        format!(
+            "{} % of visitors give up after {} s",
+            c.give_up_pct,
+            c.give_up_after_ms / 1_000
+        ),
+    );
+    add(!c.check_ledger, "ledger check skipped".to_owned());
+    line
+}
+
+/// Runs the scenarios (or the one named) and prints their tables: all of
+/// them, or only the targets.
+fn run_scenarios(
+    topology: &Topology,
+    seed: u64,
+    only: Option<&str>,
+    out: &Path,
+    all_tables: bool,
+) -> Result<()> {
+    let scenarios: Vec<_> = scenario::all(topology, seed, scenario::Size::Full)
+        .into_iter()
+        .filter(|s| only.is_none_or(|key| s.key == key))
+        .collect();
+    anyhow::ensure!(!scenarios.is_empty(), "no scenario named {only:?}");
     let mut results = Vec::new();
-    println!();
-    println!("{}", table_header());
-    for scenario in scenario::all(topology, seed, scenario::Size::Full) {
+    let mut wall = Vec::new();
+    if all_tables {
+        println!();
+        println!("{}", table_header());
+    }
+    for scenario in scenarios {
         let started = Instant::now();
         let (result, run) = scenario::run(&scenario, topology, seed);
-        println!("{}", table_row(&result));
-        tracing_line(&result, started.elapsed().as_secs_f64());
+        let secs = started.elapsed().as_secs_f64();
+        if all_tables {
+            println!("{}", table_row(&result));
+        }
+        tracing_line(&result, secs);
         write_timeline(out, &result.key, &run.timeline)?;
         results.push(result);
+        wall.push(secs);
+    }
+    if all_tables {
+        println!();
+        println!("{}", ledger_header());
+        for result in &results {
+            println!("{}", ledger_row(result));
+        }
+        println!();
+        println!("{}", conditions_header());
+        for result in &results {
+            println!("{}", conditions_row(result));
+        }
     }
     println!();
-    println!("{}", ledger_header());
+    println!("Targets (issue 15):");
+    println!();
+    println!("{}", targets::header(topology.gossip_delay_ms));
     for result in &results {
-        println!("{}", ledger_row(result));
+        println!("{}", targets::row(&result.title, &result.targets));
     }
     println!();
+    let walls: Vec<String> = results
+        .iter()
+        .zip(&wall)
+        .map(|(r, s)| format!("{} {s:.0} s", r.key))
+        .collect();
+    println!("scenario wall times: {}", walls.join(", "));
     write_results(out, &results)
+}
+
+/// What the network and the visitors did, per scenario.
+#[must_use]
+pub fn conditions_header() -> String {
+    [
+        "| scenario | reports | answers taken (late) | lost | late and ignored | timeouts | reconnects | largest report skew | visitors who roamed | gave up |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    .join("\n")
+}
+
+#[must_use]
+pub fn conditions_row(r: &scenario::ScenarioResult) -> String {
+    let g = &r.gossip;
+    format!(
+        "| {} | {} | {} ({}) | {} | {} | {} | {} | {} ms | {} | {} |",
+        r.title,
+        g.reports,
+        g.answers_taken,
+        g.late_taken,
+        g.lost,
+        g.late_ignored,
+        g.timeouts,
+        g.reconnects,
+        g.max_report_skew_ms,
+        r.roamed,
+        r.given_up
+    )
 }
 
 /// The Anywhere ledger check of every scenario, as a second table.
@@ -225,18 +442,18 @@ pub fn table_row(r: &scenario::ScenarioResult) -> String {
     )
 }
 
-fn write_results(out: &std::path::Path, results: &[scenario::ScenarioResult]) -> Result<()> {
+fn write_results(out: &Path, results: &[scenario::ScenarioResult]) -> Result<()> {
     let json = out.join("scenarios.json");
     fs::write(&json, serde_json::to_string_pretty(results)?)
         .with_context(|| format!("writing {}", json.display()))?;
     let mut csv = String::from(
-        "scenario,total_active_users,new_users_per_minute,visitors,admitted,queued,queued_early,peak_active,peak_active_ratio,peak_active_counted_ratio,peak_admits_per_minute,peak_admits_ratio,first_queue_at_s,first_queue_active_ratio,first_queue_admits_ratio,max_wait_s,decisions,local_only_decisions,ledger_checks,ledger_over_pool,over_pool_carried,worst_excess,worst_excess_carried,over_pool_without_ledger,worst_excess_without_ledger,answers_clamped\n",
+        "scenario,total_active_users,new_users_per_minute,visitors,admitted,queued,queued_early,peak_active,peak_active_ratio,peak_active_counted_ratio,peak_admits_per_minute,peak_admits_ratio,first_queue_at_s,first_queue_active_ratio,first_queue_admits_ratio,max_wait_s,decisions,local_only_decisions,ledger_checks,ledger_over_pool,over_pool_carried,worst_excess,worst_excess_carried,over_pool_without_ledger,worst_excess_without_ledger,answers_clamped,given_up,roamed,reports,answers_taken,answers_late_taken,answers_lost,answers_late_ignored,timeouts,reconnects,max_report_skew_ms,queued_below_98,queued_below_98_met,peak_admits_target,peak_admits_met,peak_active_met,counted_worst_relative,counted_worst_relative_at_s,counted_worst_of_total,counted_worst_relative_any,counted_met,targets_met\n",
     );
     let opt = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.4}"));
     for r in results {
         writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{:.4},{:.4},{},{:.4},{},{},{},{:.1},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{:.4},{:.4},{},{:.4},{},{},{},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4},{},{:.4},{:.4},{},{}",
             r.key,
             r.total_active_users,
             r.new_users_per_minute,
@@ -262,14 +479,38 @@ fn write_results(out: &std::path::Path, results: &[scenario::ScenarioResult]) ->
             r.ledger.worst_excess_carried,
             r.ledger.over_pool_without_ledger,
             r.ledger.worst_excess_without_ledger,
-            r.ledger.clamped
+            r.ledger.clamped,
+            r.given_up,
+            r.roamed,
+            r.gossip.reports,
+            r.gossip.answers_taken,
+            r.gossip.late_taken,
+            r.gossip.lost,
+            r.gossip.late_ignored,
+            r.gossip.timeouts,
+            r.gossip.reconnects,
+            r.gossip.max_report_skew_ms,
+            r.targets.queued_below_98,
+            r.targets.queued_met,
+            r.targets.peak_admits_target,
+            r.targets.peak_admits_met,
+            r.targets.peak_active_met,
+            r.targets.counted.worst_relative,
+            r.targets
+                .counted
+                .worst_relative_at_s
+                .map_or_else(String::new, |s| s.to_string()),
+            r.targets.counted.worst_of_total,
+            r.targets.counted.worst_relative_any,
+            r.targets.counted_met,
+            r.targets.met()
         )?;
     }
     let path = out.join("scenarios.csv");
     fs::write(&path, csv).with_context(|| format!("writing {}", path.display()))
 }
 
-fn write_timeline(out: &std::path::Path, key: &str, timeline: &[cluster::Sample]) -> Result<()> {
+fn write_timeline(out: &Path, key: &str, timeline: &[cluster::Sample]) -> Result<()> {
     let mut csv = String::from("t_s,active,active_counted,admits_this_minute,queued\n");
     for s in timeline {
         writeln!(
@@ -287,7 +528,7 @@ mod tests {
     use waitroom_common::room::QueueingMethod;
 
     use super::{
-        cluster::{self, Grants, Phases, Topology},
+        cluster::{self, Conditions, Grants, Phases, Topology},
         fairness::{self, Setup},
         plot, scenario,
         scenario::Size,
@@ -303,6 +544,7 @@ mod tests {
         stale_after_ms: 10_000,
         node_timeout_ms: 15_000,
         grants: Grants::Ledger,
+        conditions: Conditions::NONE,
     };
 
     fn scenario_result(key: &str, seed: u64) -> scenario::ScenarioResult {
