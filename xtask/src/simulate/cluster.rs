@@ -316,6 +316,9 @@ pub struct GossipCounts {
     pub reconnects: u64,
     /// Largest |report time − true time| over all reports, in ms (the skew).
     pub max_report_skew_ms: u64,
+    /// Answers taken in that were computed before the one the node held:
+    /// the client must never go back (0 unless the simulator is wrong).
+    pub went_back: u64,
 }
 
 /// The Anywhere ledger, checked after every report the aggregator applied.
@@ -936,6 +939,12 @@ impl Sim {
                     observed_share(&answer.state, active, admitted)
                 });
                 let before = node.heard.as_ref().and_then(|h| h.share);
+                if node.heard.as_ref().is_some_and(|h| h.answered)
+                    && node.local_since_ms.is_none()
+                    && answer.state.as_of < node.state.as_of
+                {
+                    self.gossip.went_back += 1;
+                }
                 node.state = answer.state;
                 Heard {
                     received_ms: now_ms,
