@@ -275,6 +275,9 @@ pub struct Run {
     /// Visitors first queued while both limits were less than 98 % used
     /// (the target of issue 15: none).
     pub queued_below_target: u64,
+    /// Of those, visitors queued while others were already waiting (FIFO
+    /// keeps the minute's slots for the queue's check-ins first).
+    pub queued_below_target_behind_queue: u64,
     /// The counters' active users against the true number, every second.
     pub counted_error: CountedError,
     /// What the network did to the gossip.
@@ -489,6 +492,7 @@ pub struct Sim {
     admitted: usize,
     given_up: usize,
     queued_below_target: u64,
+    queued_below_target_behind_queue: u64,
     counted_error: CountedError,
     gossip: GossipCounts,
     admits_per_minute: BTreeMap<u64, u64>,
@@ -572,6 +576,7 @@ impl Sim {
             admitted: 0,
             given_up: 0,
             queued_below_target: 0,
+            queued_below_target_behind_queue: 0,
             counted_error: CountedError::default(),
             gossip: GossipCounts::default(),
             admits_per_minute: BTreeMap::new(),
@@ -681,6 +686,7 @@ impl Sim {
             applied_with_departed: self.applied_with_departed,
             end_ms: now_ms,
             queued_below_target: self.queued_below_target,
+            queued_below_target_behind_queue: self.queued_below_target_behind_queue,
             counted_error: self.counted_error,
             gossip: self.gossip,
         }
@@ -1095,6 +1101,7 @@ impl Sim {
             }
             Decision::Queue { ticket, reason, .. } => {
                 if !self.visitors[v].queued {
+                    let others_waiting = self.queued_now > 0;
                     self.visitors[v].queued = true;
                     self.queued_now += 1;
                     if reason != QueueReason::TooEarly && self.below_limits(now_ms, EARLY) {
@@ -1102,6 +1109,7 @@ impl Sim {
                     }
                     if reason != QueueReason::TooEarly && self.below_limits(now_ms, EARLY_TARGET) {
                         self.queued_below_target += 1;
+                        self.queued_below_target_behind_queue += u64::from(others_waiting);
                     }
                 }
                 if reason != QueueReason::TooEarly && self.first_queue.is_none() {
