@@ -301,12 +301,14 @@ fn run_scenarios(
         results.push(result);
         wall.push(secs);
     }
-    if all_tables {
+    if all_tables && topology.conditions.check_ledger {
         println!();
         println!("{}", ledger_header());
         for result in &results {
             println!("{}", ledger_row(result));
         }
+    }
+    if all_tables {
         println!();
         println!("{}", conditions_header());
         for result in &results {
