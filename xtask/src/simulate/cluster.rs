@@ -322,6 +322,10 @@ pub struct GossipCounts {
     /// Answers taken in that were computed before the one the node held:
     /// the client must never go back (0 unless the simulator is wrong).
     pub went_back: u64,
+    /// Report entries the aggregator found implausible (`Cluster::check_plausible`):
+    /// dropped for a future minute, or clamped to their bound.
+    pub aggregator_future_minute: u64,
+    pub aggregator_clamped: u64,
 }
 
 /// The Anywhere ledger, checked after every report the aggregator applied.
@@ -660,6 +664,9 @@ impl Sim {
                 break;
             }
         }
+        let [(_, future), (_, clamped)] = self.cluster.implausible_by_reason();
+        self.gossip.aggregator_future_minute = future;
+        self.gossip.aggregator_clamped = clamped;
         Run {
             outcomes: self
                 .visitors

@@ -336,8 +336,8 @@ fn run_scenarios(
 #[must_use]
 pub fn conditions_header() -> String {
     [
-        "| scenario | reports | answers taken (late) | lost | late and ignored | timeouts | reconnects | largest report skew | visitors who roamed | gave up |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| scenario | reports | answers taken (late) | lost | late and ignored | timeouts | reconnects | largest report skew | report entries the aggregator dropped (future minute) / clamped | visitors who roamed | gave up |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     .join("\n")
 }
@@ -346,7 +346,7 @@ pub fn conditions_header() -> String {
 pub fn conditions_row(r: &scenario::ScenarioResult) -> String {
     let g = &r.gossip;
     format!(
-        "| {} | {} | {} ({}) | {} | {} | {} | {} | {} ms | {} | {} |",
+        "| {} | {} | {} ({}) | {} | {} | {} | {} | {} ms | {} / {} | {} | {} |",
         r.title,
         g.reports,
         g.answers_taken,
@@ -356,6 +356,8 @@ pub fn conditions_row(r: &scenario::ScenarioResult) -> String {
         g.timeouts,
         g.reconnects,
         g.max_report_skew_ms,
+        g.aggregator_future_minute,
+        g.aggregator_clamped,
         r.roamed,
         r.given_up
     )
