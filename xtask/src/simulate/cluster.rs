@@ -24,6 +24,15 @@
 //! during an outage ([`Sim::with_outage`]) is lost; the node tries again when
 //! the client would, after its answer timeout.
 //!
+//! # The harsher network ([`Conditions`])
+//! Answers can be lost (the report was applied; the node waits for its answer
+//! timeout, reports again, and after [`MAX_MISSED_ANSWERS`] in a row
+//! reconnects with the client's backoff) or held back by up to two intervals
+//! (taken late within the timeout, else dropped unread: the client reads only
+//! the answer it waits for). [`Phases::Random`] puts the nodes out of phase
+//! with jitter per report. Clock skew gives each node a fixed offset used for
+//! everything it does: deciding, counting, reporting, the tickets it issues.
+//!
 //! # What a node decides with
 //! As `Node::refresh_from_world` in `waitroom-edge`: the last answer while it
 //! is at most `stale_after_ms` old, else the local-only state
@@ -40,7 +49,9 @@
 //! the first count at zero while the second is not.
 //!
 //! # Visitors
-//! A visitor arrives at one node and stays with it. Queued, they check in
+//! A visitor arrives at one node and stays with it, or (roaming) sends each
+//! request to a random node of their colo with the ticket they hold. Some
+//! may give up once queued past a time drawn per visitor. Queued, they check in
 //! when their ticket allows (`next_check_in`) plus a little network latency;
 //! admitted, they request a page every ~15 s while they browse, then stop,
 //! and their session ends `session_duration` minutes after the last request.
