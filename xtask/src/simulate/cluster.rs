@@ -24,6 +24,15 @@
 //! during an outage ([`Sim::with_outage`]) is lost; the node tries again when
 //! the client would, after its answer timeout.
 //!
+//! # The harsher network ([`Conditions`])
+//! Answers can be lost (the report was applied; the node waits for its answer
+//! timeout, reports again, and after [`MAX_MISSED_ANSWERS`] in a row
+//! reconnects with the client's backoff) or held back by up to two intervals
+//! (taken late within the timeout, else dropped unread: the client reads only
+//! the answer it waits for). [`Phases::Random`] puts the nodes out of phase
+//! with jitter per report. Clock skew gives each node a fixed offset used for
+//! everything it does: deciding, counting, reporting, the tickets it issues.
+//!
 //! # What a node decides with
 //! As `Node::refresh_from_world` in `waitroom-edge`: the last answer while it
 //! is at most `stale_after_ms` old, else the local-only state
@@ -40,7 +49,9 @@
 //! the first count at zero while the second is not.
 //!
 //! # Visitors
-//! A visitor arrives at one node and stays with it. Queued, they check in
+//! A visitor arrives at one node and stays with it, or (roaming) sends each
+//! request to a random node of their colo with the ticket they hold. Some
+//! may give up once queued past a time drawn per visitor. Queued, they check in
 //! when their ticket allows (`next_check_in`) plus a little network latency;
 //! admitted, they request a page every ~15 s while they browse, then stop,
 //! and their session ends `session_duration` minutes after the last request.
@@ -86,6 +97,46 @@ pub struct Topology {
     pub node_timeout_ms: u64,
     /// What a node's answer carries as its Anywhere allowance.
     pub grants: Grants,
+    /// The harsher network and visitors (all off by default).
+    pub conditions: Conditions,
+}
+
+/// The conditions of the harsher simulator, each one a flag of
+/// `cargo xtask simulate` (and all off in [`Conditions::NONE`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conditions {
+    /// Percent of answers lost on the way back (the report was applied).
+    pub lost_answers_pct: u32,
+    /// Percent of answers held back by up to two gossip intervals more, so
+    /// they arrive after the answer to the node's next report would have.
+    pub reordered_answers_pct: u32,
+    /// Each node's clock is off by a fixed offset, uniform in ±this.
+    pub skew_ms: u64,
+    /// Each request of a visitor goes to a random node of their colo.
+    pub roaming: bool,
+    /// Percent of visitors who give up once queued this long.
+    pub give_up_pct: u32,
+    pub give_up_after_ms: u64,
+    /// Check the Anywhere ledger after every report (O(nodes) per report:
+    /// off for the scale run).
+    pub check_ledger: bool,
+}
+
+impl Conditions {
+    /// The simulator as it was: nothing lost, no skew, visitors stay and wait.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "the command line sets every field")
+    )]
+    pub const NONE: Self = Self {
+        lost_answers_pct: 0,
+        reordered_answers_pct: 0,
+        skew_ms: 0,
+        roaming: false,
+        give_up_pct: 0,
+        give_up_after_ms: 0,
+        check_ledger: true,
+    };
 }
 
 /// The Anywhere allowance handed to the nodes.
@@ -105,6 +156,9 @@ pub enum Phases {
     Staggered,
     /// Every node reports at the same instant (the simulator before the ledger was in it).
     Aligned,
+    /// Each node at a random point of the interval, and each report up to a
+    /// tenth of an interval late (the task was busy): out of phase.
+    Random,
 }
 
 impl Topology {
@@ -119,19 +173,27 @@ impl Topology {
         colo * self.nodes_per_colo + node
     }
 
-    /// When node `node` first reports.
+    /// When node `node` first reports; `draw` is uniform in `[0, 1)` (used by
+    /// [`Phases::Random`] only).
     #[must_use]
-    pub fn phase_ms(&self, node: usize) -> u64 {
+    pub fn phase_ms(&self, node: usize, draw: f64) -> u64 {
         match self.phases {
             Phases::Staggered => self.gossip_interval_ms * node as u64 / self.nodes() as u64,
             Phases::Aligned => 0,
+            Phases::Random => (self.gossip_interval_ms as f64 * draw) as u64,
         }
     }
 
-    /// How long the gossip client waits for an answer (two intervals, at least 1 s).
+    /// How long the gossip client waits for an answer: two intervals, at
+    /// least 1 s (`Client::answer_timeout`). The simulator waits at least one
+    /// gossip delay too, so that a delay longer than the timeout (the 3 s
+    /// runs) still delivers its answers, as it did before answers could be
+    /// lost.
     #[must_use]
     pub fn answer_timeout_ms(&self) -> u64 {
-        (2 * self.gossip_interval_ms).max(1_000)
+        (2 * self.gossip_interval_ms)
+            .max(1_000)
+            .max(self.gossip_delay_ms)
     }
 
     /// When traffic starts: after the first answer has reached every node
@@ -164,6 +226,10 @@ pub struct Outcome {
     pub admitted_ms: Option<u64>,
     /// Was queued at least once.
     pub queued: bool,
+    /// Gave up waiting (and was never admitted).
+    pub gave_up: bool,
+    /// Requests of this visitor reached more than one node.
+    pub roamed: bool,
 }
 
 impl Outcome {
@@ -217,6 +283,60 @@ pub struct Run {
     /// Reports the aggregator applied while it counted some node departed.
     pub applied_with_departed: u64,
     pub end_ms: u64,
+    /// Visitors first queued while both limits were less than 98 % used
+    /// (the target of issue 15: none).
+    pub queued_below_target: u64,
+    /// Of those, visitors queued while others were already waiting (FIFO
+    /// keeps the minute's slots for the queue's check-ins first).
+    pub queued_below_target_behind_queue: u64,
+    /// The counters' active users against the true number, every second.
+    pub counted_error: CountedError,
+    /// What the network did to the gossip.
+    pub gossip: GossipCounts,
+}
+
+/// How far the active users the node counters count (summed over the nodes,
+/// each at its own clock's minute) are from the true number, over the samples
+/// taken every second.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct CountedError {
+    /// Worst |counted − true| ÷ true where true is at least
+    /// [`COUNTED_FLOOR`] of the total (the target's measure).
+    pub worst_relative: f64,
+    /// When that was, in seconds after [`START`].
+    pub worst_relative_at_s: Option<u64>,
+    /// Worst |counted − true| ÷ the total limit, over every sample.
+    pub worst_of_total: f64,
+    /// Worst |counted − true| ÷ true over every sample with true > 0.
+    pub worst_relative_any: f64,
+}
+
+/// Gossip exchanges and what became of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GossipCounts {
+    pub reports: u64,
+    /// Answers taken in by their node.
+    pub answers_taken: u64,
+    /// Answers lost on the way (`--lost-answers-pct`) or reports lost in an outage.
+    pub lost: u64,
+    /// Answers held back (`--reordered-answers-pct`) but still in time.
+    pub late_taken: u64,
+    /// Held-back answers that came after the node had stopped waiting for
+    /// them: ignored, as the client reads only the answer it waits for.
+    pub late_ignored: u64,
+    /// Exchanges the node stopped waiting for (answer timeout).
+    pub timeouts: u64,
+    /// Connections dropped after [`MAX_MISSED_ANSWERS`] timeouts in a row.
+    pub reconnects: u64,
+    /// Largest |report time − true time| over all reports, in ms (the skew).
+    pub max_report_skew_ms: u64,
+    /// Answers taken in that were computed before the one the node held:
+    /// the client must never go back (0 unless the simulator is wrong).
+    pub went_back: u64,
+    /// Report entries the aggregator found implausible (`Cluster::check_plausible`):
+    /// dropped for a future minute, or clamped to their bound.
+    pub aggregator_future_minute: u64,
+    pub aggregator_clamped: u64,
 }
 
 /// The Anywhere ledger, checked after every report the aggregator applied.
@@ -260,6 +380,18 @@ const PAGE_INTERVAL_MS: u64 = 15_000;
 const CHECK_IN_LATENCY_MS: u64 = 500;
 /// A visitor queued while both limits are less than this much used was queued early.
 pub const EARLY: f64 = 0.9;
+/// Issue 15's target: nobody queued while both limits are less than this much used.
+pub const EARLY_TARGET: f64 = 0.98;
+/// The counted-vs-true target is judged where the true number is at least
+/// this share of the total (below it a few sessions are a large relative error).
+pub const COUNTED_FLOOR: f64 = 0.1;
+/// Unanswered exchanges in a row after which the gossip client drops the
+/// connection and reconnects (`MAX_MISSED_ANSWERS` in the edge's client).
+pub const MAX_MISSED_ANSWERS: u32 = 2;
+/// The client's reconnect backoff: first delay, doubling up to the cap,
+/// "equal jitter" (`BACKOFF_BASE`, `BACKOFF_CAP` in the edge's client).
+const BACKOFF_BASE_MS: u64 = 100;
+const BACKOFF_CAP_MS: u64 = 5_000;
 /// Timeline resolution; peaks are sampled every second.
 const TIMELINE_EVERY_MS: u64 = 10_000;
 /// How often the node recomputes a local-only state (its refresh tick).
@@ -273,6 +405,8 @@ enum Event {
     Apply(u64),
     /// The answer of exchange `.0` reaches its node.
     Deliver(u64),
+    /// Node of exchange `.0` stops waiting for its answer.
+    Timeout(u64),
     Sample,
     Arrive(usize),
     Request(usize),
@@ -304,8 +438,16 @@ struct Node {
     local_since_ms: Option<u64>,
     /// The node's admit rate for local-only states.
     rate: AdmitRate,
-    /// When the node last sent a report.
-    last_report_ms: u64,
+    /// The node's last gossip tick (its report went out then, plus jitter).
+    tick_ms: u64,
+    /// The node's clock minus the true time (`--skew-ms`).
+    offset_ms: i64,
+    /// The exchange whose answer the node waits for: the only answer it reads.
+    in_flight: Option<u64>,
+    /// Unanswered exchanges in a row.
+    missed: u32,
+    /// Reconnect attempts since the last answer (the backoff's exponent).
+    reconnect_attempt: u32,
 }
 
 /// One report on its way to the aggregator, then its answer on the way back.
@@ -315,6 +457,8 @@ struct Exchange {
     sent_ms: u64,
     report: NodeReport,
     answers: Vec<RoomAnswer>,
+    /// When the answer reaches the node, if it does.
+    answer_ms: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -325,6 +469,12 @@ struct Visitor {
     queued: bool,
     /// Ground truth: the session runs until this instant.
     session_end_ms: Option<u64>,
+    /// Queued, this visitor stops checking in from this instant (`--give-up-*`).
+    gives_up_ms: Option<u64>,
+    gave_up: bool,
+    /// The node of the visitor's last request.
+    last_node: Option<usize>,
+    roamed: bool,
 }
 
 /// The simulation of one room on one cluster.
@@ -343,6 +493,10 @@ pub struct Sim {
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
     rng: ChaCha8Rng,
+    /// The network's and visitors' draws (phases, skew, losses, roaming):
+    /// a stream apart, so that with every condition off the engine's draws
+    /// and so the results are those of the simulator before the conditions.
+    net_rng: ChaCha8Rng,
     exchanges: BTreeMap<u64, Exchange>,
     next_exchange: u64,
     // What is measured.
@@ -351,6 +505,11 @@ pub struct Sim {
     peak_active_counted: i64,
     queued_now: u64,
     admitted: usize,
+    given_up: usize,
+    queued_below_target: u64,
+    queued_below_target_behind_queue: u64,
+    counted_error: CountedError,
+    gossip: GossipCounts,
     admits_per_minute: BTreeMap<u64, u64>,
     first_queue: Option<FirstQueue>,
     queued_early: u64,
@@ -389,9 +548,13 @@ impl Sim {
                 heard: None,
                 local_since_ms: None,
                 rate: AdmitRate::default(),
-                last_report_ms: 0,
+                tick_ms: 0,
+                offset_ms: 0,
+                in_flight: None,
+                missed: 0,
+                reconnect_attempt: 0,
             })
-            .collect();
+            .collect::<Vec<_>>();
         let cluster = Cluster::new(
             vec![RoomDef {
                 // Only the aggregator's log lines name it.
@@ -403,6 +566,10 @@ impl Sim {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         // A stream of its own, so traffic made from the same seed is independent of it.
         rng.set_stream(2);
+        let mut net_rng = ChaCha8Rng::seed_from_u64(seed);
+        net_rng.set_stream(3);
+        let mut give_up_rng = ChaCha8Rng::seed_from_u64(seed);
+        give_up_rng.set_stream(4);
         let mut sim = Self {
             room,
             topology,
@@ -414,6 +581,7 @@ impl Sim {
             events: BinaryHeap::new(),
             seq: 0,
             rng,
+            net_rng,
             exchanges: BTreeMap::new(),
             next_exchange: 0,
             active: 0,
@@ -421,6 +589,11 @@ impl Sim {
             peak_active_counted: 0,
             queued_now: 0,
             admitted: 0,
+            given_up: 0,
+            queued_below_target: 0,
+            queued_below_target_behind_queue: 0,
+            counted_error: CountedError::default(),
+            gossip: GossipCounts::default(),
             admits_per_minute: BTreeMap::new(),
             first_queue: None,
             queued_early: 0,
@@ -430,19 +603,37 @@ impl Sim {
             ledger: LedgerCheck::default(),
             applied_with_departed: 0,
         };
+        let conditions = topology.conditions;
         for (i, &arrival) in arrivals.iter().enumerate() {
             assert!(arrival.node < topology.nodes(), "arrival at a missing node");
+            let gives_up = conditions.give_up_pct > 0
+                && give_up_rng.random_range(0..100) < conditions.give_up_pct;
             sim.visitors.push(Visitor {
                 arrival,
                 ticket: None,
                 admitted_ms: None,
                 queued: false,
                 session_end_ms: None,
+                gives_up_ms: gives_up.then_some(arrival.at_ms + conditions.give_up_after_ms),
+                gave_up: false,
+                last_node: None,
+                roamed: false,
             });
             sim.schedule(arrival.at_ms, Event::Arrive(i));
         }
         for node in 0..topology.nodes() {
-            sim.schedule(topology.phase_ms(node), Event::Report(node));
+            let draw = if topology.phases == Phases::Random {
+                sim.net_rng.random::<f64>()
+            } else {
+                0.0
+            };
+            let phase = topology.phase_ms(node, draw);
+            if conditions.skew_ms > 0 {
+                let skew = conditions.skew_ms as i64;
+                sim.nodes[node].offset_ms = sim.net_rng.random_range(-skew..=skew);
+            }
+            sim.nodes[node].tick_ms = phase;
+            sim.schedule(phase, Event::Report(node));
         }
         sim.schedule(0, Event::Sample);
         sim
@@ -478,10 +669,15 @@ impl Sim {
             }
             now_ms = at_ms;
             self.handle(event, at_ms);
-            if matches!(until, Until::AllAdmitted { .. }) && self.admitted == self.visitors.len() {
+            if matches!(until, Until::AllAdmitted { .. })
+                && self.admitted + self.given_up == self.visitors.len()
+            {
                 break;
             }
         }
+        let [(_, future), (_, clamped)] = self.cluster.implausible_by_reason();
+        self.gossip.aggregator_future_minute = future;
+        self.gossip.aggregator_clamped = clamped;
         Run {
             outcomes: self
                 .visitors
@@ -492,6 +688,8 @@ impl Sim {
                     bucket: v.arrival.at_ms / MILLIS_PER_MINUTE,
                     admitted_ms: v.admitted_ms,
                     queued: v.queued,
+                    gave_up: v.gave_up,
+                    roamed: v.roamed,
                 })
                 .collect(),
             peak_active: self.peak_active,
@@ -505,6 +703,10 @@ impl Sim {
             ledger: self.ledger,
             applied_with_departed: self.applied_with_departed,
             end_ms: now_ms,
+            queued_below_target: self.queued_below_target,
+            queued_below_target_behind_queue: self.queued_below_target_behind_queue,
+            counted_error: self.counted_error,
+            gossip: self.gossip,
         }
     }
 
@@ -513,6 +715,7 @@ impl Sim {
             Event::Report(node) => self.report(node, now_ms),
             Event::Apply(exchange) => self.apply(exchange, now_ms),
             Event::Deliver(exchange) => self.deliver(exchange, now_ms),
+            Event::Timeout(exchange) => self.time_out(exchange, now_ms),
             Event::Sample => self.sample(now_ms),
             Event::Arrive(v) | Event::Request(v) => self.request(v, now_ms),
             Event::SessionEnd(v) => {
@@ -524,28 +727,68 @@ impl Sim {
         }
     }
 
-    /// The node's gossip tick: one report, or (during an outage) a try that
-    /// times out.
+    /// The node's clock at `ms` after [`START`] (true time plus its skew).
+    fn node_at(&self, i: usize, ms: u64) -> UnixMillis {
+        let ms = i64::try_from(START.0 + ms).expect("virtual time fits") + self.nodes[i].offset_ms;
+        UnixMillis(u64::try_from(ms).expect("skew is smaller than the epoch"))
+    }
+
+    /// The true instant (ms after [`START`]) at which node `i`'s clock shows `t`.
+    fn true_ms(&self, i: usize, t: UnixMillis) -> u64 {
+        let ms = i64::try_from(t.0).expect("virtual time fits")
+            - self.nodes[i].offset_ms
+            - i64::try_from(START.0).expect("virtual time fits");
+        u64::try_from(ms.max(0)).expect("non-negative")
+    }
+
+    /// Node `i` reports again on its next gossip tick (the interval's, or at
+    /// once if that has passed), plus the jitter of [`Phases::Random`].
+    fn next_tick(&mut self, i: usize, now_ms: u64) {
+        let next = (self.nodes[i].tick_ms + self.topology.gossip_interval_ms).max(now_ms);
+        self.nodes[i].tick_ms = next;
+        let jitter = if self.topology.phases == Phases::Random {
+            self.net_rng
+                .random_range(0..=self.topology.gossip_interval_ms / 10)
+        } else {
+            0
+        };
+        self.schedule(next + jitter, Event::Report(i));
+    }
+
+    /// The node's gossip tick: one report. What becomes of its answer is
+    /// drawn here: on time, held back (`reordered_answers_pct`) or lost
+    /// (`lost_answers_pct`; during an outage the report itself is lost).
     fn report(&mut self, i: usize, now_ms: u64) {
-        let node = &mut self.nodes[i];
-        node.last_report_ms = now_ms;
-        if self
-            .outage
-            .is_some_and(|(from, to)| (from..to).contains(&now_ms))
-        {
-            let retry = now_ms + self.topology.answer_timeout_ms();
-            self.schedule(retry, Event::Report(i));
-            return;
-        }
-        let now = at(now_ms);
+        let now = self.node_at(i, now_ms);
+        let skew = now.0.abs_diff(at(now_ms).0);
+        let node = &self.nodes[i];
         let report = NodeReport {
             node: node.name.clone(),
             colo: node.colo.clone(),
             at: now,
             rooms: vec![node.counters.report(now)],
         };
+        self.gossip.reports += 1;
+        self.gossip.max_report_skew_ms = self.gossip.max_report_skew_ms.max(skew);
         let id = self.next_exchange;
         self.next_exchange += 1;
+        self.nodes[i].in_flight = Some(id);
+        let delay = self.topology.gossip_delay_ms;
+        let conditions = self.topology.conditions;
+        let report_lost = self
+            .outage
+            .is_some_and(|(from, to)| (from..to).contains(&now_ms));
+        let answer_ms = if report_lost || self.chance(conditions.lost_answers_pct) {
+            self.gossip.lost += 1;
+            None
+        } else if self.chance(conditions.reordered_answers_pct) {
+            let extra = self
+                .net_rng
+                .random_range(1..=2 * self.topology.gossip_interval_ms);
+            Some(now_ms + delay + extra)
+        } else {
+            Some(now_ms + delay)
+        };
         self.exchanges.insert(
             id,
             Exchange {
@@ -553,9 +796,21 @@ impl Sim {
                 sent_ms: now_ms,
                 report,
                 answers: Vec::new(),
+                answer_ms,
             },
         );
-        self.schedule(now_ms + self.topology.gossip_delay_ms / 2, Event::Apply(id));
+        if !report_lost {
+            self.schedule(now_ms + delay / 2, Event::Apply(id));
+        }
+        let timeout_ms = now_ms + self.topology.answer_timeout_ms();
+        if answer_ms.is_none_or(|t| t > timeout_ms) {
+            self.schedule(timeout_ms, Event::Timeout(id));
+        }
+    }
+
+    /// True with probability `pct` percent (no draw at 0).
+    fn chance(&mut self, pct: u32) -> bool {
+        pct > 0 && self.net_rng.random_range(0..100) < pct
     }
 
     /// The aggregator takes the report in at its arrival time.
@@ -564,13 +819,45 @@ impl Sim {
         let exchange = self.exchanges.get_mut(&id).expect("applied once");
         let mut answers = self.cluster.apply(exchange.report.clone(), now);
         let node = exchange.report.node.clone();
-        let deliver_ms = exchange.sent_ms + self.topology.gossip_delay_ms;
-        self.schedule(deliver_ms, Event::Deliver(id));
-        self.check_ledger(&node, &mut answers, now);
+        if let Some(deliver_ms) = exchange.answer_ms {
+            self.schedule(deliver_ms, Event::Deliver(id));
+        }
+        if self.topology.conditions.check_ledger {
+            self.check_ledger(&node, &mut answers, now);
+        }
         self.exchanges
             .get_mut(&id)
             .expect("still in flight")
             .answers = answers;
+    }
+
+    /// The node stops waiting for exchange `id` (`Client::session`): it
+    /// reports again on its next tick, or after [`MAX_MISSED_ANSWERS`] in a
+    /// row reconnects (backoff, then one round trip of handshake) and reports
+    /// at once.
+    fn time_out(&mut self, id: u64, now_ms: u64) {
+        let exchange = &self.exchanges[&id];
+        let i = exchange.node;
+        if exchange.answer_ms.is_none() {
+            self.exchanges.remove(&id);
+        }
+        self.gossip.timeouts += 1;
+        let node = &mut self.nodes[i];
+        debug_assert_eq!(node.in_flight, Some(id), "one exchange in flight");
+        node.in_flight = None;
+        node.missed += 1;
+        if node.missed < MAX_MISSED_ANSWERS {
+            self.next_tick(i, now_ms);
+            return;
+        }
+        node.missed = 0;
+        let exp = (BACKOFF_BASE_MS << node.reconnect_attempt.min(16)).min(BACKOFF_CAP_MS);
+        node.reconnect_attempt += 1;
+        let backoff = exp / 2 + self.net_rng.random_range(0..=exp / 2);
+        let again = now_ms + backoff + self.topology.gossip_delay_ms;
+        self.gossip.reconnects += 1;
+        self.nodes[i].tick_ms = again;
+        self.schedule(again, Event::Report(i));
     }
 
     /// Counts Anywhere slots leased and unused against the pool, with the
@@ -652,9 +939,19 @@ impl Sim {
     }
 
     /// The node takes its answer in (`Client::store`), decides with it from
-    /// now on, and reports again on its next tick.
+    /// now on, and reports again on its next tick. An answer the node has
+    /// stopped waiting for is dropped unread, as the client reads only the
+    /// answer to the report it waits for (on that report's own stream).
     fn deliver(&mut self, id: u64, now_ms: u64) {
         let exchange = self.exchanges.remove(&id).expect("delivered once");
+        if self.nodes[exchange.node].in_flight != Some(id) {
+            self.gossip.late_ignored += 1;
+            return;
+        }
+        self.gossip.answers_taken += 1;
+        if now_ms > exchange.sent_ms + self.topology.gossip_delay_ms {
+            self.gossip.late_taken += 1;
+        }
         let room = self.room.id();
         let node = &mut self.nodes[exchange.node];
         let answer = exchange.answers.into_iter().find(|a| a.room == room);
@@ -666,6 +963,12 @@ impl Sim {
                     observed_share(&answer.state, active, admitted)
                 });
                 let before = node.heard.as_ref().and_then(|h| h.share);
+                if node.heard.as_ref().is_some_and(|h| h.answered)
+                    && node.local_since_ms.is_none()
+                    && answer.state.as_of < node.state.as_of
+                {
+                    self.gossip.went_back += 1;
+                }
                 node.state = answer.state;
                 Heard {
                     received_ms: now_ms,
@@ -682,14 +985,17 @@ impl Sim {
         };
         node.heard = Some(heard);
         node.local_since_ms = None;
-        let next = (node.last_report_ms + self.topology.gossip_interval_ms).max(now_ms);
-        self.schedule(next, Event::Report(exchange.node));
+        node.in_flight = None;
+        node.missed = 0;
+        node.reconnect_attempt = 0;
+        self.next_tick(exchange.node, now_ms);
     }
 
     /// `Node::refresh_from_world` for node `i` at `now_ms`: the answer while
     /// fresh, else the local-only state, recomputed on the refresh tick.
     /// Returns whether the node decides local-only.
     fn refresh(&mut self, i: usize, now_ms: u64) -> bool {
+        let now = self.node_at(i, now_ms);
         let node = &mut self.nodes[i];
         let fresh = node.heard.as_ref().is_some_and(|h| {
             h.answered && now_ms.saturating_sub(h.received_ms) <= self.topology.stale_after_ms
@@ -702,26 +1008,21 @@ impl Sim {
             .is_none_or(|since| now_ms >= since + REFRESH_MS)
         {
             let share = node.heard.as_ref().and_then(|h| h.share);
-            node.state = local_only_state(
-                &self.room,
-                &node.counters,
-                &mut node.rate,
-                share,
-                at(now_ms),
-            );
+            node.state = local_only_state(&self.room, &node.counters, &mut node.rate, share, now);
             node.local_since_ms = Some(now_ms);
         }
         true
     }
 
     fn sample(&mut self, now_ms: u64) {
-        let slot = at(now_ms).expiry_slot();
-        let counted: i64 = self
-            .nodes
-            .iter()
-            .map(|n| n.counters.active_users(slot))
+        let counted: i64 = (0..self.nodes.len())
+            .map(|i| {
+                let slot = self.node_at(i, now_ms).expiry_slot();
+                self.nodes[i].counters.active_users(slot)
+            })
             .sum();
         self.peak_active_counted = self.peak_active_counted.max(counted);
+        self.measure_counted(counted, now_ms);
         if now_ms.is_multiple_of(TIMELINE_EVERY_MS) {
             self.timeline.push(Sample {
                 at_s: now_ms / 1_000,
@@ -734,6 +1035,22 @@ impl Sim {
         self.schedule(now_ms + 1_000, Event::Sample);
     }
 
+    /// The counted active users against the true number (see [`CountedError`]).
+    fn measure_counted(&mut self, counted: i64, now_ms: u64) {
+        let truth = self.active as f64;
+        let error = (counted as f64 - truth).abs();
+        let total = self.room.total_active_users() as f64;
+        let e = &mut self.counted_error;
+        e.worst_of_total = e.worst_of_total.max(error / total);
+        if self.active > 0 {
+            e.worst_relative_any = e.worst_relative_any.max(error / truth);
+        }
+        if truth >= COUNTED_FLOOR * total && error / truth > e.worst_relative {
+            e.worst_relative = error / truth;
+            e.worst_relative_at_s = Some(now_ms / 1_000);
+        }
+    }
+
     fn admits_in(&self, now_ms: u64) -> u64 {
         self.admits_per_minute
             .get(&(now_ms / MILLIS_PER_MINUTE))
@@ -741,14 +1058,33 @@ impl Sim {
             .unwrap_or(0)
     }
 
+    /// The node visitor `v`'s request lands on: their own, or with
+    /// `--roaming` any node of their colo.
+    fn node_for(&mut self, v: usize) -> usize {
+        let home = self.visitors[v].arrival.node;
+        if !self.topology.conditions.roaming {
+            return home;
+        }
+        let per_colo = self.topology.nodes_per_colo;
+        let colo = home / per_colo;
+        let node = self
+            .topology
+            .node(colo, self.net_rng.random_range(0..per_colo));
+        let visitor = &mut self.visitors[v];
+        visitor.roamed |= visitor.last_node.is_some_and(|last| last != node);
+        visitor.last_node = Some(node);
+        node
+    }
+
     /// One request of visitor `v` at their node: the engine decides.
     fn request(&mut self, v: usize, now_ms: u64) {
-        let now = at(now_ms);
         let visitor = self.visitors[v];
-        if self.refresh(visitor.arrival.node, now_ms) {
+        let i = self.node_for(v);
+        let now = self.node_at(i, now_ms);
+        if self.refresh(i, now_ms) {
             self.local_only_decisions += 1;
         }
-        let node = &self.nodes[visitor.arrival.node];
+        let node = &self.nodes[i];
         let decision = decide(
             &self.room,
             &node.state,
@@ -783,10 +1119,15 @@ impl Sim {
             }
             Decision::Queue { ticket, reason, .. } => {
                 if !self.visitors[v].queued {
+                    let others_waiting = self.queued_now > 0;
                     self.visitors[v].queued = true;
                     self.queued_now += 1;
                     if reason != QueueReason::TooEarly && self.below_limits(now_ms, EARLY) {
                         self.queued_early += 1;
+                    }
+                    if reason != QueueReason::TooEarly && self.below_limits(now_ms, EARLY_TARGET) {
+                        self.queued_below_target += 1;
+                        self.queued_below_target_behind_queue += u64::from(others_waiting);
                     }
                 }
                 if reason != QueueReason::TooEarly && self.first_queue.is_none() {
@@ -796,9 +1137,17 @@ impl Sim {
                         admits_this_minute: self.admits_in(now_ms),
                     });
                 }
-                let check_in = ticket.next_check_in().0 - START.0
+                // The ticket's time is the deciding node's clock.
+                let check_in = self.true_ms(i, ticket.next_check_in())
                     + self.rng.random_range(0..=CHECK_IN_LATENCY_MS);
-                self.schedule(check_in.max(now_ms + 1), Event::Request(v));
+                let check_in = check_in.max(now_ms + 1);
+                if self.visitors[v].gives_up_ms.is_some_and(|g| g <= check_in) {
+                    self.visitors[v].gave_up = true;
+                    self.given_up += 1;
+                    self.queued_now -= 1;
+                    return;
+                }
+                self.schedule(check_in, Event::Request(v));
             }
             Decision::Reject { .. } => {}
         }

@@ -9,7 +9,10 @@ use rand::RngExt as _;
 use serde::Serialize;
 use waitroom_common::room::{CookieSameSite, CookieSecure, QueueingMethod, RoomConfig};
 
-use super::cluster::{Arrival, LedgerCheck, Run, Sim, Topology, Until, traffic_rng};
+use super::{
+    cluster::{Arrival, GossipCounts, LedgerCheck, Run, Sim, Topology, Until, traffic_rng},
+    targets::Targets,
+};
 
 /// How long an admitted visitor browses, on average (uniform over ±50 %).
 pub const BROWSE_MEAN_MS: u64 = 60_000;
@@ -322,6 +325,14 @@ pub struct ScenarioResult {
     pub local_only_decisions: u64,
     /// The aggregator's Anywhere ledger in this run.
     pub ledger: LedgerCheck,
+    /// Visitors who gave up waiting (`--give-up-pct`).
+    pub given_up: u64,
+    /// Visitors whose requests reached more than one node (`--roaming`).
+    pub roamed: u64,
+    /// What the network did to the gossip.
+    pub gossip: GossipCounts,
+    /// Issue 15's targets.
+    pub targets: Targets,
 }
 
 /// Runs `scenario` on `topology` and measures it.
@@ -335,10 +346,10 @@ pub fn run(scenario: &Scenario, topology: &Topology, seed: u64) -> (ScenarioResu
         .named(scenario.key);
     let run =
         Sim::new(room, *topology, &scenario.arrivals, seed).run(Until::Time(scenario.duration_ms));
-    (measure(scenario, &run), run)
+    (measure(scenario, &run, topology.gossip_delay_ms), run)
 }
 
-fn measure(scenario: &Scenario, run: &Run) -> ScenarioResult {
+fn measure(scenario: &Scenario, run: &Run, gossip_delay_ms: u64) -> ScenarioResult {
     let total = scenario.room.total_active_users;
     let per_minute = scenario.room.new_users_per_minute;
     let peak_admits = run.admits_per_minute.values().copied().max().unwrap_or(0);
@@ -374,5 +385,16 @@ fn measure(scenario: &Scenario, run: &Run) -> ScenarioResult {
         decisions: run.decisions,
         local_only_decisions: run.local_only_decisions,
         ledger: run.ledger,
+        given_up: run.outcomes.iter().filter(|o| o.gave_up).count() as u64,
+        roamed: run.outcomes.iter().filter(|o| o.roamed).count() as u64,
+        gossip: run.gossip,
+        targets: Targets::judge(
+            run.queued_below_target,
+            run.queued_below_target_behind_queue,
+            ratio(peak_admits as f64, per_minute),
+            ratio(run.peak_active as f64, total),
+            run.counted_error,
+            gossip_delay_ms,
+        ),
     }
 }
