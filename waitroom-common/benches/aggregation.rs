@@ -18,18 +18,22 @@ use waitroom_common::counters::PoolCounts;
 use waitroom_common::room::{RoomConfig, RoomId};
 use waitroom_common::time::UnixMillis;
 
-/// 20 s into a minute: the measured round does not cross a minute boundary.
-const NOW: UnixMillis = UnixMillis(1_700_000_040_000);
+/// 20 s into a minute: neither the warm-up round nor the measured one
+/// crosses a minute boundary.
+const NOW: UnixMillis = UnixMillis(1_700_000_060_000);
 const ROOMS: usize = 10;
 const NODE_TIMEOUT_MS: u64 = 5_000;
 
-fn rooms() -> Vec<RoomDef> {
+/// Rooms sized for the cluster, as an operator would: about 600 sessions
+/// and 25 admits a minute per node, limits of 1,000 sessions and 40 new
+/// visitors a minute per node, so slots stay available and the Anywhere
+/// pool is not empty: every part of the merge does its work.
+fn rooms(nodes: usize) -> Vec<RoomDef> {
+    let nodes = nodes as u64;
     (0..ROOMS)
         .map(|r| {
             let name = format!("room-{r}");
-            // Big enough that slots stay available and the Anywhere pool is
-            // not empty, so every part of the merge does its work.
-            let room = RoomConfig::with_limits(50_000_000, 2_000_000)
+            let room = RoomConfig::with_limits(1_000 * nodes, 40 * nodes)
                 .validate()
                 .expect("valid room")
                 .named(&name);
@@ -53,6 +57,10 @@ fn report(node: usize, round: u64, at: UnixMillis) -> NodeReport {
     let rooms = (0..ROOMS)
         .map(|r| {
             let v = |salt| mix(node, r, salt);
+            // A past minute's count is the same in every report: history.
+            let past = |minute: waitroom_common::time::Minute, salt: u64| {
+                mix(node, r, salt.wrapping_mul(1_000_003).wrapping_add(minute.0))
+            };
             let admits = |minute, base: u64| MinuteAdmits {
                 minute,
                 admits: PoolCounts {
@@ -72,8 +80,8 @@ fn report(node: usize, round: u64, at: UnixMillis) -> NodeReport {
                     })
                     .collect(),
                 admits: vec![
-                    admits(m.minus(2), v(10)),
-                    admits(m.minus(1), v(11)),
+                    admits(m.minus(2), past(m.minus(2), 10)),
+                    admits(m.minus(1), past(m.minus(1), 10)),
                     admits(m, v(12) + round * 3),
                 ],
                 waiting: (0..4)
@@ -84,8 +92,12 @@ fn report(node: usize, round: u64, at: UnixMillis) -> NodeReport {
                 distinct_visitors: (0..4)
                     .rev()
                     .map(|back| {
-                        let grows = if back == 0 { round * 5 } else { 0 };
-                        (m.minus(back), 50 + v(30 + back) % 500 + grows)
+                        let n = if back == 0 {
+                            v(30) % 500 + round * 5
+                        } else {
+                            past(m.minus(back), 30) % 500
+                        };
+                        (m.minus(back), 50 + n)
                     })
                     .collect(),
             }
@@ -101,7 +113,7 @@ fn report(node: usize, round: u64, at: UnixMillis) -> NodeReport {
 
 /// The cluster after a whole round of warm-up reports, as a snapshot.
 fn warmed(nodes: usize) -> Snapshot {
-    let mut cluster = Cluster::new(rooms(), NODE_TIMEOUT_MS);
+    let mut cluster = Cluster::new(rooms(nodes), NODE_TIMEOUT_MS);
     let spread = 1_000 / nodes.max(1) as u64;
     let start = NOW.minus_secs(1);
     let snapshot = Snapshot {
@@ -143,7 +155,7 @@ fn bench(c: &mut Criterion) {
         group.bench_function(format!("{nodes}_nodes_10_rooms"), |b| {
             b.iter_batched(
                 || {
-                    let mut cluster = Cluster::new(rooms(), NODE_TIMEOUT_MS);
+                    let mut cluster = Cluster::new(rooms(nodes), NODE_TIMEOUT_MS);
                     cluster
                         .restore(snapshot.clone(), NOW)
                         .expect("the warmed snapshot restores");
