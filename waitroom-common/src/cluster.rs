@@ -259,8 +259,14 @@ impl Cluster {
     /// sums: all of it, or (`counts` false) only its minute view.
     fn account(&mut self, i: usize, sign: i64, counts: bool) {
         let report = &self.reports[i];
-        let next = self.colo_ids.len() as u32;
-        let colo = *self.colo_ids.entry(report.colo.clone()).or_insert(next);
+        let colo = match self.colo_ids.get(&report.colo) {
+            Some(&colo) => colo,
+            None => {
+                let colo = self.colo_ids.len() as u32;
+                self.colo_ids.insert(report.colo.clone(), colo);
+                colo
+            }
+        };
         let key = NodeKey {
             id: self.ids[i],
             colo,
