@@ -2,10 +2,16 @@
 //! room's history, and the Anywhere leases it has granted.
 //!
 //! [`Cluster::apply`] takes one node's report and returns that node's state
-//! per room. The merge itself is the engine's
-//! [`aggregate`](crate::aggregate::aggregate); this module only
-//! decides *which* reports take part (live nodes, and what is left of departed
-//! ones) and keeps the Anywhere ledger honest across rounds.
+//! per room. The answer is exactly what the engine's
+//! [`aggregate`](crate::aggregate::aggregate) over every report would give
+//! that node, but kept in running sums per room (`running`): the node's
+//! previous report is taken out and the new one added, so a merge costs one
+//! report's entries and a round of N reports close to O(N), not O(N²) (issue 15;
+//! figures in docs/BENCHMARKS.md, "Aggregation cost"). This module decides
+//! *which* reports take part (live nodes, and what is left of departed ones)
+//! and keeps the Anywhere ledger honest across rounds; `aggregate` stays the
+//! reference (the simulator's ledger check, `/status`, and the test-only
+//! `recompute` copy of the old merge that the proptests compare against).
 //!
 //! # Departed nodes
 //! A node silent for longer than `node_timeout_ms` is *departed*: its live
