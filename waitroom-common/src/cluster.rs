@@ -2,10 +2,16 @@
 //! room's history, and the Anywhere leases it has granted.
 //!
 //! [`Cluster::apply`] takes one node's report and returns that node's state
-//! per room. The merge itself is the engine's
-//! [`aggregate`](crate::aggregate::aggregate); this module only
-//! decides *which* reports take part (live nodes, and what is left of departed
-//! ones) and keeps the Anywhere ledger honest across rounds.
+//! per room. The answer is exactly what the engine's
+//! [`aggregate`](crate::aggregate::aggregate) over every report would give
+//! that node, but kept in running sums per room (`running`): the node's
+//! previous report is taken out and the new one added, so a merge costs one
+//! report's entries and a round of N reports close to O(N), not O(N²) (issue 15;
+//! figures in docs/BENCHMARKS.md, "Aggregation cost"). This module decides
+//! *which* reports take part (live nodes, and what is left of departed ones)
+//! and keeps the ledgers (Anywhere and colo-share leases) honest across rounds; `aggregate` stays the
+//! reference (the simulator's ledger check, `/status`, and the test-only
+//! `recompute` copy of the old merge that the proptests compare against).
 //!
 //! # Departed nodes
 //! A node silent for longer than `node_timeout_ms` is *departed*: its live
@@ -24,19 +30,27 @@
 //! it lapses when its holder's next answer replaces it, and one of a departed
 //! node lapses with the node (whose own view went stale before that, see
 //! `stale_after_ms` on the node).
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::{
     aggregate::{AggregateHistory, NodeReport, RoomReport, aggregate, totals},
+    counters::PoolCounts,
     estimate::WaitEstimate,
     phase::{RoomPhase, arrival_estimate},
-    room::{Room, RoomId},
+    room::{QueueingMethod, Room, RoomId},
+    slots::{SlotInputs, SlotPlan},
     state::GlobalState,
-    time::{Minute, UnixMillis},
+    time::{ExpirySlot, Minute, UnixMillis},
 };
 use serde::{Deserialize, Serialize};
 
 use crate::wire::RoomAnswer;
+
+#[cfg(test)]
+mod recompute;
+mod running;
+
+use running::{Live, NodeKey, RoomSums};
 
 /// A room the aggregator serves: its name (as in the nodes' configs) and limits.
 #[derive(Debug, Clone)]
@@ -116,6 +130,24 @@ pub struct Cluster {
     /// The last minute a correction was logged for each node: at most one
     /// warning per node per minute, however often it sends nonsense.
     implausible_logged: BTreeMap<String, Minute>,
+    /// Per room, the sums of all `reports` (see [`running`]): a merge adds
+    /// and takes away one node's entries instead of summing every node's.
+    sums: BTreeMap<RoomId, RoomSums>,
+    /// Node name → its index in `reports`.
+    positions: HashMap<String, usize>,
+    /// `ids[i]`: a number for `reports[i]` that stays while the node is known.
+    ids: Vec<u32>,
+    next_id: u32,
+    /// Colo name → a number, for the running sums.
+    colo_ids: HashMap<String, u32>,
+    /// Nodes not departed, by the time of their last report: the ones to
+    /// mark departed are at the front.
+    by_last_seen: BTreeSet<(UnixMillis, String)>,
+    /// Departed nodes.
+    departed: BTreeSet<String>,
+    /// Every departed node has been stripped of what no longer counts at
+    /// this second (expiry slot) or a later one.
+    stripped: Option<ExpirySlot>,
 }
 
 /// Status of one room, for `/status`.
@@ -197,7 +229,7 @@ impl Cluster {
             .iter()
             .map(|r| (r.room.id(), RoomMemory::default()))
             .collect();
-        Self {
+        let mut cluster = Self {
             rooms,
             memory,
             reports: Vec::new(),
@@ -206,6 +238,107 @@ impl Cluster {
             unknown_rooms: BTreeSet::new(),
             implausible: [0; 2],
             implausible_logged: BTreeMap::new(),
+            sums: BTreeMap::new(),
+            positions: HashMap::new(),
+            ids: Vec::new(),
+            next_id: 0,
+            colo_ids: HashMap::new(),
+            by_last_seen: BTreeSet::new(),
+            departed: BTreeSet::new(),
+            stripped: None,
+        };
+        cluster.rebuild(None);
+        cluster
+    }
+
+    /// The running sums and indexes recomputed from `reports`, `meta` and
+    /// the leases (after a restore), with the minute view for `minute`.
+    fn rebuild(&mut self, minute: Option<Minute>) {
+        self.sums = self
+            .rooms
+            .iter()
+            .map(|def| (def.room.id(), RoomSums::default()))
+            .collect();
+        self.positions = self
+            .reports
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.node.clone(), i))
+            .collect();
+        self.ids = (0..self.reports.len() as u32).collect();
+        self.next_id = self.reports.len() as u32;
+        self.by_last_seen = self
+            .reports
+            .iter()
+            .zip(&self.meta)
+            .filter(|(_, m)| !m.departed)
+            .map(|(r, m)| (m.last_seen, r.node.clone()))
+            .collect();
+        self.departed = self
+            .reports
+            .iter()
+            .zip(&self.meta)
+            .filter(|(_, m)| m.departed)
+            .map(|(r, _)| r.node.clone())
+            .collect();
+        self.stripped = None;
+        for i in 0..self.reports.len() {
+            self.account(i, 1, true);
+        }
+        if let Some(minute) = minute {
+            self.refresh(minute);
+        }
+    }
+
+    /// Adds (`sign` = 1) or takes away (−1) `reports[i]` from the running
+    /// sums: all of it, or (`counts` false) only its minute view.
+    fn account(&mut self, i: usize, sign: i64, counts: bool) {
+        let report = &self.reports[i];
+        let colo = match self.colo_ids.get(&report.colo) {
+            Some(&colo) => colo,
+            None => {
+                let colo = self.colo_ids.len() as u32;
+                self.colo_ids.insert(report.colo.clone(), colo);
+                colo
+            }
+        };
+        let key = NodeKey {
+            id: self.ids[i],
+            colo,
+            position: i,
+        };
+        for (j, room) in report.rooms.iter().enumerate() {
+            // The merge reads the first entry of a room, as `aggregate` does.
+            if report.rooms[..j].iter().any(|r| r.room == room.room) {
+                continue;
+            }
+            let Some(sums) = self.sums.get_mut(&room.room) else {
+                continue;
+            };
+            if counts {
+                sums.account_counts(room, sign);
+            }
+            let memory = self.memory.get(&room.room);
+            let leases = (
+                memory.and_then(|m| m.colo_leases.get(&report.node)),
+                memory.and_then(|m| m.leases.get(&report.node)),
+            );
+            sums.account_live(room, key, leases, sign);
+        }
+    }
+
+    /// Makes the minute views of every room describe `minute`, rebuilding
+    /// them from every report when the minute changed (once a minute).
+    fn refresh(&mut self, minute: Minute) {
+        let fresh = |s: &RoomSums| s.live.as_ref().is_some_and(|l| l.minute == minute);
+        if self.sums.values().all(fresh) {
+            return;
+        }
+        for sums in self.sums.values_mut() {
+            sums.live = Some(Live::new(minute));
+        }
+        for i in 0..self.reports.len() {
+            self.account(i, 1, false);
         }
     }
 
@@ -277,13 +410,18 @@ impl Cluster {
     }
 
     fn index_of(&self, node: &str) -> Option<usize> {
-        self.reports.iter().position(|r| r.node == node)
+        self.positions.get(node).copied()
     }
 
     /// Takes one node's report at `now` and returns its state per room.
     ///
     /// Rooms the aggregator does not serve are dropped from the report (and
     /// warned about once); the node gets no state for them.
+    ///
+    /// The answers are exactly what [`aggregate`] over every report gives
+    /// the node (then clamped by the ledger), but computed from the running
+    /// sums: the node's previous report is taken away and this one added,
+    /// so a merge costs this report's entries, not every node's.
     pub fn apply(&mut self, mut report: NodeReport, now: UnixMillis) -> Vec<RoomAnswer> {
         self.expire(now);
         report.rooms.retain(|r| {
@@ -297,14 +435,20 @@ impl Cluster {
         let node = report.node.clone();
         let index = match self.index_of(&node) {
             Some(i) => {
-                self.reports[i] = report;
+                self.account(i, -1, true);
                 let meta = &mut self.meta[i];
                 if meta.departed {
                     tracing::info!(%node, "departed node is back");
+                    self.departed.remove(&node);
+                } else {
+                    self.by_last_seen.remove(&(meta.last_seen, node.clone()));
                 }
                 meta.last_seen = now;
                 meta.reports += 1;
                 meta.departed = false;
+                self.reports[i] = report;
+                self.by_last_seen.insert((now, node.clone()));
+                self.account(i, 1, true);
                 i
             }
             None => {
@@ -315,39 +459,96 @@ impl Cluster {
                     reports: 1,
                     departed: false,
                 });
-                self.reports.len() - 1
+                self.ids.push(self.next_id);
+                self.next_id = self.next_id.wrapping_add(1);
+                let i = self.reports.len() - 1;
+                self.positions.insert(node.clone(), i);
+                self.by_last_seen.insert((now, node.clone()));
+                self.account(i, 1, true);
+                i
             }
         };
 
         let minute = now.minute();
+        self.refresh(minute);
+        let colo = self.colo_ids.get(&self.reports[index].colo).copied();
+        let key = NodeKey {
+            id: self.ids[index],
+            colo: colo.unwrap_or(u32::MAX),
+            position: index,
+        };
         let mut answers = Vec::new();
         for def in &self.rooms {
-            if !self.reports[index]
-                .rooms
-                .iter()
-                .any(|r| r.room == def.room.id())
-            {
+            let id = def.room.id();
+            let Some(room_report) = self.reports[index].rooms.iter().find(|r| r.room == id) else {
                 continue;
-            }
-            let memory = self.memory.entry(def.room.id()).or_default();
-            let states = aggregate(&def.room, &self.reports, &mut memory.history, now);
-            let Some(mut state) = states
-                .iter()
-                .find(|(name, _)| *name == node)
-                .map(|(_, s)| s.clone())
+            };
+            let (Some(memory), Some(sums)) = (self.memory.get_mut(&id), self.sums.get_mut(&id))
             else {
                 continue;
             };
-            let (colo_granted, granted) = clamp_shared(
-                (
-                    clamp_colo_share(&states, &node, &self.reports, &memory.colo_leases, minute),
-                    clamp_anywhere(&states, &node, &memory.leases, minute),
-                ),
-                &states,
-                &node,
-                [&memory.colo_leases, &memory.leases],
-                minute,
+            let active = u64::try_from(sums.expiries.sum_from(now.expiry_slot())).unwrap_or(0);
+            let admitted = sums.admits.total_in(minute);
+            let waiting: Vec<(Minute, u64)> = sums.waiting.positive().collect();
+            memory
+                .history
+                .admit_rate
+                .fold_until(minute, |m| sums.admits.total_in(m));
+            // The plan without colos: what is shared between colos and
+            // Anywhere is split by the running sums below.
+            let plan = SlotPlan::new(SlotInputs {
+                total_active_users: def.room.total_active_users(),
+                new_users_per_minute: def.room.new_users_per_minute(),
+                active_users: active,
+                admitted_this_minute: admitted,
+                random: def.room.queueing_method() == QueueingMethod::Random,
+                waiting: &waiting,
+                traffic: &[],
+                anywhere_weight: 0,
+            });
+            let leases = (memory.colo_leases.get(&node), memory.leases.get(&node));
+            let Some(shares) = sums.shares(minute, plan.shared_slots, room_report, key, leases)
+            else {
+                continue;
+            };
+            let used = room_report
+                .admits
+                .iter()
+                .find(|a| a.minute == minute)
+                .map(|a| a.admits)
+                .unwrap_or_default();
+            let mut state = GlobalState::from_plan(
+                now,
+                active,
+                admitted,
+                &plan,
+                memory.history.admit_rate.per_minute,
+                used,
+                PoolCounts {
+                    eligible: plan.fully_eligible,
+                    colo_share: shares.colo_share,
+                    anywhere: shares.anywhere,
+                    uncapped: 0,
+                },
             );
+            // The ledgers: each grant never more than its pool minus what
+            // the other nodes still hold of their own leases of it (the colo
+            // share within the node's colo), then both together never more
+            // than the round's shared slots minus what the other nodes hold
+            // of both (Anywhere cut first), as `clamp_shared` did.
+            let colo_alone = shares
+                .colo_share
+                .min(shares.colo_pool.saturating_sub(shares.colo_held_in_colo));
+            let any_alone = shares
+                .anywhere
+                .min(shares.pool.saturating_sub(shares.held_by_others));
+            let room_left = plan.shared_slots.saturating_sub(
+                shares
+                    .colo_held_by_others
+                    .saturating_add(shares.held_by_others),
+            );
+            let granted = any_alone.min(room_left.saturating_sub(colo_alone));
+            let colo_granted = colo_alone.min(room_left);
             tracing::debug!(
                 %node,
                 room = %def.name,
@@ -361,26 +562,21 @@ impl Cluster {
             );
             state.allowance.anywhere = granted;
             state.allowance.colo_share = colo_granted;
-            memory.colo_leases.insert(
-                node.clone(),
-                Lease {
-                    minute,
-                    used_at_grant: state.used.colo_share,
-                    allowance: colo_granted,
-                },
-            );
-            memory.leases.insert(
-                node.clone(),
-                Lease {
-                    minute,
-                    used_at_grant: state.used.anywhere,
-                    allowance: granted,
-                },
-            );
-            answers.push(RoomAnswer {
-                room: def.room.id(),
-                state,
-            });
+            let new_colo = Lease {
+                minute,
+                used_at_grant: state.used.colo_share,
+                allowance: colo_granted,
+            };
+            let old_colo = memory.colo_leases.insert(node.clone(), new_colo);
+            sums.swap_colo_lease(room_report, key, old_colo.as_ref(), Some(&new_colo));
+            let new = Lease {
+                minute,
+                used_at_grant: state.used.anywhere,
+                allowance: granted,
+            };
+            let old = memory.leases.insert(node.clone(), new);
+            sums.swap_lease(room_report, old.as_ref(), Some(&new));
+            answers.push(RoomAnswer { room: id, state });
         }
         answers
     }
@@ -388,38 +584,92 @@ impl Cluster {
     /// Marks nodes silent for longer than the timeout as departed, keeps only
     /// what still counts of them, and forgets those of whom nothing does.
     pub fn expire(&mut self, now: UnixMillis) {
-        let minute = now.minute();
-        for (report, meta) in self.reports.iter_mut().zip(&mut self.meta) {
-            if !meta.departed && now.0.saturating_sub(meta.last_seen.0) > self.node_timeout_ms {
-                meta.departed = true;
-                tracing::warn!(node = %report.node, colo = %report.colo, silent_ms = now.0.saturating_sub(meta.last_seen.0),
-                    "node silent past node_timeout_ms: forgetting its live counts, keeping its sessions");
-                for memory in self.memory.values_mut() {
-                    memory.leases.remove(&report.node);
-                    memory.colo_leases.remove(&report.node);
-                }
+        let (minute, slot) = (now.minute(), now.expiry_slot());
+        let fresh = |s: &RoomSums| s.live.as_ref().is_some_and(|l| l.minute == minute);
+        if !self.sums.values().all(fresh) {
+            // Rebuilt below, once, after the changes.
+            for sums in self.sums.values_mut() {
+                sums.live = None;
             }
-            if meta.departed {
-                for room in &mut report.rooms {
+        }
+        let mut check = Vec::new();
+        while let Some((seen, node)) = self.by_last_seen.first().cloned() {
+            if now.0.saturating_sub(seen.0) <= self.node_timeout_ms {
+                break;
+            }
+            self.by_last_seen.pop_first();
+            let Some(i) = self.index_of(&node) else {
+                continue;
+            };
+            self.account(i, -1, true);
+            let report = &mut self.reports[i];
+            self.meta[i].departed = true;
+            tracing::warn!(node = %report.node, colo = %report.colo, silent_ms = now.0.saturating_sub(seen.0),
+                "node silent past node_timeout_ms: forgetting its live counts, keeping its sessions");
+            for memory in self.memory.values_mut() {
+                memory.leases.remove(&report.node);
+                memory.colo_leases.remove(&report.node);
+            }
+            for room in &mut report.rooms {
+                forget_live_counts(room, now);
+            }
+            self.account(i, 1, true);
+            self.departed.insert(node.clone());
+            // Stripped at this second only: an earlier mark covers it no more.
+            self.stripped = self.stripped.map(|s| s.min(slot));
+            check.push(node);
+        }
+        if self.stripped.is_none_or(|s| slot > s) {
+            // A new second: the departed nodes' sessions that ended in the
+            // last one go (and at a new minute, what they held for it).
+            let departed: Vec<String> = self.departed.iter().cloned().collect();
+            for node in departed {
+                let Some(i) = self.index_of(&node) else {
+                    continue;
+                };
+                self.account(i, -1, true);
+                for room in &mut self.reports[i].rooms {
                     forget_live_counts(room, now);
                 }
+                self.account(i, 1, true);
+                check.push(node);
+            }
+            self.stripped = Some(slot);
+        }
+        // Forgotten as the reference loop forgets them: the lowest index
+        // first, the last report moving into its place.
+        let mut gone: BTreeSet<usize> = check
+            .iter()
+            .filter_map(|node| self.index_of(node))
+            .filter(|&i| {
+                self.meta[i].departed
+                    && self.reports[i].rooms.iter().all(|r| {
+                        r.expiries.is_empty() && r.admits.iter().all(|a| a.minute < minute)
+                    })
+            })
+            .collect();
+        while let Some(i) = gone.pop_first() {
+            let node = self.reports[i].node.clone();
+            tracing::info!(%node, "departed node's sessions have all ended; forgotten");
+            self.account(i, -1, true);
+            let last = self.reports.len() - 1;
+            if i != last {
+                self.account(last, -1, true);
+            }
+            self.reports.swap_remove(i);
+            self.meta.swap_remove(i);
+            self.ids.swap_remove(i);
+            self.positions.remove(&node);
+            self.departed.remove(&node);
+            if i != last {
+                self.positions.insert(self.reports[i].node.clone(), i);
+                self.account(i, 1, true);
+                if gone.remove(&last) {
+                    gone.insert(i);
+                }
             }
         }
-        let mut i = 0;
-        while i < self.reports.len() {
-            let gone = self.meta[i].departed
-                && self.reports[i]
-                    .rooms
-                    .iter()
-                    .all(|r| r.expiries.is_empty() && r.admits.iter().all(|a| a.minute < minute));
-            if gone {
-                tracing::info!(node = %self.reports[i].node, "departed node's sessions have all ended; forgotten");
-                self.reports.swap_remove(i);
-                self.meta.swap_remove(i);
-            } else {
-                i += 1;
-            }
-        }
+        self.refresh(minute);
     }
 
     /// Rooms served, in config order.
@@ -621,6 +871,7 @@ impl Cluster {
         }
         self.reports.clear();
         self.meta.clear();
+        self.positions.clear();
         for (mut report, mut meta) in snapshot.nodes {
             report.rooms.retain(|r| self.memory.contains_key(&r.room));
             if self.index_of(&report.node).is_some() {
@@ -647,7 +898,12 @@ impl Cluster {
             }
             self.reports.push(report);
             self.meta.push(meta);
+            self.positions.insert(
+                self.reports[self.reports.len() - 1].node.clone(),
+                self.reports.len() - 1,
+            );
         }
+        self.rebuild(Some(now.minute()));
         Ok(dropped)
     }
 }
@@ -684,107 +940,10 @@ fn forget_live_counts(room: &mut RoomReport, now: UnixMillis) {
     room.admits.retain(|a| a.minute >= now.minute());
 }
 
-/// Both shared grants of `node` together, `(colo_share, anywhere)`, cut to
-/// the round's shared slots minus what every other node still holds unused
-/// of both its leases (Anywhere first). Each pool has its own ledger, but
-/// the pools' sizes move between rounds (a colo's rounding remainder goes to
-/// Anywhere), so two grants each within their own pool could still add up
-/// to more than the minute's limit.
-fn clamp_shared(
-    (colo, anywhere): (u64, u64),
-    states: &[(String, GlobalState)],
-    node: &str,
-    [colo_leases, leases]: [&BTreeMap<String, Lease>; 2],
-    minute: Minute,
-) -> (u64, u64) {
-    let (mut pool, mut held) = (0_u64, 0_u64);
-    for (name, state) in states {
-        pool = pool
-            .saturating_add(state.allowance.colo_share)
-            .saturating_add(state.allowance.anywhere);
-        if name != node {
-            let outstanding = |leases: &BTreeMap<String, Lease>, used| {
-                leases
-                    .get(name)
-                    .map_or(0, |l: &Lease| l.outstanding(minute, used))
-            };
-            held = held
-                .saturating_add(outstanding(colo_leases, state.used.colo_share))
-                .saturating_add(outstanding(leases, state.used.anywhere));
-        }
-    }
-    let room = pool.saturating_sub(held);
-    let anywhere = anywhere.min(room.saturating_sub(colo));
-    (colo.min(room), anywhere)
-}
-
-/// The colo-share slots `node` may be granted: what the engine gives it
-/// this round, but never more than its colo's slots this round minus what
-/// the colo's other nodes still hold unused from their own leases. The
-/// engine splits a colo by each node's recent traffic, which moves between
-/// rounds; without this, a node handed a larger part now and one still
-/// holding its larger part of an earlier round could together admit more
-/// than the colo's slots (and the room's limit).
-fn clamp_colo_share(
-    states: &[(String, GlobalState)],
-    node: &str,
-    reports: &[NodeReport],
-    leases: &BTreeMap<String, Lease>,
-    minute: Minute,
-) -> u64 {
-    let colos: BTreeMap<&str, &str> = reports
-        .iter()
-        .map(|r| (r.node.as_str(), r.colo.as_str()))
-        .collect();
-    let colo_of = |name: &str| colos.get(name).copied();
-    let Some(colo) = colo_of(node) else {
-        return 0;
-    };
-    let (mut pool, mut held, mut engine) = (0_u64, 0_u64, 0_u64);
-    for (name, state) in states
-        .iter()
-        .filter(|(name, _)| colo_of(name) == Some(colo))
-    {
-        pool = pool.saturating_add(state.allowance.colo_share);
-        if name == node {
-            engine = state.allowance.colo_share;
-        } else if let Some(lease) = leases.get(name) {
-            held = held.saturating_add(lease.outstanding(minute, state.used.colo_share));
-        }
-    }
-    engine.min(pool.saturating_sub(held))
-}
-
-/// The Anywhere slots `node` may be granted: what the engine gives it this
-/// round, but never more than the round's pool minus what other nodes still
-/// hold unused from their own leases.
-fn clamp_anywhere(
-    states: &[(String, GlobalState)],
-    node: &str,
-    leases: &BTreeMap<String, Lease>,
-    minute: Minute,
-) -> u64 {
-    let pool: u64 = states
-        .iter()
-        .fold(0_u64, |t, (_, s)| t.saturating_add(s.allowance.anywhere));
-    let held: u64 = states
-        .iter()
-        .filter(|(name, _)| name != node)
-        .filter_map(|(name, s)| {
-            leases
-                .get(name)
-                .map(|l| l.outstanding(minute, s.used.anywhere))
-        })
-        .fold(0_u64, u64::saturating_add);
-    let engine = states
-        .iter()
-        .find(|(name, _)| name == node)
-        .map_or(0, |(_, s)| s.allowance.anywhere);
-    engine.min(pool.saturating_sub(held))
-}
-
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use crate::{
         aggregate::MinuteAdmits,
         counters::PoolCounts,
@@ -1156,6 +1315,204 @@ mod tests {
         let err = cluster.set_rooms(vec![other]).unwrap_err();
         assert!(err.to_string().contains("needs a restart"), "{err}");
         assert_eq!(cluster.status(now).rooms[0].id, "shop", "nothing changed");
+    }
+
+    /// One step of a random life of the cluster.
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// Node `node` of colo `colo` reports `rooms` after `advance_ms`.
+        Report {
+            node: usize,
+            colo: usize,
+            advance_ms: u64,
+            rooms: Vec<(usize, RandomRoom)>,
+        },
+        /// Time passes (or steps back a little) and the server expires.
+        Expire { advance_ms: u64, back: bool },
+        /// The aggregator restarts from its own snapshot.
+        Restart,
+        /// The operator reloads with other limits.
+        Reload { total: u64, per_minute: u64 },
+    }
+
+    /// A room report relative to the minute it is sent in.
+    #[derive(Clone, Debug)]
+    struct RandomRoom {
+        expiries: Vec<(u64, i64)>,
+        admits: Vec<(u64, [u64; 4])>,
+        waiting: Vec<(u64, i64)>,
+        distinct: Vec<(u64, u64)>,
+    }
+
+    fn random_room() -> impl Strategy<Value = RandomRoom> {
+        (
+            // Expiry slots: seconds from the report on, up to 7 minutes.
+            prop::collection::vec((0..420_u64, -5..300_i64), 0..6),
+            prop::collection::vec((0..4_u64, prop::array::uniform4(0..40_u64)), 0..4),
+            prop::collection::vec((0..5_u64, -3..60_i64), 0..5),
+            prop::collection::vec((0..4_u64, 0..400_u64), 0..5),
+        )
+            .prop_map(|(expiries, admits, waiting, distinct)| RandomRoom {
+                expiries,
+                admits,
+                waiting,
+                distinct,
+            })
+    }
+
+    fn random_step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            8 => (
+                0..7_usize,
+                0..3_usize,
+                prop_oneof![4 => 0..2_000_u64, 1 => 0..40_000_u64],
+                prop::collection::vec((0..4_usize, random_room()), 0..4),
+            )
+                .prop_map(|(node, colo, advance_ms, rooms)| Step::Report {
+                    node,
+                    colo,
+                    advance_ms,
+                    rooms,
+                }),
+            1 => (0..200_000_u64, prop::bool::weighted(0.2))
+                .prop_map(|(advance_ms, back)| Step::Expire { advance_ms: if back { advance_ms % 3_000 } else { advance_ms }, back }),
+            1 => Just(Step::Restart),
+            1 => (400..3_000_u64, 10..400_u64)
+                .prop_map(|(total, per_minute)| Step::Reload { total, per_minute }),
+        ]
+    }
+
+    fn three_rooms(total: u64, per_minute: u64) -> Vec<RoomDef> {
+        ["shop", "tickets", "random"]
+            .into_iter()
+            .map(|name| {
+                let mut def = room(total, per_minute);
+                if name == "random" {
+                    let config = RoomConfig {
+                        queueing_method: QueueingMethod::Random,
+                        ..RoomConfig::with_limits(total, per_minute)
+                    };
+                    def.room = config.validate().unwrap();
+                }
+                def.room = def.room.named(name);
+                def.name = name.into();
+                def
+            })
+            .collect()
+    }
+
+    fn build(
+        step_rooms: &[(usize, RandomRoom)],
+        defs: &[RoomDef],
+        now: UnixMillis,
+    ) -> Vec<RoomReport> {
+        let m = now.minute();
+        step_rooms
+            .iter()
+            .map(|(r, room)| RoomReport {
+                room: defs.get(*r).map_or(RoomId(7), |d| d.room.id()),
+                expiries: room
+                    .expiries
+                    .iter()
+                    .map(|&(a, n)| (now.expiry_slot().plus(a), n))
+                    .collect(),
+                admits: room
+                    .admits
+                    .iter()
+                    .map(|&(b, [e, c, a, u])| MinuteAdmits {
+                        minute: m.minus(b),
+                        admits: PoolCounts {
+                            eligible: e,
+                            colo_share: c,
+                            anywhere: a,
+                            uncapped: u,
+                        },
+                    })
+                    .collect(),
+                waiting: room.waiting.iter().map(|&(b, n)| (m.minus(b), n)).collect(),
+                distinct_visitors: room
+                    .distinct
+                    .iter()
+                    .map(|&(b, n)| (m.minus(b), n))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// The running sums answer exactly as the full recomputation did,
+        /// through departures, returns, forgetting, minute rollovers,
+        /// restarts from a snapshot and reloads, and keep the same state.
+        #[test]
+        fn the_incremental_merge_answers_exactly_as_the_full_recomputation(
+            steps in proptest::collection::vec(random_step(), 1..60),
+            timeout in 1_000..20_000_u64,
+            (total, per_minute) in (400..5_000_u64, 10..400_u64),
+        ) {
+            let defs = three_rooms(total, per_minute);
+            let mut cluster = Cluster::new(defs.clone(), timeout);
+            let mut reference = recompute::Recomputing::new(defs.clone(), timeout);
+            let mut now = T0;
+            for step in steps {
+                match step {
+                    Step::Report { node, colo, advance_ms, rooms } => {
+                        now = now.plus_millis(advance_ms);
+                        let rooms = build(&rooms, &defs, now);
+                        let report = NodeReport {
+                            node: format!("n{node}"),
+                            colo: format!("c{colo}"),
+                            at: now,
+                            rooms,
+                        };
+                        let got = cluster.apply(report.clone(), now);
+                        let want = reference.apply(report, now);
+                        proptest::prop_assert_eq!(got, want);
+                    }
+                    Step::Expire { advance_ms, back } => {
+                        now = if back { UnixMillis(now.0 - advance_ms) } else { now.plus_millis(advance_ms) };
+                        cluster.expire(now);
+                        reference.expire(now);
+                    }
+                    Step::Restart => {
+                        let snapshot = cluster.snapshot(now);
+                        if snapshot.nodes.iter().any(|(_, m)| m.last_seen > now) {
+                            // The clock stepped back: a restore corrects such
+                            // a snapshot (tested on its own), which the
+                            // reference does not.
+                            continue;
+                        }
+                        cluster = Cluster::new(cluster.rooms().to_vec(), timeout);
+                        // What a restore corrects (leases beyond lowered
+                        // limits) the reference takes over from it too.
+                        cluster.restore(snapshot, now).unwrap();
+                        let restored = cluster.snapshot(now);
+                        (reference.reports, reference.meta) = restored.nodes.into_iter().unzip();
+                        reference.memory = restored.rooms.into_iter().collect();
+                    }
+                    Step::Reload { total, per_minute } => {
+                        let mut new = three_rooms(total, per_minute);
+                        for (def, old) in new.iter_mut().zip(&defs) {
+                            def.room = def.room.clone().with_id(old.room.id());
+                        }
+                        cluster.set_rooms(new.clone()).unwrap();
+                        reference.rooms = new;
+                    }
+                }
+                let snapshot = cluster.snapshot(now);
+                let nodes: Vec<(NodeReport, NodeMeta)> = reference
+                    .reports
+                    .iter()
+                    .cloned()
+                    .zip(reference.meta.iter().cloned())
+                    .collect();
+                proptest::prop_assert_eq!(&snapshot.nodes, &nodes);
+                let memory: Vec<(RoomId, RoomMemory)> =
+                    reference.memory.iter().map(|(id, m)| (*id, m.clone())).collect();
+                proptest::prop_assert_eq!(&snapshot.rooms, &memory);
+            }
+        }
     }
 
     #[test]

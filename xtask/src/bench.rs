@@ -15,6 +15,9 @@
 //! from the scheduled send time). Then (a) once more against a second node
 //! with the access log on (JSON lines to a file): its cost as the ratio on ÷
 //! off. Markdown on stdout, JSON in `target/bench/`.
+//!
+//! The criterion micro-benchmarks ([`CRITERION`]) are listed at the end of
+//! every run; `--criterion` runs them instead (`--criterion NAME` only one).
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -43,6 +46,67 @@ pub struct Args {
     /// Only the XDP overhead runs.
     #[arg(long)]
     xdp_only: bool,
+    /// Run the criterion micro-benchmarks instead (all of them, or the one
+    /// named, e.g. `--criterion aggregation`).
+    #[arg(long, num_args = 0..=1, default_missing_value = "all")]
+    criterion: Option<String>,
+}
+
+/// The criterion benchmarks of the workspace: package, bench target, the
+/// features it needs, and what it measures.
+pub const CRITERION: &[(&str, &str, &str, &str)] = &[
+    (
+        "waitroom-common",
+        "engine",
+        "std",
+        "one admission decision, with and without the ticket ledger",
+    ),
+    (
+        "waitroom-common",
+        "aggregation",
+        "std",
+        "one aggregation round: 100 / 1,000 / 10,000 node reports of 10 rooms through Cluster::apply",
+    ),
+    (
+        "waitroom-edge",
+        "hot_path",
+        "",
+        "the node's request path in process",
+    ),
+];
+
+/// Runs the criterion benchmarks named by `which` ("all" for every one).
+fn criterion(which: &str) -> Result<()> {
+    let chosen: Vec<_> = CRITERION
+        .iter()
+        .filter(|(_, bench, _, _)| which == "all" || *bench == which)
+        .collect();
+    if chosen.is_empty() {
+        let names: Vec<&str> = CRITERION.iter().map(|c| c.1).collect();
+        bail!("no criterion bench {which:?}; there are {names:?}");
+    }
+    for (package, bench, features, what) in chosen {
+        let mut c = cmd::cargo();
+        c.args(["bench", "--package", package, "--bench", bench]);
+        if !features.is_empty() {
+            c.args(["--features", features]);
+        }
+        cmd::run(&format!("criterion bench {bench}: {what}"), &mut c)?;
+    }
+    Ok(())
+}
+
+/// Where to find the criterion benchmarks, printed after every run.
+fn list_criterion() {
+    println!("Criterion micro-benchmarks (`cargo xtask bench --criterion [NAME]`):");
+    for (package, bench, features, what) in CRITERION {
+        let features = if features.is_empty() {
+            String::new()
+        } else {
+            format!(" --features {features}")
+        };
+        println!("    {bench}: {what} (cargo bench -p {package}{features} --bench {bench})");
+    }
 }
 
 /// A server process stopped on drop.
@@ -77,6 +141,9 @@ struct Scenario {
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    if let Some(which) = &args.criterion {
+        return criterion(which);
+    }
     if !args.no_setup {
         setup::ensure_all(&[("nginx", "the reverse-proxy peer of cargo xtask bench")])?;
     }
@@ -273,6 +340,7 @@ pub fn run(args: &Args) -> Result<()> {
         println!("{}", access_log_markdown(x));
     }
     println!("JSON: {}", path.display());
+    list_criterion();
     Ok(())
 }
 

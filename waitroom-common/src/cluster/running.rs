@@ -1,0 +1,750 @@
+//! Running sums over the nodes' latest reports, so that a merge costs the
+//! reporting node's entries and not every node's (issue 15, item 4).
+//!
+//! Each node's report is *added* when it arrives and *taken away* (the same
+//! entries, subtracted) before its next report replaces it; a room's sums are
+//! then always the sums of the reports the cluster holds, which is what
+//! [`aggregate`](crate::aggregate::aggregate) recomputes from scratch. Sums
+//! are exact, not saturating: every reported count is bounded by
+//! [`MAX_COUNT`](crate::plausible::MAX_COUNT) = 2³² before it takes part,
+//! so no sum of fewer than 2³¹ entries can reach an `i64` bound, and
+//! subtracting what was added gives back exactly what was there (which
+//! saturation would not).
+//!
+//! What depends on the minute of the query (admits of this minute, traffic
+//! two minutes back, traffic this minute, leases of this minute) is read
+//! from keyed sums at query time or kept in a [`Live`] view of one minute,
+//! rebuilt when the minute changes; sessions ending from this second on are
+//! read from the keyed sums of expiry slots.
+//!
+//! The rounding of the reference merge is reproduced exactly, not
+//! approximated: the Anywhere pool is what the colos' floors leave
+//! (`Σ ⌊⌊S·w_c/W⌋·r_i/R_c⌋` over every node, `w_c` the colo's traffic two
+//! minutes back, `r_i` a node's recent traffic, `R_c` its colo's) and each node's lease has its
+//! own floor plus one more for the heaviest (`⌊A·w_i/W⌋`, the rest to the
+//! first in order). [`FloorSums`] keeps such sums of floors as the fraction
+//! moves, visiting only the items whose floor changes.
+use std::{
+    cmp::{Ordering, Reverse},
+    collections::{BTreeMap, BTreeSet, HashMap, btree_map::Entry},
+};
+
+use crate::{
+    aggregate::RoomReport,
+    cluster::Lease,
+    counters::PoolCounts,
+    slots::share_of,
+    time::{ExpirySlot, Minute},
+};
+
+/// Signed counts summed over nodes by an ordered key: session expiries
+/// (by minute today, by a finer slot later: any `Ord` key will do) and
+/// queue buckets. A key whose sum comes back to zero is dropped.
+#[derive(Clone, Debug)]
+pub(crate) struct KeyedSums<K> {
+    sums: BTreeMap<K, i64>,
+}
+
+impl<K> Default for KeyedSums<K> {
+    fn default() -> Self {
+        Self {
+            sums: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord + Copy> KeyedSums<K> {
+    /// Adds `n` at `key` (`sign` = 1) or takes it away (`sign` = −1).
+    pub(crate) fn add(&mut self, key: K, n: i64, sign: i64) {
+        let n = n.wrapping_mul(sign);
+        match self.sums.entry(key) {
+            Entry::Occupied(mut e) => {
+                let sum = e.get().wrapping_add(n);
+                if sum == 0 {
+                    e.remove();
+                } else {
+                    *e.get_mut() = sum;
+                }
+            }
+            Entry::Vacant(e) => {
+                if n != 0 {
+                    e.insert(n);
+                }
+            }
+        }
+    }
+
+    /// The sum of every key from `from` on.
+    pub(crate) fn sum_from(&self, from: K) -> i64 {
+        self.sums
+            .range(from..)
+            .fold(0_i64, |t, (_, &n)| t.wrapping_add(n))
+    }
+
+    /// Keys whose sum is positive, in order.
+    pub(crate) fn positive(&self) -> impl Iterator<Item = (K, u64)> + '_ {
+        self.sums
+            .iter()
+            .filter_map(|(&k, &n)| u64::try_from(n).ok().filter(|&n| n > 0).map(|n| (k, n)))
+    }
+}
+
+/// Admits per minute, pool by pool, summed over nodes.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct AdmitSums {
+    sums: BTreeMap<Minute, [u64; 4]>,
+}
+
+impl AdmitSums {
+    fn add(&mut self, minute: Minute, admits: PoolCounts, sign: i64) {
+        let pools = [
+            admits.eligible,
+            admits.colo_share,
+            admits.anywhere,
+            admits.uncapped,
+        ];
+        let entry = self.sums.entry(minute).or_default();
+        for (sum, n) in entry.iter_mut().zip(pools) {
+            *sum = if sign > 0 {
+                sum.wrapping_add(n)
+            } else {
+                sum.wrapping_sub(n)
+            };
+        }
+        if *entry == [0; 4] {
+            self.sums.remove(&minute);
+        }
+    }
+
+    /// All pools' admits in `minute`, over every node.
+    pub(crate) fn total_in(&self, minute: Minute) -> u64 {
+        self.sums
+            .get(&minute)
+            .map_or(0, |p| p.iter().fold(0_u64, |t, &n| t.wrapping_add(n)))
+    }
+}
+
+/// The first entry for `minute`, as the reference merge reads a report.
+fn first_in<T: Copy>(entries: &[(Minute, T)], minute: Minute) -> Option<T> {
+    entries.iter().find(|&&(m, _)| m == minute).map(|&(_, n)| n)
+}
+
+fn admits_in(report: &RoomReport, minute: Minute) -> PoolCounts {
+    report
+        .admits
+        .iter()
+        .find(|a| a.minute == minute)
+        .map(|a| a.admits)
+        .unwrap_or_default()
+}
+
+/// The fraction `num / den` (`den` > 0), unreduced: floors of it are
+/// computed with [`share_of`], exactly as the reference merge computes them.
+#[derive(Clone, Copy, Debug)]
+struct Ratio {
+    num: u64,
+    den: u64,
+}
+
+impl Ratio {
+    fn cmp(self, other: Self) -> Ordering {
+        (u128::from(self.num) * u128::from(other.den))
+            .cmp(&(u128::from(other.num) * u128::from(self.den)))
+    }
+}
+
+/// Where an item's floor changes: `at` = (floor + 1) / weight upwards,
+/// floor / weight downwards.
+#[derive(Clone, Copy, Debug)]
+struct Threshold {
+    at: Ratio,
+    id: u32,
+}
+
+impl PartialEq for Threshold {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Threshold {}
+
+impl PartialOrd for Threshold {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Threshold {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.at.cmp(other.at).then(self.id.cmp(&other.id))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct FloorItem {
+    weight: u64,
+    floor: u64,
+    value: u64,
+}
+
+/// `Σ value_i(⌊x · weight_i⌋)` over items, kept while the fraction `x`
+/// moves: each item's next floor change up and down sits in an ordered set,
+/// so moving `x` visits only the items whose floor changes (a handful per
+/// merge: `x` moves with one node's report), never all of them.
+#[derive(Clone, Debug)]
+pub(crate) struct FloorSums {
+    x: Ratio,
+    items: HashMap<u32, FloorItem>,
+    up: BTreeSet<Threshold>,
+    down: BTreeSet<Threshold>,
+    total: u64,
+}
+
+impl Default for FloorSums {
+    fn default() -> Self {
+        Self {
+            x: Ratio { num: 0, den: 1 },
+            items: HashMap::new(),
+            up: BTreeSet::new(),
+            down: BTreeSet::new(),
+            total: 0,
+        }
+    }
+}
+
+impl FloorSums {
+    /// The sum of the items' values at the current `x`.
+    pub(crate) fn total(&self) -> u64 {
+        self.total
+    }
+
+    fn thresholds(id: u32, item: FloorItem) -> [Option<Threshold>; 2] {
+        let up = (item.floor < u64::MAX).then_some(Threshold {
+            at: Ratio {
+                num: item.floor + 1,
+                den: item.weight,
+            },
+            id,
+        });
+        let down = (item.floor > 0).then_some(Threshold {
+            at: Ratio {
+                num: item.floor,
+                den: item.weight,
+            },
+            id,
+        });
+        [up, down]
+    }
+
+    fn link(&mut self, id: u32, item: FloorItem) {
+        let [up, down] = Self::thresholds(id, item);
+        if let Some(t) = up {
+            self.up.insert(t);
+        }
+        if let Some(t) = down {
+            self.down.insert(t);
+        }
+        self.total = self.total.wrapping_add(item.value);
+        self.items.insert(id, item);
+    }
+
+    fn unlink(&mut self, id: u32) -> Option<FloorItem> {
+        let item = self.items.remove(&id)?;
+        let [up, down] = Self::thresholds(id, item);
+        if let Some(t) = up {
+            self.up.remove(&t);
+        }
+        if let Some(t) = down {
+            self.down.remove(&t);
+        }
+        self.total = self.total.wrapping_sub(item.value);
+        Some(item)
+    }
+
+    /// Adds an item of `weight` > 0, valued `value(floor)` at the current `x`.
+    pub(crate) fn insert(&mut self, id: u32, weight: u64, value: impl FnOnce(u64) -> u64) {
+        debug_assert!(weight > 0, "an item of weight 0 never changes");
+        let floor = share_of(self.x.num, weight, self.x.den);
+        self.link(
+            id,
+            FloorItem {
+                weight,
+                floor,
+                value: value(floor),
+            },
+        );
+    }
+
+    /// Takes an item away; its weight, if it was there.
+    pub(crate) fn remove(&mut self, id: u32) -> Option<u64> {
+        self.unlink(id).map(|item| item.weight)
+    }
+
+    /// Moves `x` to `num / den` (`den` > 0), revaluing the items whose
+    /// floor changes with `value(id, floor)`.
+    pub(crate) fn set_x(&mut self, num: u64, den: u64, mut value: impl FnMut(u32, u64) -> u64) {
+        let x = Ratio { num, den };
+        self.x = x;
+        while let Some(&t) = self.up.first()
+            && t.at.cmp(x) != Ordering::Greater
+        {
+            self.refloor(t.id, &mut value);
+        }
+        while let Some(&t) = self.down.last()
+            && t.at.cmp(x) == Ordering::Greater
+        {
+            self.refloor(t.id, &mut value);
+        }
+    }
+
+    fn refloor(&mut self, id: u32, value: &mut impl FnMut(u32, u64) -> u64) {
+        let Some(mut item) = self.unlink(id) else {
+            return;
+        };
+        item.floor = share_of(self.x.num, item.weight, self.x.den);
+        item.value = value(id, item.floor);
+        self.link(id, item);
+    }
+}
+
+/// A sorted multiset with ranks: sorted blocks of at most `2 × BLOCK`, so an
+/// insertion moves a block, not the whole list, and a rank adds up block
+/// lengths (a few dozen for 10,000 nodes).
+#[derive(Clone, Debug)]
+pub(crate) struct RankList<T> {
+    blocks: Vec<Vec<T>>,
+}
+
+impl<T> Default for RankList<T> {
+    fn default() -> Self {
+        Self { blocks: Vec::new() }
+    }
+}
+
+const BLOCK: usize = 128;
+
+impl<T: Ord + Copy> RankList<T> {
+    fn block_for(&self, t: &T) -> usize {
+        self.blocks
+            .partition_point(|b| b.last().is_some_and(|l| l < t))
+            .min(self.blocks.len().saturating_sub(1))
+    }
+
+    pub(crate) fn insert(&mut self, t: T) {
+        if self.blocks.is_empty() {
+            self.blocks.push(vec![t]);
+            return;
+        }
+        let i = self.block_for(&t);
+        let block = &mut self.blocks[i];
+        let at = block.partition_point(|e| e < &t);
+        block.insert(at, t);
+        if block.len() > 2 * BLOCK {
+            let rest = block.split_off(BLOCK);
+            self.blocks.insert(i + 1, rest);
+        }
+    }
+
+    pub(crate) fn remove(&mut self, t: &T) {
+        if self.blocks.is_empty() {
+            return;
+        }
+        let i = self.block_for(t);
+        let block = &mut self.blocks[i];
+        if let Ok(at) = block.binary_search(t) {
+            block.remove(at);
+            if block.is_empty() {
+                self.blocks.remove(i);
+            }
+        }
+    }
+
+    /// How many elements are smaller than `t`.
+    pub(crate) fn rank(&self, t: &T) -> usize {
+        if self.blocks.is_empty() {
+            return 0;
+        }
+        let i = self.block_for(t);
+        self.blocks[..i].iter().map(Vec::len).sum::<usize>()
+            + self.blocks[i].partition_point(|e| e < t)
+    }
+}
+
+/// One colo's traffic: two minutes back (its weight between colos), and
+/// recent (two minutes back plus this minute so far, `recent_traffic` of
+/// the reference) by which its nodes split its slots.
+#[derive(Clone, Debug, Default)]
+struct ColoTraffic {
+    back: u64,
+    recent: u64,
+    /// Nodes' recent traffic → how many nodes of the colo had that much.
+    parts: BTreeMap<u64, u64>,
+    /// Colo-share slots leased to the colo's nodes and not yet used.
+    held: u64,
+}
+
+impl ColoTraffic {
+    /// What the colo's nodes get of `slots` together: each its floor.
+    fn handed_out(&self, slots: u64) -> u64 {
+        self.parts.iter().fold(0_u64, |t, (&d, &count)| {
+            t.wrapping_add(share_of(slots, d, self.recent).wrapping_mul(count))
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.back == 0 && self.recent == 0 && self.held == 0 && self.parts.is_empty()
+    }
+}
+
+/// A node's place in the lease order: heaviest first, then the order in
+/// which the cluster holds the reports (the reference's stable sort).
+type LeaseRank = (Reverse<u64>, usize);
+
+/// Everything that depends on the minute of the query, for one minute.
+#[derive(Clone, Debug)]
+pub(crate) struct Live {
+    pub(crate) minute: Minute,
+    /// Traffic per colo (interned id); colos without any traffic or
+    /// colo-share lease held are absent.
+    colos: HashMap<u32, ColoTraffic>,
+    /// Σ of all colos' traffic two minutes back.
+    traffic_total: u64,
+    /// Colo → what its nodes get of their colo's part, at `x` = shared
+    /// slots / (100 × traffic), each colo weighing 90 × its traffic.
+    colo_floors: FloorSums,
+    /// Σ of the nodes' lease weights (traffic this minute + 1).
+    lease_weight: u64,
+    /// Node → ⌊Anywhere × weight / Σ weights⌋.
+    lease_floors: FloorSums,
+    lease_order: RankList<LeaseRank>,
+    /// Anywhere slots leased and not yet used, over every node with a lease.
+    held: u64,
+    /// Colo-share slots leased and not yet used, over every node.
+    colo_held: u64,
+}
+
+/// One node as the running sums see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NodeKey {
+    /// Stable while the node is known (items of the floor sums).
+    pub(crate) id: u32,
+    pub(crate) colo: u32,
+    /// Its place in the cluster's list of reports.
+    pub(crate) position: usize,
+}
+
+/// One room's running sums.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RoomSums {
+    /// Nodes reporting on the room.
+    pub(crate) nodes: u64,
+    pub(crate) expiries: KeyedSums<ExpirySlot>,
+    pub(crate) waiting: KeyedSums<Minute>,
+    pub(crate) admits: AdmitSums,
+    /// `None` when the minute changed and it is not rebuilt yet.
+    pub(crate) live: Option<Live>,
+}
+
+/// What [`RoomSums::lease`] tells about the reporting node.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NodeShares {
+    pub(crate) colo_share: u64,
+    /// The node's part of the Anywhere pool, before the ledger's clamp.
+    pub(crate) anywhere: u64,
+    /// The whole Anywhere pool of the round.
+    pub(crate) pool: u64,
+    /// Anywhere slots leased to the other nodes and not yet used.
+    pub(crate) held_by_others: u64,
+    /// What the engine hands the node's colo this round (its nodes' colo
+    /// shares together).
+    pub(crate) colo_pool: u64,
+    /// Colo-share slots leased to the other nodes of the node's colo and
+    /// not yet used.
+    pub(crate) colo_held_in_colo: u64,
+    /// Colo-share slots leased to the other nodes of every colo and not yet
+    /// used.
+    pub(crate) colo_held_by_others: u64,
+}
+
+impl RoomSums {
+    /// Adds (`sign` = 1) or takes away (−1) the minute-free counts of `report`.
+    pub(crate) fn account_counts(&mut self, report: &RoomReport, sign: i64) {
+        self.nodes = if sign > 0 {
+            self.nodes + 1
+        } else {
+            self.nodes - 1
+        };
+        for &(m, n) in &report.expiries {
+            self.expiries.add(m, n, sign);
+        }
+        for &(m, n) in &report.waiting {
+            self.waiting.add(m, n, sign);
+        }
+        for (i, a) in report.admits.iter().enumerate() {
+            // Only the first entry of a minute counts, as in `admits_in`.
+            if report.admits[..i].iter().all(|b| b.minute != a.minute) {
+                self.admits.add(a.minute, a.admits, sign);
+            }
+        }
+    }
+
+    /// Adds or takes away the minute-dependent part of a node's report,
+    /// with the node's lease for this room.
+    pub(crate) fn account_live(
+        &mut self,
+        report: &RoomReport,
+        node: NodeKey,
+        (colo_lease, lease): (Option<&Lease>, Option<&Lease>),
+        sign: i64,
+    ) {
+        let Some(live) = &mut self.live else {
+            return;
+        };
+        let minute = live.minute;
+        let back = first_in(&report.distinct_visitors, minute.minus(2)).unwrap_or(0);
+        let current = first_in(&report.distinct_visitors, minute).unwrap_or(0);
+        let recent = back.saturating_add(current);
+        let weight = current.saturating_add(1);
+        let colo_held = outstanding_colo(colo_lease, report, minute);
+        let add = |sum: u64, n: u64| {
+            if sign > 0 {
+                sum.wrapping_add(n)
+            } else {
+                sum.wrapping_sub(n)
+            }
+        };
+        if recent > 0 || colo_held > 0 {
+            live.colo_floors.remove(node.colo);
+            let colo = live.colos.entry(node.colo).or_default();
+            colo.back = add(colo.back, back);
+            colo.recent = add(colo.recent, recent);
+            colo.held = add(colo.held, colo_held);
+            if recent > 0 {
+                let count = colo.parts.entry(recent).or_default();
+                *count = add(*count, 1);
+                if *count == 0 {
+                    colo.parts.remove(&recent);
+                }
+            }
+            live.traffic_total = add(live.traffic_total, back);
+            live.colo_held = add(live.colo_held, colo_held);
+            if colo.is_empty() {
+                live.colos.remove(&node.colo);
+            } else if colo.back > 0 {
+                let colo = &*colo;
+                live.colo_floors
+                    .insert(node.colo, colo.back.saturating_mul(90), |slots| {
+                        colo.handed_out(slots)
+                    });
+            }
+        }
+        live.lease_weight = add(live.lease_weight, weight);
+        let rank = (Reverse(weight), node.position);
+        if sign > 0 {
+            live.lease_floors.insert(node.id, weight, |floor| floor);
+            live.lease_order.insert(rank);
+        } else {
+            live.lease_floors.remove(node.id);
+            live.lease_order.remove(&rank);
+        }
+        let held = outstanding(lease, report, minute);
+        live.held = add(live.held, held);
+    }
+
+    /// Replaces a node's lease in the ledger's sum of what is held.
+    pub(crate) fn swap_lease(
+        &mut self,
+        report: &RoomReport,
+        old: Option<&Lease>,
+        new: Option<&Lease>,
+    ) {
+        if let Some(live) = &mut self.live {
+            live.held = live
+                .held
+                .wrapping_sub(outstanding(old, report, live.minute))
+                .wrapping_add(outstanding(new, report, live.minute));
+        }
+    }
+
+    /// Replaces a node's colo-share lease in the ledger's sums of what is
+    /// held (its colo's and every colo's).
+    pub(crate) fn swap_colo_lease(
+        &mut self,
+        report: &RoomReport,
+        node: NodeKey,
+        old: Option<&Lease>,
+        new: Option<&Lease>,
+    ) {
+        let Some(live) = &mut self.live else {
+            return;
+        };
+        let old = outstanding_colo(old, report, live.minute);
+        let new = outstanding_colo(new, report, live.minute);
+        if old == new {
+            return;
+        }
+        live.colo_held = live.colo_held.wrapping_sub(old).wrapping_add(new);
+        live.colo_floors.remove(node.colo);
+        let colo = live.colos.entry(node.colo).or_default();
+        colo.held = colo.held.wrapping_sub(old).wrapping_add(new);
+        if colo.is_empty() {
+            live.colos.remove(&node.colo);
+        } else if colo.back > 0 {
+            let colo = &*colo;
+            live.colo_floors
+                .insert(node.colo, colo.back.saturating_mul(90), |slots| {
+                    colo.handed_out(slots)
+                });
+        }
+    }
+
+    /// The reporting node's colo share and Anywhere lease when `shared`
+    /// slots are split between colos and Anywhere (its report and lease
+    /// are in the sums). `None` when the live view is not for `minute`.
+    pub(crate) fn shares(
+        &mut self,
+        minute: Minute,
+        shared: u64,
+        report: &RoomReport,
+        node: NodeKey,
+        (colo_lease, lease): (Option<&Lease>, Option<&Lease>),
+    ) -> Option<NodeShares> {
+        let live = self.live.as_mut().filter(|l| l.minute == minute)?;
+        let back = first_in(&report.distinct_visitors, minute.minus(2)).unwrap_or(0);
+        let current = first_in(&report.distinct_visitors, minute).unwrap_or(0);
+        let recent = back.saturating_add(current);
+        let weight = current.saturating_add(1);
+        // Colos: each gets ⌊S·90·D_c / 100·T⌋, its nodes each their floor of
+        // that; what the floors leave is the Anywhere pool.
+        let total_weight = live.traffic_total.saturating_mul(100);
+        let handed_out = if total_weight > 0 {
+            let colos = &live.colos;
+            live.colo_floors.set_x(shared, total_weight, |colo, slots| {
+                colos.get(&colo).map_or(0, |c| c.handed_out(slots))
+            });
+            live.colo_floors.total()
+        } else {
+            0
+        };
+        let colo = live.colos.get(&node.colo);
+        let colo_slots = share_of(
+            shared,
+            colo.map_or(0, |c| c.back).saturating_mul(90),
+            total_weight,
+        );
+        let colo_share = share_of(colo_slots, recent, colo.map_or(0, |c| c.recent));
+        let colo_pool = colo.map_or(0, |c| c.handed_out(colo_slots));
+        let mine_colo = outstanding_colo(colo_lease, report, minute);
+        let colo_held_in_colo = colo.map_or(0, |c| c.held).wrapping_sub(mine_colo);
+        let colo_held_by_others = live.colo_held.wrapping_sub(mine_colo);
+        let pool = shared.wrapping_sub(handed_out);
+        // Anywhere: each node its floor, one more to the heaviest (ties in
+        // report order) until the pool is spent.
+        live.lease_floors
+            .set_x(pool, live.lease_weight, |_, floor| floor);
+        let left = pool.wrapping_sub(live.lease_floors.total());
+        let before = live.lease_order.rank(&(Reverse(weight), node.position)) as u64;
+        let anywhere = share_of(pool, weight, live.lease_weight) + u64::from(before < left);
+        let held_by_others = live.held.wrapping_sub(outstanding(lease, report, minute));
+        Some(NodeShares {
+            colo_share,
+            anywhere,
+            pool,
+            held_by_others,
+            colo_pool,
+            colo_held_in_colo,
+            colo_held_by_others,
+        })
+    }
+}
+
+impl Live {
+    pub(crate) fn new(minute: Minute) -> Self {
+        Self {
+            minute,
+            colos: HashMap::new(),
+            traffic_total: 0,
+            colo_floors: FloorSums::default(),
+            lease_weight: 0,
+            lease_floors: FloorSums::default(),
+            lease_order: RankList::default(),
+            held: 0,
+            colo_held: 0,
+        }
+    }
+}
+
+/// Slots of the Anywhere `lease` its holder has not used by `minute`, as
+/// the ledger counts them (0 without a lease).
+pub(crate) fn outstanding(lease: Option<&Lease>, report: &RoomReport, minute: Minute) -> u64 {
+    lease.map_or(0, |l| {
+        l.outstanding(minute, admits_in(report, minute).anywhere)
+    })
+}
+
+/// Slots of the colo-share `lease` its holder has not used by `minute`.
+fn outstanding_colo(lease: Option<&Lease>, report: &RoomReport, minute: Minute) -> u64 {
+    lease.map_or(0, |l| {
+        l.outstanding(minute, admits_in(report, minute).colo_share)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn floor_sums_match_a_recount_wherever_x_moves(
+            weights in prop::collection::vec(1..1_000_u64, 1..40),
+            moves in prop::collection::vec((0..5_000_u64, 1..3_000_u64), 1..30),
+        ) {
+            let mut sums = FloorSums::default();
+            for (id, &w) in weights.iter().enumerate() {
+                sums.insert(id as u32, w, |f| f * 3);
+            }
+            for &(num, den) in &moves {
+                sums.set_x(num, den, |_, f| f * 3);
+                let recount: u64 = weights.iter().map(|&w| share_of(num, w, den) * 3).sum();
+                prop_assert_eq!(sums.total(), recount);
+            }
+            sums.remove(0);
+            let &(num, den) = moves.last().unwrap();
+            let recount: u64 = weights[1..].iter().map(|&w| share_of(num, w, den) * 3).sum();
+            prop_assert_eq!(sums.total(), recount);
+        }
+
+        #[test]
+        fn rank_list_ranks_like_a_sorted_vec(
+            ops in prop::collection::vec((any::<bool>(), 0..600_u32), 0..2_000),
+        ) {
+            let mut list = RankList::default();
+            let mut reference: Vec<u32> = Vec::new();
+            for &(insert, v) in &ops {
+                if insert {
+                    list.insert(v);
+                    let at = reference.partition_point(|&e| e < v);
+                    reference.insert(at, v);
+                } else if let Ok(at) = reference.binary_search(&v) {
+                    list.remove(&v);
+                    reference.remove(at);
+                }
+                prop_assert_eq!(list.rank(&v), reference.partition_point(|&e| e < v));
+            }
+        }
+    }
+
+    #[test]
+    fn keyed_sums_drop_keys_back_at_zero_and_sum_from_a_key() {
+        let mut sums = KeyedSums::default();
+        sums.add(Minute(3), 5, 1);
+        sums.add(Minute(4), 2, 1);
+        sums.add(Minute(3), 5, -1);
+        assert_eq!(sums.sum_from(Minute(0)), 2);
+        assert_eq!(sums.positive().collect::<Vec<_>>(), [(Minute(4), 2)]);
+        assert_eq!(sums.sum_from(Minute(5)), 0);
+    }
+}
