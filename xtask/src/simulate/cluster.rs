@@ -296,8 +296,8 @@ pub struct Run {
 }
 
 /// How far the active users the node counters count (summed over the nodes,
-/// each at its own clock's minute) are from the true number, over the samples
-/// taken every second.
+/// each at its own clock's second) are from the true number, over the samples
+/// taken in the last millisecond of every second.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct CountedError {
     /// Worst |counted − true| ÷ true where true is at least
@@ -394,6 +394,9 @@ const BACKOFF_BASE_MS: u64 = 100;
 const BACKOFF_CAP_MS: u64 = 5_000;
 /// Timeline resolution; peaks are sampled every second.
 const TIMELINE_EVERY_MS: u64 = 10_000;
+
+/// Where in each second the samples are taken (see [`Sim::sample`]).
+const SAMPLE_PHASE_MS: u64 = 999;
 /// How often the node recomputes a local-only state (its refresh tick).
 const REFRESH_MS: u64 = 200;
 
@@ -635,7 +638,10 @@ impl Sim {
             sim.nodes[node].tick_ms = phase;
             sim.schedule(phase, Event::Report(node));
         }
-        sim.schedule(0, Event::Sample);
+        // The last millisecond of every second: the counters count a session
+        // to the end of its one-second expiry slot, so this is when they run
+        // furthest ahead of the truth (sampling at a slot's start would hide it).
+        sim.schedule(SAMPLE_PHASE_MS, Event::Sample);
         sim
     }
 
@@ -1023,9 +1029,10 @@ impl Sim {
             .sum();
         self.peak_active_counted = self.peak_active_counted.max(counted);
         self.measure_counted(counted, now_ms);
-        if now_ms.is_multiple_of(TIMELINE_EVERY_MS) {
+        let second_end = now_ms + 1_000 - SAMPLE_PHASE_MS;
+        if second_end.is_multiple_of(TIMELINE_EVERY_MS) {
             self.timeline.push(Sample {
-                at_s: now_ms / 1_000,
+                at_s: second_end / 1_000,
                 active: self.active,
                 active_counted: counted,
                 admits_this_minute: self.admits_in(now_ms),

@@ -742,10 +742,11 @@ mod tests {
         }
     }
 
-    /// The targets are measured: the 7:1 burst queues visitors at 65 % of
+    /// The targets are measured: the 7:1 burst queues visitors at 60 % of
     /// the per-minute limit (below 98 % as below 90 %), and after the
     /// uniform spike the counters keep sessions to the end of their expiry
-    /// minute, so the counted active users run ahead of the true number.
+    /// second, so in the last millisecond of a second the counted active
+    /// users run ahead of the true number by the sessions ending in it.
     #[test]
     fn the_targets_see_early_queueing_and_the_counted_excess() {
         let burst = scenario_result("burst-7-1", 3);
