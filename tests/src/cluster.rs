@@ -84,6 +84,44 @@ node_timeout_ms = 15000
     )
 }
 
+/// A node's whole config in a cluster: `[node]` named `name` in `colo`
+/// (its counters in `dir`, `workers` workers, an admin listener on loopback
+/// when `admin`), then `rooms` (one or more `[[rooms]]` tables; `origin` is
+/// added to the last one) and the `[aggregator]` table `gossip`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "every field a test varies, named at the call"
+)]
+pub fn node_config(
+    dir: &Path,
+    name: &str,
+    colo: &str,
+    workers: usize,
+    admin: bool,
+    rooms: &str,
+    origin: SocketAddr,
+    gossip: &str,
+) -> String {
+    let admin = if admin {
+        "admin_listen = \"127.0.0.1:0\"\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"[node]
+id = "{name}"
+colo = "{colo}"
+listen = "127.0.0.1:0"
+{admin}workers = {workers}
+counters_path = "{counters}"
+
+{rooms}origin = "{origin}"
+
+{gossip}"#,
+        counters = dir.join(format!("{name}.shm")).display(),
+    )
+}
+
 /// The `[aggregator]` table of a node: its certificate `name` from `certs`,
 /// trusting the CA in `trust`.
 pub fn node_gossip_table(

@@ -16,7 +16,7 @@ use waitroom_edge::start::{self, Options, Running};
 use waitroom_runtime::clock::{Clock, ClockDriver};
 
 use crate::{
-    cluster::{Certs, aggregator_config, node_gossip_table},
+    cluster::{Certs, aggregator_config, node_config, node_gossip_table},
     inproc::START,
     procs::TempDir,
 };
@@ -106,19 +106,15 @@ impl InProcCluster {
             let path = dir.path().join(format!("{name}.toml"));
             std::fs::write(
                 &path,
-                format!(
-                    r#"[node]
-id = "{name}"
-colo = "{colo}"
-listen = "127.0.0.1:0"
-workers = 1
-counters_path = "{counters}"
-
-{table}origin = "{origin_addr}"
-
-{gossip}"#,
-                    counters = dir.path().join(format!("{name}.shm")).display(),
-                    gossip = node_gossip_table(quic, &certs, &certs, name, interval_ms),
+                node_config(
+                    dir.path(),
+                    name,
+                    colo,
+                    1,
+                    false,
+                    &table,
+                    origin_addr,
+                    &node_gossip_table(quic, &certs, &certs, name, interval_ms),
                 ),
             )?;
             let config = waitroom_edge::config::load(&path)?;

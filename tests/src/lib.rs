@@ -45,3 +45,15 @@ pub fn require_root() -> bool {
     );
     false
 }
+
+/// Polls `check` every 100 ms for at most `limit`; true if it held once.
+pub fn eventually(limit: std::time::Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    check()
+}

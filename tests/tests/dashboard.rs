@@ -18,6 +18,7 @@ use waitroom_tests::{
     browser::{Browser, chromium_path},
     cluster::{Aggregator, Certs, aggregator_config, free_udp_port, node_gossip_table},
     edge::{Edge, client, get_text},
+    eventually,
     procs::{TempDir, start_origin},
 };
 
@@ -37,37 +38,20 @@ fn room_table() -> String {
 }
 
 fn node_config(dir: &TempDir, name: &str, colo: &str, origin: SocketAddr, gossip: &str) -> String {
-    format!(
-        r#"[node]
-id = "{name}"
-colo = "{colo}"
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-workers = 1
-counters_path = "{counters}"
-
-{room}origin = "{origin}"
-
-{gossip}"#,
-        counters = dir.path().join(format!("{name}.shm")).display(),
-        room = room_table(),
+    waitroom_tests::cluster::node_config(
+        dir.path(),
+        name,
+        colo,
+        1,
+        true,
+        &room_table(),
+        origin,
+        gossip,
     )
 }
 
 fn json(url: &str) -> Value {
     serde_json::from_str(&get_text(url)).unwrap_or(Value::Null)
-}
-
-/// Polls `check` every 100 ms for at most `limit`; true if it held once.
-fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    check()
 }
 
 /// A new visitor (no cookie) asks `edge` for the shop; true when admitted.

@@ -27,6 +27,7 @@ use std::{
 use waitroom_tests::{
     cluster::{Aggregator, Certs, aggregator_config, free_udp_port, node_gossip_table},
     edge::{Edge, client, metric},
+    eventually,
     procs::{TempDir, start_origin},
 };
 
@@ -43,20 +44,15 @@ fn room_table() -> String {
 }
 
 fn node_config(dir: &TempDir, name: &str, colo: &str, origin: SocketAddr, gossip: &str) -> String {
-    format!(
-        r#"[node]
-id = "{name}"
-colo = "{colo}"
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-workers = 2
-counters_path = "{counters}"
-
-{room}origin = "{origin}"
-
-{gossip}"#,
-        counters = dir.path().join(format!("{name}.shm")).display(),
-        room = room_table(),
+    waitroom_tests::cluster::node_config(
+        dir.path(),
+        name,
+        colo,
+        2,
+        true,
+        &room_table(),
+        origin,
+        gossip,
     )
 }
 
@@ -73,18 +69,6 @@ fn fresh_and_connected(edge: &Edge) -> bool {
     let text = get_text(&edge.admin_url("/metrics"));
     metric(&text, "waitroom_gossip_connected") == Some(1.0)
         && metric(&text, "waitroom_gossip_stale") == Some(0.0)
-}
-
-/// Polls `check` every 100 ms for at most `limit`; true if it held once.
-fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    check()
 }
 
 /// Every node's global active users, the sum of their own, and the aggregator's.

@@ -21,13 +21,14 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use openmetrics_parser::{MetricsExposition, OpenMetricsType, OpenMetricsValue};
 use waitroom_tests::{
     cluster::{Aggregator, Certs, aggregator_config, free_udp_port, node_gossip_table},
     edge::{Edge, client, get, get_text, metric},
+    eventually,
     procs::{TempDir, start_origin},
     require_root,
     xdp_node::XdpNodeFixture,
@@ -296,18 +297,6 @@ impl Scrape {
             assert_eq!(names, *labels, "{who}: labels of {name}");
         }
     }
-}
-
-/// Polls `check` every 100 ms for at most `limit`; true if it held once.
-fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    check()
 }
 
 fn repo_file(path: &str) -> PathBuf {
