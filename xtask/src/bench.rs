@@ -526,6 +526,10 @@ origin = "127.0.0.1:{origin}"
 total_active_users = 1000000000
 new_users_per_minute = 1000000000
 session_duration = 10
+# (a) replays one admitted cookie on all 32 connections of one load
+# generator: over the ticket's connection budget (16) most requests would be
+# served as new visitors (`ticket_shared`), and (a) would measure (b).
+ticket_connection_budget = 0
 
 [[rooms]]
 id = "queue"
