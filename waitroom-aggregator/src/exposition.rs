@@ -183,9 +183,7 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
         "waitroom_aggregator_wait_estimate_seconds",
         exposition::WAIT_ESTIMATE_HELP,
         status.rooms.iter().filter_map(|r| {
-            let (_, config) = limits.iter().find(|(id, _)| *id == r.id)?;
-            let wait =
-                exposition::arrival_wait_seconds(config, r.total_waiting, r.admits_per_minute)?;
+            let wait = r.wait_estimate.known_seconds()?;
             Some(([("room", r.id.as_str())], wait))
         }),
     )?;

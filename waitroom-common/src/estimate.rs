@@ -54,6 +54,12 @@ pub fn minutes_for_chance(p: f64, per_minute: f64) -> f64 {
 }
 
 impl WaitEstimate {
+    /// The wait to show in seconds, when known (what the queue page says).
+    #[must_use]
+    pub fn known_seconds(&self) -> Option<f64> {
+        self.wait_time_known.then_some(self.minutes * 60.0)
+    }
+
     /// Nothing known (no admit rate, or `queue_all`).
     #[must_use]
     pub fn unknown(visitors_ahead: u64) -> Self {

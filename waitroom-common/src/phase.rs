@@ -111,5 +111,30 @@ mod tests {
         assert_eq!(e.minutes, 0.0);
         let queue_all = room(|c| c.queue_all = true);
         assert!(!arrival_estimate(&queue_all, &state(0, 0), Minute(1)).wait_time_known);
+        assert_eq!(
+            arrival_estimate(&queue_all, &state(0, 100), Minute(1)).known_seconds(),
+            None
+        );
+    }
+
+    /// What `/metrics` exports as `waitroom_wait_estimate_seconds`.
+    #[test]
+    fn the_known_seconds_are_the_pages_minutes() {
+        let fifo = room(|_| {});
+        let waiting = |n, rate| GlobalState {
+            admits_per_minute: rate,
+            ..state(0, n)
+        };
+        assert_eq!(WaitEstimate::fifo(100, 50.0).known_seconds(), Some(120.0));
+        assert_eq!(
+            arrival_estimate(&fifo, &waiting(100, 0.0), Minute(1)).known_seconds(),
+            None,
+            "no rate yet"
+        );
+        let random = room(|c| c.queueing_method = QueueingMethod::Random);
+        let median = arrival_estimate(&random, &waiting(99, 50.0), Minute(1))
+            .known_seconds()
+            .unwrap();
+        assert!(median > 0.0 && median < 120.0, "{median}");
     }
 }

@@ -6,6 +6,7 @@
 //! once, with every room's sample under the one header.
 use std::{fmt, sync::Arc};
 
+use waitroom_common::phase::arrival_estimate;
 use waitroom_runtime::metrics::{self as exposition, Families, Registry};
 
 use crate::node::Node;
@@ -127,12 +128,8 @@ fn limits(node: &Node, f: &mut Families<'_>) -> fmt::Result {
         "waitroom_wait_estimate_seconds",
         exposition::WAIT_ESTIMATE_HELP,
         node.rooms.iter().zip(&lives).filter_map(|(r, live)| {
-            let state = r.state.load();
-            let wait = exposition::arrival_wait_seconds(
-                live.engine.config(),
-                state.total_waiting,
-                state.admits_per_minute,
-            )?;
+            let wait = arrival_estimate(&live.engine, &r.state.load(), node.clock.now().minute())
+                .known_seconds()?;
             Some(([("room", r.spec.id.as_str())], wait))
         }),
     )?;

@@ -31,7 +31,6 @@ use prometheus_client::{
     metrics::{MetricType, counter::ConstCounter, exemplar::Exemplar, gauge::ConstGauge},
 };
 use waitroom_common::{
-    estimate::WaitEstimate,
     room::{QueueingMethod, RoomConfig},
     time::UnixMillis,
 };
@@ -293,25 +292,7 @@ impl ReloadOutcomes {
 }
 
 /// The help text of the wait-estimate gauges (node and aggregator).
-pub const WAIT_ESTIMATE_HELP: &str = "The wait a visitor arriving now is told (the median for a random queue), from the visitors waiting and the admit rate; absent while unknown (no admit rate yet, or queue_all).";
-
-/// The wait in seconds a visitor arriving now would be told by the queue
-/// page (see [`WAIT_ESTIMATE_HELP`]); `None` while the engine cannot tell.
-#[must_use]
-pub fn arrival_wait_seconds(
-    config: &RoomConfig,
-    total_waiting: u64,
-    admits_per_minute: f64,
-) -> Option<f64> {
-    if config.queue_all {
-        return None;
-    }
-    let estimate = match config.queueing_method {
-        QueueingMethod::Random => WaitEstimate::random(total_waiting + 1, admits_per_minute),
-        _ => WaitEstimate::fifo(total_waiting, admits_per_minute),
-    };
-    estimate.wait_time_known.then_some(estimate.minutes * 60.0)
-}
+pub const WAIT_ESTIMATE_HELP: &str = "The wait a visitor arriving now is told (the median for a random queue): the engine's estimate the queue page and the dashboard show; absent while unknown (no admit rate yet, or queue_all).";
 
 /// The help text of a room's settings-version gauge (node and aggregator).
 pub const SETTINGS_VERSION_HELP: &str = "Version of the room's settings in force. Until a control plane numbers them: a 52-bit FNV-1a hash of the limits (total_active_users, new_users_per_minute, session_duration, queueing_method) as the running configuration (start or last applied reload) says; equal on nodes and the aggregator that run the same limits.";
@@ -426,20 +407,6 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }
-    }
-
-    #[test]
-    fn the_arrival_wait_is_the_queue_pages() {
-        let fifo = RoomConfig::with_limits(100, 50);
-        assert_eq!(arrival_wait_seconds(&fifo, 100, 50.0), Some(120.0));
-        assert_eq!(arrival_wait_seconds(&fifo, 100, 0.0), None, "no rate yet");
-        let mut all = fifo.clone();
-        all.queue_all = true;
-        assert_eq!(arrival_wait_seconds(&all, 100, 50.0), None);
-        let mut random = fifo;
-        random.queueing_method = QueueingMethod::Random;
-        let median = arrival_wait_seconds(&random, 99, 50.0).unwrap();
-        assert!(median > 0.0 && median < 120.0, "{median}");
     }
 
     #[test]
