@@ -10,9 +10,9 @@ use std::{
 
 use waitroom_aggregator::{Aggregator, AggregatorConfig};
 use waitroom_common::{
-    cluster,
     counters::RoomCounters,
     room::{RoomConfig, RoomId},
+    room_table::RoomTable,
 };
 use waitroom_edge::gossip::{self, GossipConfig, GossipHandle, NodeIdentity};
 use waitroom_runtime::{clock, devcerts, shutdown, tls::TlsFiles};
@@ -23,14 +23,8 @@ fn temp_dir(tag: &str) -> std::path::PathBuf {
     dir
 }
 
-fn shop() -> cluster::RoomDef {
-    cluster::RoomDef {
-        name: "shop".into(),
-        room: RoomConfig::with_limits(100, 20)
-            .validate()
-            .unwrap()
-            .named("shop"),
-    }
+fn shop() -> RoomTable {
+    RoomTable::from_config("shop", &RoomConfig::with_limits(100, 20))
 }
 
 fn config(dir: &Path, tls: TlsFiles, listen: SocketAddr) -> AggregatorConfig {
@@ -42,6 +36,7 @@ fn config(dir: &Path, tls: TlsFiles, listen: SocketAddr) -> AggregatorConfig {
         snapshot_interval_ms: 200,
         node_timeout_ms: 5_000,
         rooms: vec![shop()],
+        control: waitroom_aggregator::config::ControlConfig::beside(&dir.join("snapshot.json")),
     }
 }
 

@@ -1,18 +1,26 @@
 //! The aggregator's admin listener: `/status` (JSON per room and per node),
 //! `/metrics` (OpenMetrics text), the live dashboard (`/dashboard`, polling
-//! `/dashboard.json`) and `/healthz`. Bind it to loopback.
+//! `/dashboard.json`), `/healthz`, and the control API under `/api/`
+//! (bearer tokens; see [`waitroom_runtime::control`]). Bind it to loopback.
 use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
-use waitroom_runtime::{admin::text, body::Body, metrics::Registry, shutdown::Shutdown};
+use waitroom_runtime::{
+    admin::text, body::Body, control::Control, metrics::Registry, shutdown::Shutdown,
+};
 
 use crate::server::Shared;
 
 /// Serves the admin endpoints until shutdown.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Shutdown) {
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    control: Arc<Control>,
+    shutdown: Shutdown,
+) {
     let metrics = crate::exposition::registry(Arc::clone(&shared));
     waitroom_runtime::admin::serve_with(
         listener,
@@ -20,7 +28,13 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: Shutdow
         shutdown,
         move |shared, req: Request<Incoming>| {
             let metrics = Arc::clone(&metrics);
-            async move { route(&shared, &metrics, req.uri().path()) }
+            let control = Arc::clone(&control);
+            async move {
+                if req.uri().path().starts_with("/api/") {
+                    return waitroom_runtime::control::serve(control, req).await;
+                }
+                route(&shared, &metrics, req.uri().path())
+            }
         },
     )
     .await;
@@ -30,10 +44,11 @@ fn route(shared: &Shared, metrics: &Registry, path: &str) -> Response<Body> {
     match path {
         "/status" => {
             let now = shared.clock.now();
-            let status = shared.cluster().status(now);
-            let mut status = serde_json::to_value(&status).unwrap_or_default();
+            let cluster = shared.cluster().status(now);
+            let mut status = serde_json::to_value(&cluster).unwrap_or_default();
             if let Some(object) = status.as_object_mut() {
                 object.insert("pools".into(), pool_opinions(shared, now));
+                object.insert("settings".into(), settings_status(shared, &cluster));
             }
             let body = serde_json::to_string_pretty(&status).unwrap_or_else(|_| "{}".into());
             text(StatusCode::OK, "application/json", body)
@@ -44,6 +59,32 @@ fn route(shared: &Shared, metrics: &Registry, path: &str) -> Response<Body> {
         "/dashboard.json" => crate::dashboard::json(shared),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
+}
+
+/// The settings version in force and the one each live node runs: a node
+/// that runs another is `behind` (it has not applied the last push yet, or
+/// refused it; its log says why).
+fn settings_status(
+    shared: &Shared,
+    status: &waitroom_common::cluster::Status,
+) -> serde_json::Value {
+    let version = shared.settings.lock().version;
+    let running = shared.node_settings.lock();
+    let nodes: Vec<serde_json::Value> = status
+        .nodes
+        .iter()
+        .filter(|n| !n.departed)
+        .map(|n| {
+            let runs = running.get(&n.node).copied().flatten();
+            serde_json::json!({
+                "node": n.node,
+                "version": runs,
+                "behind": runs != Some(version),
+            })
+        })
+        .collect();
+    let behind: Vec<&serde_json::Value> = nodes.iter().filter(|n| n["behind"] == true).collect();
+    serde_json::json!({ "version": version, "nodes_behind": behind.len(), "nodes": nodes })
 }
 
 /// Every node's opinion of every origin pool, as last reported.

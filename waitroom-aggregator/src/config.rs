@@ -9,15 +9,20 @@
 //! snapshot_path = "/var/lib/waitroom/aggregator.json"
 //! snapshot_interval_ms = 5000
 //! node_timeout_ms = 15000
+//! control_token_file = "/etc/waitroom/control.tokens"  # optional: the control API
+//! # settings_path = "/var/lib/waitroom/room-settings.json"  # default: beside the snapshot
+//! # audit_log = "/var/lib/waitroom/audit.jsonl"             # default: beside the snapshot
 //!
-//! [[rooms]]                           # the same id and limits as on the nodes
+//! [[rooms]]                           # the cluster's room settings, pushed to the nodes
 //! id = "shop"
 //! total_active_users = 200
 //! new_users_per_minute = 50
 //! ```
 //! A `[[rooms]]` table may be copied from a node's config as it is: it is the
-//! same [`RoomTable`], parsed and checked by the same rules, of which the
-//! aggregator uses the id and the limits.
+//! same [`RoomTable`], parsed and checked by the same rules. Its room
+//! settings (every key but the node's routes, [`room_table::NODE_KEYS`]) are
+//! the cluster's: the aggregator pushes them to the nodes, numbered, and the
+//! control API changes them at run time (see [`waitroom_runtime::control`]).
 //!
 //! Every error names the file, the line and column, and the key path
 //! (see [`waitroom_runtime::config_file`]).
@@ -29,7 +34,7 @@ use std::{
 use serde::Deserialize;
 use waitroom_common::{
     cluster::RoomDef,
-    room_table::{self, RoomTable},
+    room_table::{self, RoomTable, RoomsError},
 };
 use waitroom_runtime::{
     config_file::{self, ConfigText},
@@ -52,6 +57,12 @@ struct Raw {
     snapshot_interval_ms: u64,
     #[serde(default = "default_node_timeout_ms")]
     node_timeout_ms: u64,
+    #[serde(default)]
+    control_token_file: Option<PathBuf>,
+    #[serde(default)]
+    settings_path: Option<PathBuf>,
+    #[serde(default)]
+    audit_log: Option<PathBuf>,
     #[serde(default)]
     rooms: Vec<RoomTable>,
 }
@@ -80,7 +91,46 @@ pub struct AggregatorConfig {
     pub snapshot_interval_ms: u64,
     /// Silence after which a node's live counts are forgotten.
     pub node_timeout_ms: u64,
-    pub rooms: Vec<RoomDef>,
+    /// The `[[rooms]]` tables: where the cluster's room settings start.
+    pub rooms: Vec<RoomTable>,
+    pub control: ControlConfig,
+}
+
+/// Where the control API keeps its state, and who may use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlConfig {
+    /// `control_token_file`: `NAME TOKEN` per line; absent: the API is off.
+    pub token_file: Option<PathBuf>,
+    /// `settings_path`: the room settings in force, with their version.
+    pub settings_path: PathBuf,
+    /// `audit_log`: one JSON line per change (who, what, when).
+    pub audit_log: PathBuf,
+}
+
+impl ControlConfig {
+    /// No API, the settings and the audit log beside `snapshot_path`.
+    #[must_use]
+    pub fn beside(snapshot_path: &Path) -> Self {
+        let dir = snapshot_path.parent().unwrap_or(Path::new("."));
+        Self {
+            token_file: None,
+            settings_path: dir.join("room-settings.json"),
+            audit_log: dir.join("audit.jsonl"),
+        }
+    }
+}
+
+/// The cluster's rooms from their tables (checked again: a table may come
+/// from the control API's file as well as from the config).
+pub fn room_defs(tables: &[RoomTable]) -> Result<Vec<RoomDef>, RoomsError> {
+    Ok(room_table::validate_rooms(tables)?
+        .into_iter()
+        .zip(tables)
+        .map(|(room, table)| RoomDef {
+            name: table.id.clone(),
+            room,
+        })
+        .collect())
 }
 
 impl AggregatorConfig {
@@ -105,15 +155,13 @@ impl AggregatorConfig {
         if raw.rooms.is_empty() {
             return Err(file.invalid("rooms", "at least one [[rooms]] table is required"));
         }
-        let rooms = room_table::validate_rooms(&raw.rooms)
-            .map_err(|e| file.invalid(e.key(), e.problem))?
-            .into_iter()
-            .zip(&raw.rooms)
-            .map(|(room, table)| RoomDef {
-                name: table.id.clone(),
-                room,
-            })
-            .collect();
+        room_defs(&raw.rooms).map_err(|e| file.invalid(e.key(), e.problem))?;
+        let beside = ControlConfig::beside(&raw.snapshot_path);
+        let control = ControlConfig {
+            token_file: raw.control_token_file,
+            settings_path: raw.settings_path.unwrap_or(beside.settings_path),
+            audit_log: raw.audit_log.unwrap_or(beside.audit_log),
+        };
         Ok(Self {
             listen: raw.listen,
             admin_listen: raw.admin_listen,
@@ -125,7 +173,8 @@ impl AggregatorConfig {
             snapshot_path: raw.snapshot_path,
             snapshot_interval_ms: raw.snapshot_interval_ms,
             node_timeout_ms: raw.node_timeout_ms,
-            rooms,
+            rooms: raw.rooms,
+            control,
         })
     }
 }
@@ -163,21 +212,27 @@ new_users_per_minute = 50
 "#,
         )
         .unwrap();
-        assert_eq!(config.rooms[0].room.total_active_users(), 200);
-        assert_eq!(
-            config.rooms[0].room.id(),
-            waitroom_common::room::RoomId::from_name("shop")
-        );
+        assert_eq!(config.rooms[0].total_active_users, 200);
+        assert_eq!(config.rooms[0].id, "shop");
         assert_eq!(config.node_timeout_ms, 15_000);
+        assert_eq!(
+            config.control,
+            ControlConfig {
+                token_file: None,
+                settings_path: "room-settings.json".into(),
+                audit_log: "audit.jsonl".into(),
+            },
+            "beside the snapshot, API off"
+        );
     }
 
     #[test]
     fn the_example_room_table_with_pools_health_and_steering_is_accepted() {
         let config = parse(room_table::EXAMPLE).unwrap();
         assert_eq!(config.rooms.len(), 1);
-        assert_eq!(config.rooms[0].name, "shop");
-        assert_eq!(config.rooms[0].room.total_active_users(), 200);
-        assert_eq!(config.rooms[0].room.new_users_per_minute(), 50);
+        assert_eq!(config.rooms[0].id, "shop");
+        assert_eq!(config.rooms[0].total_active_users, 200);
+        assert_eq!(config.rooms[0].new_users_per_minute, 50);
     }
 
     #[test]
@@ -271,6 +326,6 @@ new_users_per_minute = 50
     fn the_deploy_example_is_valid() {
         let text = include_str!("../../deploy/aggregator.example.toml");
         let config = AggregatorConfig::parse(Path::new("aggregator.example.toml"), text).unwrap();
-        assert_eq!(config.rooms[0].name, "shop");
+        assert_eq!(config.rooms[0].id, "shop");
     }
 }

@@ -173,10 +173,24 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
         "The room's session_duration as the aggregator's configuration in force says.",
         rooms().map(|(id, c)| ([("room", id)], u64::from(c.session_duration) * 60)),
     )?;
+    let version = shared.settings.lock().version;
     f.gauges(
         "waitroom_aggregator_settings_version",
         exposition::SETTINGS_VERSION_HELP,
-        rooms().map(|(id, c)| ([("room", id)], exposition::settings_version(c))),
+        rooms().map(|(id, _)| ([("room", id)], version)),
+    )?;
+    let behind = {
+        let running = shared.node_settings.lock();
+        status
+            .nodes
+            .iter()
+            .filter(|n| !n.departed && running.get(&n.node).copied().flatten() != Some(version))
+            .count()
+    };
+    f.gauge(
+        "waitroom_aggregator_nodes_behind_settings",
+        "Live nodes that do not run the settings version in force (not applied yet, or refused: see the node's log).",
+        behind,
     )?;
 
     f.gauges(

@@ -15,6 +15,15 @@
 //! - [`admin`]: `/status` and `/metrics`; [`exposition`]: the Prometheus
 //!   families `/metrics` serves.
 //! - [`dashboard`]: the live dashboard's numbers and its last hour.
+//! - [`ctl`]: `waitroom-aggregator ctl`, the control API's command line.
+//!
+//! # One source of truth for a cluster's rooms
+//! The room settings start from the `[[rooms]]` tables of the config file
+//! and change at run time through the control API
+//! ([`waitroom_runtime::control`], on the admin listener). Each change is a
+//! new version, written to `settings_path` before it is applied (so it
+//! survives a restart), logged to `audit_log`, and carried to every node
+//! that reports another version, in the answer to its next report.
 //!
 //! Its state can always be rebuilt from one round of reports (they carry
 //! counts, not decisions); the snapshot keeps what reports cannot bring back:
@@ -22,11 +31,16 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::task::JoinHandle;
-use waitroom_common::{cluster, time::UnixMillis};
-use waitroom_runtime::{clock::Clock, shutdown, systemd, tls};
+use waitroom_common::{cluster, time::UnixMillis, wire::SettingsPush};
+use waitroom_runtime::{
+    clock::Clock,
+    control::{Control, RoomSettings, SettingsStore, StoreError, TokenError, Tokens},
+    shutdown, systemd, tls,
+};
 
 pub mod admin;
 pub mod config;
+pub mod ctl;
 pub mod dashboard;
 pub mod exposition;
 pub mod server;
@@ -52,6 +66,12 @@ pub enum AggregatorError {
         "admin_listen {addr}: not a loopback address; the aggregator's admin listener has no authentication, so bind it to 127.0.0.1 or ::1 (and scrape through a tunnel or a local agent)"
     )]
     AdminNotLoopback { addr: SocketAddr },
+    #[error("control_token_file {0}")]
+    Tokens(#[from] TokenError),
+    #[error("settings_path: {0}")]
+    Settings(#[from] StoreError),
+    #[error("settings_path: the room settings kept there are refused: {0}")]
+    KeptSettings(#[from] waitroom_common::room_table::RoomsError),
 }
 
 /// The rule `--check` and start share: the admin listener (status and
@@ -72,6 +92,8 @@ pub enum ReloadError {
     Rooms(#[from] cluster::RoomsChangeError),
     #[error(transparent)]
     Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Control(#[from] waitroom_runtime::control::ControlError),
 }
 
 /// A running aggregator.
@@ -80,6 +102,8 @@ pub struct Aggregator {
     /// What it was started with: a reload may change only the room limits.
     config: AggregatorConfig,
     shared: Arc<server::Shared>,
+    /// The room settings and the control API over them.
+    control: Arc<Control>,
     endpoint: quinn::Endpoint,
     quic_addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
@@ -98,16 +122,42 @@ impl Aggregator {
     pub async fn start(config: AggregatorConfig, clock: Clock) -> Result<Self, AggregatorError> {
         check_admin_listen(config.admin_listen)?;
         let server_config = tls::server_config(&config.tls)?;
-        let mut cluster = cluster::Cluster::new(config.rooms.clone(), config.node_timeout_ms);
+        let tokens = config
+            .control
+            .token_file
+            .as_deref()
+            .map(Tokens::load)
+            .transpose()?;
+        let store = SettingsStore::open(
+            config.rooms.clone(),
+            &config.control.settings_path,
+            &config.control.audit_log,
+            clock.now().0,
+        )?;
+        let settings = store.current().clone();
+        let mut cluster =
+            cluster::Cluster::new(config::room_defs(&settings.rooms)?, config.node_timeout_ms);
         restore(&mut cluster, &config.snapshot_path, clock.now());
         let shared = Arc::new(server::Shared {
             reloads: waitroom_runtime::metrics::ReloadOutcomes::new(clock.now()),
-            clock,
+            clock: clock.clone(),
             cluster: parking_lot::Mutex::new(cluster),
             metrics: server::ServerMetrics::default(),
             pools: parking_lot::Mutex::default(),
             live: parking_lot::Mutex::default(),
             history: waitroom_runtime::dashboard::History::new(),
+            settings: parking_lot::Mutex::new(Arc::new(push_of(&settings))),
+            node_settings: parking_lot::Mutex::default(),
+        });
+        let control = Arc::new(Control {
+            tokens,
+            disabled_hint: "set control_token_file in the aggregator's config (a file of `NAME TOKEN` lines, mode 0600) and restart",
+            store: Arc::new(parking_lot::Mutex::new(store)),
+            apply: {
+                let shared = Arc::clone(&shared);
+                Box::new(move |settings| apply(&shared, settings))
+            },
+            clock,
         });
 
         let endpoint = quinn::Endpoint::server(server_config, config.listen).map_err(|source| {
@@ -142,6 +192,7 @@ impl Aggregator {
                 tasks.push(tokio::spawn(admin::serve(
                     listener,
                     Arc::clone(&shared),
+                    Arc::clone(&control),
                     shutdown.clone(),
                 )));
                 // Only the admin listener shows the history: no listener, no samples.
@@ -163,6 +214,7 @@ impl Aggregator {
         Ok(Self {
             config: config.clone(),
             shared,
+            control,
             endpoint,
             quic_addr,
             admin_addr,
@@ -215,8 +267,42 @@ impl Aggregator {
                 return Err(ReloadError::NeedsRestart { field });
             }
         }
-        self.shared.cluster().set_rooms(new.rooms.clone())?;
+        // The rooms' ids must stay; checked before anything is written.
+        let defs = config::room_defs(&new.rooms).map_err(|e| {
+            waitroom_runtime::control::ControlError::Invalid {
+                field: e.key(),
+                problem: e.problem.to_string(),
+            }
+        })?;
+        let ids = |defs: &[cluster::RoomDef]| -> Vec<String> {
+            defs.iter().map(|d| d.name.clone()).collect()
+        };
+        let before = ids(self.shared.cluster().rooms());
+        if before != ids(&defs) {
+            return Err(cluster::RoomsChangeError::Ids {
+                before,
+                after: ids(&defs),
+            }
+            .into());
+        }
+        let now = self.shared.clock.now().0;
+        let version = self
+            .control
+            .store
+            .lock()
+            .reseed(new.rooms.clone(), now, |settings| {
+                apply(&self.shared, settings)
+            })?;
+        if let Some(version) = version {
+            tracing::info!(version, "the config file's rooms are the new room settings");
+        }
         Ok(())
+    }
+
+    /// The room settings in force.
+    #[must_use]
+    pub fn settings(&self) -> RoomSettings {
+        self.control.store.lock().current().clone()
     }
 
     /// The bound QUIC (UDP) address.
@@ -259,6 +345,27 @@ impl Aggregator {
         let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
         tracing::info!("aggregator stopped");
     }
+}
+
+/// What a gossip answer carries of `settings`.
+fn push_of(settings: &RoomSettings) -> SettingsPush {
+    SettingsPush {
+        version: settings.version,
+        rooms_json: settings.rooms_json(),
+    }
+}
+
+/// Puts a new version of the room settings in force: the cluster's limits
+/// at once, the nodes with their next answers. Refused, changing nothing,
+/// if the rooms' ids are not the ones served.
+fn apply(shared: &server::Shared, settings: &RoomSettings) -> Result<(), String> {
+    let defs = config::room_defs(&settings.rooms).map_err(|e| e.to_string())?;
+    shared
+        .cluster()
+        .set_rooms(defs)
+        .map_err(|e| e.to_string())?;
+    *shared.settings.lock() = Arc::new(push_of(settings));
+    Ok(())
 }
 
 /// Takes over the snapshot at `path`, if there is a usable one. One that
@@ -361,6 +468,7 @@ mod tests {
 
     use waitroom_common::{
         room::RoomConfig,
+        room_table::RoomTable,
         wire::{self, Message, RefusalReason},
     };
     use waitroom_runtime::{clock, devcerts, frames, tls::TlsFiles};
@@ -373,14 +481,8 @@ mod tests {
         dir
     }
 
-    fn shop() -> cluster::RoomDef {
-        cluster::RoomDef {
-            name: "shop".into(),
-            room: RoomConfig::with_limits(100, 20)
-                .validate()
-                .unwrap()
-                .named("shop"),
-        }
+    fn shop() -> RoomTable {
+        RoomTable::from_config("shop", &RoomConfig::with_limits(100, 20))
     }
 
     fn config(dir: &Path, tls: TlsFiles, listen: SocketAddr) -> AggregatorConfig {
@@ -392,6 +494,7 @@ mod tests {
             snapshot_interval_ms: 200,
             node_timeout_ms: 5_000,
             rooms: vec![shop()],
+            control: config::ControlConfig::beside(&dir.join("snapshot.json")),
         }
     }
 
@@ -409,7 +512,7 @@ mod tests {
         let certs = devcerts::write(&dir, &["n1".into()]).unwrap();
         let now = clock::now();
         let m = now.minute();
-        let shop = shop();
+        let shop = config::room_defs(&[shop()]).unwrap().remove(0);
         let mut cluster = cluster::Cluster::new(vec![shop.clone()], 5_000);
         let honest = RoomReport {
             room: shop.room.id(),
@@ -485,16 +588,25 @@ mod tests {
         assert!(err.to_string().starts_with("listen:"), "{err}");
         let mut tighter = started.clone();
         let limits = RoomConfig::with_limits(7, 3);
-        tighter.rooms[0].room = limits.clone().validate().unwrap().named("shop");
+        tighter.rooms[0] = RoomTable::from_config("shop", &limits);
+        assert_eq!(aggregator.settings().version, 1);
         aggregator.reload(&tighter).unwrap();
         let status = aggregator.status(clock::now());
         assert_eq!(status.rooms[0].total_active_users, 7);
         assert_eq!(status.rooms[0].new_users_per_minute, 3);
+        assert_eq!(
+            aggregator.settings().version,
+            2,
+            "a new version of the settings"
+        );
+        aggregator.reload(&tighter).unwrap();
+        assert_eq!(
+            aggregator.settings().version,
+            2,
+            "the same file changes nothing"
+        );
         let mut more = tighter.clone();
-        more.rooms.push(cluster::RoomDef {
-            name: "other".into(),
-            room: limits.validate().unwrap().named("other"),
-        });
+        more.rooms.push(RoomTable::from_config("other", &limits));
         let err = aggregator.reload(&more).unwrap_err();
         assert!(err.to_string().contains("needs a restart"), "{err}");
         aggregator.stop().await;
@@ -557,6 +669,7 @@ mod tests {
                 rooms: vec![],
             },
             pools: vec![],
+            settings_version: None,
         });
         let good = wire::encode(&report).unwrap();
         let answer = send_raw(connection.clone(), good.clone()).await.unwrap();
@@ -625,6 +738,7 @@ mod tests {
                 rooms: vec![],
             },
             pools: vec![],
+            settings_version: None,
         });
         let (mut send, mut recv) = connection.open_bi().await.unwrap();
         frames::write(&mut send, &report).await.unwrap();

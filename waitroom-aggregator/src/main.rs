@@ -46,6 +46,9 @@ enum Command {
         #[arg(long)]
         pid: i32,
     },
+    /// Read and change the room settings through the running aggregator's
+    /// control API (see docs/OPERATIONS.md, "Control API").
+    Ctl(waitroom_aggregator::ctl::CtlArgs),
     /// Write the man pages and shell completions into a directory (packaging).
     #[command(hide = true)]
     GenerateDocs {
@@ -82,6 +85,22 @@ fn run_cli(cli: Cli, config_fault: &mut bool) -> anyhow::Result<()> {
             Ok(())
         }
         Some(Command::Reload { pid }) => Ok(signals::send_hangup(pid)?),
+        Some(Command::Ctl(args)) => {
+            // The config only fills in what the options leave out.
+            let config = if args.url.is_some() && args.token_file.is_some() {
+                None
+            } else {
+                Some(AggregatorConfig::load(&cli.config)?)
+            };
+            let (ok, text) = waitroom_aggregator::ctl::run(&args, config.as_ref())?;
+            if ok {
+                print!("{text}");
+                Ok(())
+            } else {
+                eprint!("{text}");
+                anyhow::bail!("the control API refused the request")
+            }
+        }
         Some(Command::GenCerts { out, nodes, names }) => {
             let names = if names.is_empty() {
                 (1..=nodes).map(|i| format!("node-{i}")).collect()

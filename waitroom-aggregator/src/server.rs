@@ -84,6 +84,11 @@ pub struct Shared {
     pub live: Mutex<std::collections::HashMap<String, quinn::Connection>>,
     /// The dashboard's last hour, sampled by a background task.
     pub history: waitroom_runtime::dashboard::History,
+    /// The room settings in force, as answers carry them to nodes behind.
+    pub settings: Mutex<Arc<wire::SettingsPush>>,
+    /// The settings version each node last said it runs (`None`: its own
+    /// file's), by node: `/status` shows who is behind.
+    pub node_settings: Mutex<std::collections::BTreeMap<String, Option<u64>>>,
 }
 
 /// What one node last said about its origin pools.
@@ -255,6 +260,14 @@ async fn serve_stream(
             span.record("node", frame.report.node.as_str());
             let seq = frame.seq;
             let now = shared.clock.now();
+            let running = frame.settings_version;
+            shared
+                .node_settings
+                .lock()
+                .insert(frame.report.node.clone(), running);
+            let current = Arc::clone(&shared.settings.lock());
+            // Only a node behind is sent the settings: most answers stay small.
+            let settings = (running != Some(current.version)).then(|| (*current).clone());
             shared.pools.lock().insert(
                 frame.report.node.clone(),
                 NodePools {
@@ -269,6 +282,7 @@ async fn serve_stream(
                 seq,
                 at: now,
                 rooms,
+                settings,
             })
         }
         Message::Answer(_) | Message::Refused(_) => {

@@ -27,7 +27,7 @@ use std::{
     path::PathBuf,
 };
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::room::{
     CookieSameSite, CookieSecure, DEFAULT_REFRESH_SECS, DEFAULT_SESSION_MINUTES,
@@ -40,7 +40,7 @@ use crate::room::{
 pub const EXAMPLE: &str = include_str!("room_table.example.toml");
 
 /// One `[[rooms]]` table.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RoomTable {
     /// Stable name; the room's id, and so every cookie, is derived from it.
@@ -114,10 +114,32 @@ pub struct RoomTable {
     /// `"none"` or `"network"`: bind tickets to the client's /24 or /48.
     #[serde(default)]
     pub ticket_binding: TicketBinding,
+    /// Take the room out of the way (Cloudflare's `suspended`): requests go
+    /// to the origin without a ticket and without being counted, as if no
+    /// room covered them. For an incident or a maintenance window.
+    #[serde(default)]
+    pub suspended: bool,
 }
 
+/// The keys of a [`RoomTable`] that belong to the node that serves the room:
+/// where the room applies and where its origins are. A node keeps its own
+/// for these and takes every other key from the settings the aggregator
+/// pushes ([`RoomTable::with_settings`]); the control API refuses to change
+/// them, since no node would follow.
+pub const NODE_KEYS: &[&str] = &[
+    "host",
+    "path",
+    "path_case_sensitive",
+    "merge_slashes",
+    "origin",
+    "pools",
+    "steering",
+    "health",
+    "origin_timeout_ms",
+];
+
 /// How a request picks a pool among the healthy ones.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Steering {
     /// The first healthy pool in listed order (failover).
@@ -130,7 +152,7 @@ pub enum Steering {
 }
 
 /// One `[[rooms.pools]]` table.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolTable {
     pub name: String,
@@ -151,7 +173,7 @@ pub struct PoolTable {
 }
 
 /// The `[rooms.health]` table: active checks of every origin, from each node.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthTable {
     /// Path (and query) probed with GET.
@@ -326,6 +348,61 @@ pub fn validate_rooms(tables: &[RoomTable]) -> Result<Vec<Room>, RoomsError> {
 }
 
 impl RoomTable {
+    /// This node's table with the room settings of `pushed` (the
+    /// aggregator's table of the same room): the node's own keys
+    /// ([`NODE_KEYS`]) from `self`, every other key from `pushed`. Written
+    /// with `..`, so a key added to the table later (events, bypass rules)
+    /// is a room setting, pushed, without a change here.
+    #[must_use]
+    pub fn with_settings(&self, pushed: &Self) -> Self {
+        Self {
+            id: self.id.clone(),
+            host: self.host.clone(),
+            path: self.path.clone(),
+            path_case_sensitive: self.path_case_sensitive,
+            merge_slashes: self.merge_slashes,
+            origin: self.origin.clone(),
+            pools: self.pools.clone(),
+            steering: self.steering,
+            health: self.health.clone(),
+            origin_timeout_ms: self.origin_timeout_ms,
+            ..pushed.clone()
+        }
+    }
+
+    /// A table named `id` with `config`'s limits and every other key at its
+    /// default, as a table that gives only those keys would read.
+    #[must_use]
+    pub fn from_config(id: &str, config: &RoomConfig) -> Self {
+        Self {
+            id: id.to_owned(),
+            host: any_host(),
+            path: root_path(),
+            path_case_sensitive: false,
+            merge_slashes: true,
+            origin: None,
+            pools: None,
+            steering: Steering::default(),
+            health: None,
+            origin_timeout_ms: default_origin_timeout_ms(),
+            queue_status: default_queue_status(),
+            queue_page: None,
+            total_active_users: config.total_active_users,
+            new_users_per_minute: config.new_users_per_minute,
+            session_duration: config.session_duration,
+            disable_session_renewal: config.disable_session_renewal,
+            queueing_method: config.queueing_method,
+            queue_all: config.queue_all,
+            refresh_interval: config.refresh_interval,
+            cookie_same_site: config.cookie_same_site,
+            cookie_secure: config.cookie_secure,
+            ticket_connection_budget: config.ticket_connection_budget,
+            ticket_connection_window_secs: config.ticket_connection_window_secs,
+            ticket_binding: config.ticket_binding,
+            suspended: false,
+        }
+    }
+
     /// The engine's part of this table.
     #[must_use]
     pub fn limits(&self) -> RoomConfig {
@@ -632,6 +709,38 @@ rise = 1
         for (text, field) in cases {
             assert_eq!(refused(&text).field(), field, "{text}");
         }
+    }
+
+    #[test]
+    fn pushed_settings_keep_the_nodes_routes_and_take_everything_else() {
+        let node = table(FULL);
+        let mut pushed = table(&MINIMAL.replace("origin = \"127.0.0.1:1\"\n", ""));
+        pushed.queue_all = true;
+        pushed.suspended = true;
+        pushed.host = "elsewhere.example".into();
+        let merged = node.with_settings(&pushed);
+        assert_eq!(merged.host, "shop.example", "the node's route");
+        assert_eq!(merged.path, "/drop");
+        assert_eq!(merged.origin_pools(), node.origin_pools());
+        assert_eq!(merged.health, node.health);
+        assert_eq!(merged.steering, Steering::Dynamic);
+        assert_eq!(merged.total_active_users, 200, "the pushed limits");
+        assert!(merged.queue_all && merged.suspended);
+        assert_eq!(merged.queue_page, None, "the pushed page choice");
+        assert!(merged.validate().is_ok());
+    }
+
+    #[test]
+    fn a_table_from_a_config_reads_back_as_the_same_limits() {
+        let config = RoomConfig {
+            queue_all: true,
+            ..RoomConfig::with_limits(30, 10)
+        };
+        let t = RoomTable::from_config("shop", &config);
+        assert_eq!(t.limits(), config);
+        let written = toml::to_string(&t).unwrap();
+        let read: RoomTable = toml::from_str(&written).unwrap();
+        assert_eq!(read, t, "{written}");
     }
 
     #[test]

@@ -39,8 +39,10 @@ pub const MAGIC: [u8; 4] = *b"WRGP";
 /// count every session as ended; frames of another version are refused
 /// instead, and a node refused goes on with its local-only state until both
 /// sides speak the same version (upgrade the aggregator and the nodes
-/// together; docs/BENCHMARKS.md).
-pub const VERSION: u16 = 3;
+/// together; docs/BENCHMARKS.md). 4: a report says which version of the
+/// room settings the node runs ([`ReportFrame::settings_version`]) and an
+/// answer may carry newer ones ([`AnswerFrame::settings`]), both appended.
+pub const VERSION: u16 = 4;
 
 /// Magic, version and length.
 pub const HEADER_LEN: usize = 10;
@@ -70,6 +72,11 @@ pub struct ReportFrame {
     /// This node's opinion of every origin pool of its rooms, from its own
     /// health checks (the aggregator shows every node's view side by side).
     pub pools: Vec<PoolOpinion>,
+    /// The version of the room settings this node runs, from an earlier
+    /// answer (or kept from one across a restart); `None` while it runs its
+    /// own file's. The aggregator answers with its settings while this is
+    /// not its current version, and shows the node as behind.
+    pub settings_version: Option<u64>,
 }
 
 /// One node's view of one origin pool.
@@ -93,6 +100,29 @@ pub struct AnswerFrame {
     /// The aggregator's clock when it computed the answer.
     pub at: UnixMillis,
     pub rooms: Vec<RoomAnswer>,
+    /// The cluster's room settings, when the node reported another version
+    /// than the aggregator's current one; `None` otherwise (most answers).
+    pub settings: Option<SettingsPush>,
+}
+
+/// A version of the cluster's room settings, pushed to a node.
+///
+/// # Why JSON inside postcard
+/// The settings are the room tables themselves
+/// ([`RoomTable`](crate::room_table::RoomTable), every key but the node's
+/// routes), and keys are added to them as features come (events, bypass
+/// rules). In postcard every such key would change this frame's bytes and
+/// need a new [`VERSION`]; as JSON text the frame keeps its shape, a key
+/// added at the aggregator reaches nodes that know it, and a node that does
+/// not refuses that version by name (unknown field) and keeps running the
+/// one it has, reporting it, so the aggregator shows it as behind. Settings
+/// travel only when a node is behind, so their size does not matter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettingsPush {
+    /// Increases with every change at the aggregator.
+    pub version: u64,
+    /// The room tables as a JSON array, in the aggregator's room order.
+    pub rooms_json: String,
 }
 
 /// One room's state for the node that reported.
@@ -290,6 +320,7 @@ mod tests {
                 up: true,
                 rtt_ewma_micros: Some(1500),
             }],
+            settings_version: None,
         })
     }
 
@@ -305,6 +336,10 @@ mod tests {
                 room: RoomId(3),
                 state,
             }],
+            settings: Some(SettingsPush {
+                version: 2,
+                rooms_json: "[]".into(),
+            }),
         })
     }
 
@@ -323,31 +358,35 @@ mod tests {
         }
     }
 
-    /// Pins the bytes of version 3: if this fails, a carried type changed
+    /// Pins the bytes of version 4: if this fails, a carried type changed
     /// shape and [`VERSION`] must be bumped (and this test updated).
-    /// Version 3 has the bytes of 2 (expiry slots are varints as minutes
-    /// were) but not their meaning: only the header differs, and a frame of
-    /// version 2 is refused.
+    /// Version 4 appended one field to reports (the settings version, `00`
+    /// for none, the last byte below) and one to answers; a frame of
+    /// version 3 is refused.
     #[test]
-    fn version_3_bytes_are_pinned() {
+    fn version_4_bytes_are_pinned() {
         let report = hex::encode(encode(&sample_report()).unwrap());
         assert_eq!(
             report,
-            "5752475000030000002d0007026e31016380d0fbd89a2f0103020a040c0101\
-             090102030001080a010904010473686f700265750101dc0b"
+            "5752475000040000002e0007026e31016380d0fbd89a2f0103020a040c0101\
+             090102030001080a010904010473686f700265750101dc0b00"
         );
         let answer = encode(&sample_answer()).unwrap();
-        assert_eq!(&answer[..6], b"WRGP\x00\x03");
+        assert_eq!(&answer[..6], b"WRGP\x00\x04");
+        assert!(
+            hex::encode(&answer).ends_with("0102025b5d"),
+            "settings: Some, version 2, \"[]\""
+        );
         let mut old = encode(&sample_report()).unwrap();
-        old[4..6].copy_from_slice(&2u16.to_be_bytes());
+        old[4..6].copy_from_slice(&3u16.to_be_bytes());
         let err = decode(&old).unwrap_err();
         assert!(
-            matches!(err, WireError::UnsupportedVersion { found: 2 }),
+            matches!(err, WireError::UnsupportedVersion { found: 3 }),
             "{err}"
         );
         assert_eq!(
             err.refusal().reason,
-            RefusalReason::UnsupportedVersion { supported: 3 }
+            RefusalReason::UnsupportedVersion { supported: 4 }
         );
         assert_eq!(decode(&answer).unwrap(), sample_answer());
     }
@@ -367,12 +406,12 @@ mod tests {
         ));
 
         let mut future = good.clone();
-        future[4..6].copy_from_slice(&4u16.to_be_bytes());
+        future[4..6].copy_from_slice(&5u16.to_be_bytes());
         let err = decode(&future).unwrap_err();
-        assert!(matches!(err, WireError::UnsupportedVersion { found: 4 }));
+        assert!(matches!(err, WireError::UnsupportedVersion { found: 5 }));
         assert_eq!(
             err.refusal().reason,
-            RefusalReason::UnsupportedVersion { supported: 3 }
+            RefusalReason::UnsupportedVersion { supported: 4 }
         );
         assert_eq!(err.close_code(), close::UNSUPPORTED_VERSION);
 

@@ -11,6 +11,12 @@
 //! loopback. Off loopback every request but `/healthz` needs the token.
 //! Requests are bounded by the shared listener loop (a connection cap and a
 //! deadline per connection, `waitroom_runtime::admin`).
+//!
+//! A node without an aggregator also serves the control API under `/api/`
+//! ([`waitroom_runtime::control`]), with the tokens of
+//! `node.admin_token_file` (`NAME TOKEN` lines, or one bare token named
+//! `admin`); with an aggregator its room settings are the aggregator's, and
+//! `/api/` says to go there.
 use std::{
     io::Read as _,
     net::SocketAddr,
@@ -153,16 +159,63 @@ fn read_token(path: &Path) -> Result<[u8; 32], AdminError> {
     Ok(out)
 }
 
-/// Serves the node's admin endpoints until shutdown.
-pub async fn serve(listener: TcpListener, node: Arc<Node>, auth: AdminAuth, shutdown: Shutdown) {
+/// Serves the node's admin endpoints until shutdown; `control` is the
+/// control API of a node without an aggregator.
+pub async fn serve(
+    listener: TcpListener,
+    node: Arc<Node>,
+    auth: AdminAuth,
+    control: Option<Arc<waitroom_runtime::control::Control>>,
+    shutdown: Shutdown,
+) {
     let auth = Arc::new(auth);
     let metrics = crate::exposition::registry(Arc::clone(&node));
     serve_with(listener, node, shutdown, move |node, req| {
         let auth = Arc::clone(&auth);
         let metrics = Arc::clone(&metrics);
-        async move { route(&node, &auth, &metrics, req).await }
+        let control = control.clone();
+        async move {
+            if req.uri().path().starts_with("/api/") {
+                return match control {
+                    Some(control) => waitroom_runtime::control::serve(control, req).await,
+                    None => text(
+                        StatusCode::CONFLICT,
+                        "application/json",
+                        "{\"error\": \"this node runs the room settings of its aggregator: change them with the aggregator's control API (waitroom-aggregator ctl)\"}\n".into(),
+                    ),
+                };
+            }
+            route(&node, &auth, &metrics, req).await
+        }
     })
     .await;
+}
+
+/// The control API of a node without an aggregator, over its settings store.
+pub fn control_api(
+    node: &Arc<Node>,
+    token_file: Option<&Path>,
+) -> Result<Option<Arc<waitroom_runtime::control::Control>>, waitroom_runtime::control::TokenError>
+{
+    let Some(store) = &node.reloads.store else {
+        return Ok(None);
+    };
+    let tokens = token_file
+        .map(waitroom_runtime::control::Tokens::load)
+        .transpose()?;
+    let applier = Arc::clone(node);
+    Ok(Some(Arc::new(waitroom_runtime::control::Control {
+        tokens,
+        disabled_hint: "set node.admin_token_file in the node's config (mode 0600) and restart",
+        store: Arc::clone(store),
+        apply: Box::new(move |settings| {
+            applier
+                .apply_settings(settings)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }),
+        clock: node.clock.clone(),
+    })))
 }
 
 async fn route(
@@ -365,6 +418,7 @@ pub(crate) fn status(node: &Node) -> serde_json::Value {
             let cfg = live.engine.config();
             serde_json::json!({
                 "id": room.spec.id,
+                "suspended": live.suspended,
                 "host": room.spec.host,
                 "path": room.spec.path,
                 "upstream": crate::upstream::status::json(&room.upstream),
@@ -395,7 +449,13 @@ pub(crate) fn status(node: &Node) -> serde_json::Value {
             "errors_total": g.status.errors_total.load(Relaxed),
         })
     });
-    serde_json::json!({ "node": node.id, "colo": node.colo, "rooms": rooms, "gossip": gossip })
+    serde_json::json!({
+        "node": node.id,
+        "colo": node.colo,
+        "settings_version": node.settings_version(),
+        "rooms": rooms,
+        "gossip": gossip,
+    })
 }
 
 #[cfg(test)]

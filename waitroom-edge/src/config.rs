@@ -350,6 +350,10 @@ pub fn load(path: &Path) -> Result<EdgeConfig, ConfigError> {
 pub struct EdgeConfig {
     pub node: NodeSection,
     pub rooms: Vec<crate::rooms::RoomSpec>,
+    /// The `[[rooms]]` tables as written, in the same order as `rooms`:
+    /// what pushed room settings are merged into
+    /// ([`RoomTable::with_settings`]).
+    pub tables: Vec<RoomTable>,
     /// The `[aggregator]` table; without it the node is the whole world.
     pub aggregator: Option<crate::gossip::GossipConfig>,
     /// The `[xdp]` table; without it the node runs without its XDP program.
@@ -410,6 +414,7 @@ impl EdgeConfig {
         Ok(Self {
             node: raw.node,
             rooms,
+            tables: raw.rooms,
             aggregator: raw.aggregator,
             xdp: raw.xdp,
         })

@@ -133,10 +133,11 @@ fn limits(node: &Node, f: &mut Families<'_>) -> fmt::Result {
             Some(([("room", r.spec.id.as_str())], wait))
         }),
     )?;
+    let version = node.settings_version();
     f.gauges(
         "waitroom_settings_version",
         exposition::SETTINGS_VERSION_HELP,
-        rooms().map(|(id, c)| ([("room", id)], exposition::settings_version(c))),
+        rooms().map(|(id, _)| ([("room", id)], version)),
     )
 }
 

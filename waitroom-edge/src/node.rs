@@ -118,6 +118,8 @@ pub struct RoomLive {
     pub page: queue_page::QueuePage,
     /// HTTP status of the queue page.
     pub queue_status: u16,
+    /// The room is out of the way: straight to the origin, nothing counted.
+    pub suspended: bool,
 }
 
 impl RoomLive {
@@ -135,6 +137,7 @@ impl RoomLive {
             engine: spec.engine.clone(),
             page,
             queue_status: spec.queue_status,
+            suspended: spec.suspended,
         })
     }
 }
@@ -211,6 +214,9 @@ pub struct NodeParts {
     pub https_cert: Option<Arc<CertSwap>>,
     /// The access log, opened (or off).
     pub access_log: crate::access_log::AccessLog,
+    /// A standalone node's control API store (its own room settings
+    /// versions); `None` with an aggregator, whose settings it runs.
+    pub settings_store: Option<Arc<parking_lot::Mutex<waitroom_runtime::control::SettingsStore>>>,
 }
 
 impl Node {
@@ -235,7 +241,7 @@ impl Node {
             origin_tls: upstream::tls::OriginTls::new(
                 config.rooms.iter().map(|r| (r.id.as_str(), &r.upstream)),
             )?,
-            reloads: reload::ReloadState::new(config, parts.https_cert, now),
+            reloads: reload::ReloadState::new(config, parts.https_cert, parts.settings_store, now),
             refused_targets: crate::target::RefusedTargets::default(),
             defences: crate::metrics::Defences::default(),
             new_tickets: crate::new_tickets::NewTicketLimiter::new(

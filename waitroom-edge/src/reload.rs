@@ -11,15 +11,28 @@
 //! restart keeps counters and cookies, so applying the rest is never urgent).
 //! Like Prometheus, the outcome is exported: `waitroom_config_reload_success`
 //! and the time of the last successful reload.
+//!
+//! # Room settings from elsewhere
+//! Room settings pushed by the aggregator, and changes made through a
+//! standalone node's control API, go in force by the same path
+//! ([`Node::apply_settings`]): every room's part is built from the file's
+//! tables with the settings merged in
+//! ([`RoomTable::with_settings`](waitroom_common::room_table::RoomTable::with_settings)),
+//! all or nothing, then swapped in room by room. With an aggregator, a
+//! reload keeps its settings (the file's room settings wait for the next
+//! push or a restart without one); on a standalone node, a file whose
+//! tables changed takes over from API changes as a new version.
 use std::{
     fmt,
     path::{Path, PathBuf},
     sync::Arc,
 };
 
+use anyhow::Context as _;
 use arc_swap::ArcSwap;
-use waitroom_common::time::UnixMillis;
+use waitroom_common::{time::UnixMillis, wire::SettingsPush};
 use waitroom_runtime::{
+    control::{RoomSettings, SettingsStore},
     metrics::{Families, ReloadOutcomes},
     tls::CertSwap,
 };
@@ -54,6 +67,19 @@ pub enum ReloadError {
         path: PathBuf,
         source: Box<waitroom_runtime::tls::TlsError>,
     },
+    #[error("room settings version {version}: {source:#}")]
+    Settings { version: u64, source: anyhow::Error },
+}
+
+/// Room settings in force besides the file's.
+#[derive(Debug, Default)]
+pub struct RunningSettings {
+    /// The aggregator's last push applied (or the standalone control API's
+    /// version); `None`: the file's own settings.
+    pub current: Option<RoomSettings>,
+    /// A pushed version this node refused: not tried again (the log said
+    /// why, once); the node reports the version it runs and shows as behind.
+    pub refused: Option<u64>,
 }
 
 /// The configuration in force and what reloads did, for `/metrics`.
@@ -66,15 +92,32 @@ pub struct ReloadState {
     https_cert: Option<Arc<CertSwap>>,
     /// What reloads did, for `/metrics`.
     outcomes: ReloadOutcomes,
+    /// Room settings in force besides the file's.
+    pub settings: parking_lot::Mutex<RunningSettings>,
+    /// Where the last push from the aggregator is kept
+    /// (`pushed-settings.json` in the state directory), so a restart
+    /// during an aggregator outage runs it rather than the file's.
+    pushed_file: PathBuf,
+    /// A standalone node's control API store (its own versions), shared
+    /// with the admin listener; `None` with an aggregator.
+    pub store: Option<Arc<parking_lot::Mutex<SettingsStore>>>,
 }
 
 impl ReloadState {
     #[must_use]
-    pub fn new(config: &EdgeConfig, https_cert: Option<Arc<CertSwap>>, now: UnixMillis) -> Self {
+    pub fn new(
+        config: &EdgeConfig,
+        https_cert: Option<Arc<CertSwap>>,
+        store: Option<Arc<parking_lot::Mutex<SettingsStore>>>,
+        now: UnixMillis,
+    ) -> Self {
         Self {
             applied: ArcSwap::from_pointee(config.clone()),
             https_cert,
             outcomes: ReloadOutcomes::new(now),
+            settings: parking_lot::Mutex::default(),
+            pushed_file: pushed_file(config),
+            store,
         }
     }
 
@@ -107,16 +150,20 @@ impl Node {
             });
         }
         // Load everything before applying anything: a bad template, key or
-        // certificate refuses the whole file.
-        let mut lives = Vec::with_capacity(new.rooms.len());
-        for spec in &new.rooms {
-            lives.push(
-                RoomLive::from_spec(spec).map_err(|source| ReloadError::Room {
-                    path: path.to_owned(),
-                    source,
-                })?,
-            );
-        }
+        // certificate refuses the whole file. The room settings merged in:
+        // the aggregator's (kept), or on a standalone node its control
+        // API's while the file's tables are the ones those started from.
+        let merged = match &self.reloads.store {
+            Some(store) => {
+                let store = store.lock();
+                store.is_seed(&new.tables).then(|| store.current().clone())
+            }
+            None => self.reloads.settings.lock().current.clone(),
+        };
+        let lives = lives_of(&new, merged.as_ref()).map_err(|source| ReloadError::Room {
+            path: path.to_owned(),
+            source,
+        })?;
         let keys_changed = new.node.cookie_keys.len() != old.node.cookie_keys.len()
             || new
                 .node
@@ -145,13 +192,23 @@ impl Node {
         };
 
         // Everything is valid: apply.
-        let mut changes = Vec::new();
-        for (room, live) in self.rooms.iter().zip(lives) {
-            let before = room.live.load();
-            if before.engine.config() != live.engine.config() {
-                changes.push(format!("room {}: limits or method", room.spec.id));
+        let mut changes = self.put_in_force(lives);
+        if let (Some(store), None) = (&self.reloads.store, &merged) {
+            let now = self.clock.now().0;
+            let version = store
+                .lock()
+                .reseed(new.tables.clone(), now, |_| Ok(()))
+                .map_err(|e| ReloadError::Room {
+                    path: path.to_owned(),
+                    source: anyhow::anyhow!("{e}"),
+                })?;
+            if let Some(version) = version {
+                self.reloads.settings.lock().current = Some(RoomSettings {
+                    version,
+                    rooms: new.tables.clone(),
+                });
+                changes.push(format!("room settings: version {version} from the file"));
             }
-            room.live.store(Arc::new(live));
         }
         if let Some(keys) = keys {
             changes.push(format!("cookie keys: {keys:?}"));
@@ -164,6 +221,154 @@ impl Node {
         self.reloads.applied.store(Arc::new(new));
         Ok(changes)
     }
+}
+
+impl Node {
+    /// Swaps each room's new part in; returns what changed.
+    fn put_in_force(&self, lives: Vec<RoomLive>) -> Vec<String> {
+        let mut changes = Vec::new();
+        for (room, live) in self.rooms.iter().zip(lives) {
+            let before = room.live.load();
+            if before.engine.config() != live.engine.config()
+                || before.suspended != live.suspended
+                || before.queue_status != live.queue_status
+            {
+                changes.push(format!("room {}: settings", room.spec.id));
+            }
+            room.live.store(Arc::new(live));
+        }
+        changes
+    }
+
+    /// The version of room settings in force: the aggregator's (or the
+    /// standalone control API's); 0 while the node runs its file's.
+    #[must_use]
+    pub fn settings_version(&self) -> u64 {
+        self.reloads
+            .settings
+            .lock()
+            .current
+            .as_ref()
+            .map_or(0, |s| s.version)
+    }
+
+    /// Puts `settings` in force as a reload would: every room built from
+    /// the file's tables with these settings merged in, all or nothing.
+    /// Rooms the settings do not name keep the file's.
+    pub fn apply_settings(&self, settings: &RoomSettings) -> Result<Vec<String>, ReloadError> {
+        let config = self.reloads.applied.load_full();
+        let lives = lives_of(&config, Some(settings)).map_err(|source| ReloadError::Settings {
+            version: settings.version,
+            source,
+        })?;
+        let changes = self.put_in_force(lives);
+        let mut running = self.reloads.settings.lock();
+        running.current = Some(settings.clone());
+        if let Some(gossip) = &self.gossip {
+            gossip
+                .status
+                .settings_version
+                .store(settings.version, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(changes)
+    }
+
+    /// Room settings the aggregator pushed (the refresh loop calls this on
+    /// every new answer): applied and kept in the state directory, unless
+    /// this version is the one in force or one already refused.
+    pub fn take_push(&self, push: &SettingsPush) {
+        {
+            let running = self.reloads.settings.lock();
+            let version = running.current.as_ref().map(|s| s.version);
+            if version == Some(push.version) || running.refused == Some(push.version) {
+                return;
+            }
+        }
+        let applied = RoomSettings::from_push(push.version, &push.rooms_json)
+            .map_err(|e| ReloadError::Settings {
+                version: push.version,
+                source: anyhow::anyhow!("not readable by this node: {e}"),
+            })
+            .and_then(|settings| Ok((self.apply_settings(&settings)?, settings)));
+        match applied {
+            Ok((changes, settings)) => {
+                tracing::info!(
+                    version = push.version,
+                    ?changes,
+                    "room settings from the aggregator in force"
+                );
+                if let Err(err) = write_settings(&self.reloads.pushed_file, &settings) {
+                    tracing::warn!(%err, path = %self.reloads.pushed_file.display(), "could not keep the room settings; a restart without the aggregator runs the file's");
+                }
+            }
+            Err(err) => {
+                self.reloads.settings.lock().refused = Some(push.version);
+                tracing::error!(
+                    version = push.version,
+                    running = self.settings_version(),
+                    "room settings from the aggregator refused, the ones in force stay: {err}"
+                );
+            }
+        }
+    }
+
+    /// At start with an aggregator: the last push kept by an earlier run,
+    /// if any (until the aggregator answers, it is the newest word).
+    pub fn restore_pushed(&self) {
+        let path = &self.reloads.pushed_file;
+        let settings: RoomSettings = match std::fs::read(path) {
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(s) => s,
+                Err(err) => {
+                    tracing::warn!(%err, path = %path.display(), "kept room settings unreadable; running the file's until the aggregator answers");
+                    return;
+                }
+            },
+            Err(_) => return,
+        };
+        match self.apply_settings(&settings) {
+            Ok(_) => tracing::info!(
+                version = settings.version,
+                "room settings kept from the aggregator in force"
+            ),
+            Err(err) => tracing::warn!(
+                "kept room settings not used, running the file's until the aggregator answers: {err}"
+            ),
+        }
+    }
+}
+
+/// Where a node keeps the aggregator's last push.
+fn pushed_file(config: &EdgeConfig) -> PathBuf {
+    config.node.state_dir().join("pushed-settings.json")
+}
+
+/// Writes `settings` to `path` atomically (temp file + rename).
+fn write_settings(path: &Path, settings: &RoomSettings) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(settings)?)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Each room's reloadable part from `config`'s tables, with `settings`
+/// merged in where they name the room. Nothing is applied.
+fn lives_of(config: &EdgeConfig, settings: Option<&RoomSettings>) -> anyhow::Result<Vec<RoomLive>> {
+    config
+        .tables
+        .iter()
+        .map(|table| {
+            let merged = match settings.and_then(|s| s.room(&table.id)) {
+                Some(pushed) => table.with_settings(pushed),
+                None => table.clone(),
+            };
+            let engine = merged
+                .validate()
+                .map_err(|e| anyhow::anyhow!("room {}: {}: {e}", table.id, e.field()))?;
+            let spec = crate::rooms::RoomSpec::from_table(&merged, engine)
+                .map_err(|e| anyhow::anyhow!("room {}: {}: {}", table.id, e.field, e.problem))?;
+            RoomLive::from_spec(&spec).with_context(|| format!("room {}", table.id))
+        })
+        .collect()
 }
 
 /// The fields of `new` that differ from `old` and that a reload cannot

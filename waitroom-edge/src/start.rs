@@ -208,6 +208,20 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
     let gossip = start_gossip(
         &config, &control, &counters, &rooms, &xdp, &clock, &shutdown,
     )?;
+    // Without an aggregator the node is its own source of room settings:
+    // its control API keeps versions in the state directory.
+    let settings_store = match &config.aggregator {
+        Some(_) => None,
+        None => Some(Arc::new(parking_lot::Mutex::new(
+            waitroom_runtime::control::SettingsStore::open(
+                config.tables.clone(),
+                &state_dir.join("room-settings.json"),
+                &state_dir.join("audit.jsonl"),
+                clock.now().0,
+            )
+            .context("node.state_dir: the room settings")?,
+        ))),
+    };
     let node = Arc::new(Node::new(
         &config,
         NodeParts {
@@ -220,8 +234,19 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
             xdp,
             https_cert,
             access_log,
+            settings_store,
         },
     )?);
+    // Before the first request: the room settings of the last run (the
+    // aggregator's last push, or this node's own API changes).
+    match &node.reloads.store {
+        None => node.restore_pushed(),
+        Some(store) => {
+            let settings = store.lock().current().clone();
+            node.apply_settings(&settings)
+                .context("the room settings kept in node.state_dir (room-settings.json)")?;
+        }
+    }
 
     let refresh = Arc::new(tokio::sync::Notify::new());
     spawn_state_refresh(&control, &node, &refresh, &shutdown);
@@ -240,10 +265,13 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
             let _runtime = control.enter();
             tokio::net::TcpListener::from_std(listener).context("registering the admin listener")?
         };
+        let control_api = admin::control_api(&node, config.node.admin_token_file.as_deref())
+            .context("node.admin_token_file")?;
         control.spawn(admin::serve(
             listener,
             Arc::clone(&node),
             admin_auth,
+            control_api,
             shutdown.clone(),
         ));
         // Only the admin listener shows the history: no listener, no samples.
@@ -542,7 +570,12 @@ fn spawn_state_refresh(
                         );
                     }
                 }
-                () = changed() => node.refresh_states(&mut rates),
+                () = changed() => {
+                    if let Some(push) = world.as_ref().and_then(|w| w.load().settings.clone()) {
+                        node.take_push(&push);
+                    }
+                    node.refresh_states(&mut rates);
+                }
                 () = now.notified() => node.refresh_states(&mut rates),
                 _ = keep_shares.tick(), if world
                     .as_ref()

@@ -10,6 +10,8 @@
 //!   (the system clock in production, a driven one in tests).
 //! - [`config_file`]: TOML config files read so that every refusal names the
 //!   file, line and column, and key path.
+//! - [`control`]: the runtime control API over room settings: tokens,
+//!   the versioned and persisted store, its audit log, the routes.
 //! - [`shutdown`]: the stop signal every listener loop selects on.
 //! - [`signals`]: SIGTERM/SIGINT and SIGHUP as futures.
 //! - [`systemd`]: READY, watchdog keep-alives, STOPPING.
@@ -29,6 +31,7 @@ pub mod admin;
 pub mod body;
 pub mod clock;
 pub mod config_file;
+pub mod control;
 pub mod dashboard;
 #[cfg(any(test, feature = "devcerts"))]
 pub mod devcerts;

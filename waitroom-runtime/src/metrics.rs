@@ -30,10 +30,7 @@ use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet, EncodeMetric as _},
     metrics::{MetricType, counter::ConstCounter, exemplar::Exemplar, gauge::ConstGauge},
 };
-use waitroom_common::{
-    room::{QueueingMethod, RoomConfig},
-    time::UnixMillis,
-};
+use waitroom_common::time::UnixMillis;
 
 use crate::{admin::text, body::Body};
 
@@ -295,32 +292,7 @@ impl ReloadOutcomes {
 pub const WAIT_ESTIMATE_HELP: &str = "The wait a visitor arriving now is told (the median for a random queue): the engine's estimate the queue page and the dashboard show; absent while unknown (no admit rate yet, or queue_all).";
 
 /// The help text of a room's settings-version gauge (node and aggregator).
-pub const SETTINGS_VERSION_HELP: &str = "Version of the room's settings in force. Until a control plane numbers them: a 52-bit FNV-1a hash of the limits (total_active_users, new_users_per_minute, session_duration, queueing_method) as the running configuration (start or last applied reload) says; equal on nodes and the aggregator that run the same limits.";
-
-/// The settings version of a room (see [`SETTINGS_VERSION_HELP`]): 52 bits,
-/// so the gauge's `f64` holds it exactly.
-#[must_use]
-pub fn settings_version(config: &RoomConfig) -> u64 {
-    let method: u8 = match config.queueing_method {
-        QueueingMethod::Fifo => 0,
-        QueueingMethod::Random => 1,
-        QueueingMethod::Passthrough => 2,
-        QueueingMethod::Reject => 3,
-    };
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in config
-        .total_active_users
-        .to_le_bytes()
-        .into_iter()
-        .chain(config.new_users_per_minute.to_le_bytes())
-        .chain(config.session_duration.to_le_bytes())
-        .chain([method])
-    {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash & ((1 << 52) - 1)
-}
+pub const SETTINGS_VERSION_HELP: &str = "Version of the room settings in force: the aggregator's current version (it increases with every change through the control API or the config file); on a node, the version it last applied from the aggregator, or its own control API's version without an aggregator; 0 on a node that runs its file's settings and has been pushed none. A node whose value is below the aggregator's is behind.";
 
 #[cfg(test)]
 mod tests {
@@ -407,25 +379,5 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }
-    }
-
-    #[test]
-    fn the_settings_version_follows_the_limits_only() {
-        let a = RoomConfig::with_limits(100, 50);
-        let mut b = a.clone();
-        assert_eq!(settings_version(&a), settings_version(&b));
-        b.refresh_interval += 1;
-        assert_eq!(settings_version(&a), settings_version(&b), "not a limit");
-        for change in [
-            |c: &mut RoomConfig| c.total_active_users += 1,
-            |c: &mut RoomConfig| c.new_users_per_minute += 1,
-            |c: &mut RoomConfig| c.session_duration += 1,
-            |c: &mut RoomConfig| c.queueing_method = QueueingMethod::Reject,
-        ] {
-            let mut c = a.clone();
-            change(&mut c);
-            assert_ne!(settings_version(&a), settings_version(&c));
-        }
-        assert!(settings_version(&a) < 1 << 52);
     }
 }

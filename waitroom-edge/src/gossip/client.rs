@@ -201,7 +201,16 @@ impl Client {
             let timeout = self.answer_timeout();
             let result = match tokio::time::timeout(
                 timeout,
-                exchange(connection, *seq, &report, self.reporter.pools()),
+                exchange(
+                    connection,
+                    *seq,
+                    &report,
+                    self.reporter.pools(),
+                    match self.status.settings_version.load(Relaxed) {
+                        0 => None,
+                        v => Some(v),
+                    },
+                ),
             )
             .await
             {
@@ -267,6 +276,7 @@ impl Client {
             received_at: Some(received_at),
             aggregator_at: Some(answer.at),
             rooms,
+            settings: answer.settings.map(Arc::new),
         });
     }
 }
@@ -277,6 +287,7 @@ async fn exchange(
     seq: u64,
     report: &NodeReport,
     pools: Vec<wire::PoolOpinion>,
+    settings_version: Option<u64>,
 ) -> Result<AnswerFrame, ExchangeError> {
     let (mut send, mut recv) = connection
         .open_bi()
@@ -286,6 +297,7 @@ async fn exchange(
         seq,
         report: report.clone(),
         pools,
+        settings_version,
     });
     frames::write(&mut send, &message)
         .await

@@ -20,6 +20,9 @@ pub struct GossipStatus {
     pub errors_total: AtomicU64,
     /// Connections established (the first and every reconnect).
     pub connects_total: AtomicU64,
+    /// The version of the aggregator's room settings the node runs, as each
+    /// report says; 0 while it runs its own file's.
+    pub settings_version: AtomicU64,
 }
 
 impl GossipStatus {

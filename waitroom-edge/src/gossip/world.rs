@@ -21,6 +21,9 @@ pub struct World {
     pub aggregator_at: Option<UnixMillis>,
     /// One entry per room the aggregator answered for, in the order answered.
     pub rooms: Vec<RoomView>,
+    /// Room settings the last answer carried (the node reported another
+    /// version): the node's refresh loop puts them in force.
+    pub settings: Option<Arc<waitroom_common::wire::SettingsPush>>,
 }
 
 /// One room's global state as this node knows it.

@@ -153,6 +153,40 @@ async fn answer(
     let live = room.live.load_full();
     let engine_room = &live.engine;
 
+    // 1b. A suspended room is out of the way (Cloudflare's `suspended`):
+    //     to the origin, no ticket, no count, as if no room covered it.
+    if live.suspended {
+        trace.outcome = Outcome::Suspended;
+        let result = proxy::forward(
+            &worker.client,
+            &room.upstream,
+            room.spec.origin_timeout,
+            req,
+            &proxy::OriginRequest {
+                forwarding: Forwarding {
+                    client: conn.client,
+                    hop,
+                    trusted: node.settings.trusted_proxies.contains(hop),
+                    scheme,
+                },
+                via: &node.settings.via,
+                defences: &node.defences,
+                now_secs: node.clock.now().0 / 1_000,
+            },
+        )
+        .await;
+        return match result {
+            Ok(resp) => {
+                trace.upstream_status = Some(resp.status().as_u16());
+                resp
+            }
+            Err(err) => {
+                room.metrics.proxy_errors.fetch_add(1, Relaxed);
+                proxy::error_page(&err)
+            }
+        };
+    }
+
     // 2. The ticket: whatever does not open is a new visitor, counted by why.
     let started = Instant::now();
     let now = node.clock.now();
