@@ -421,6 +421,21 @@ impl SettingsStore {
         &self.current
     }
 
+    /// Refuses a change whose `If-Match` names another version than the
+    /// one in force (`*` or none: any).
+    pub fn check_if_match(&self, if_match: Option<&str>) -> Result<(), ControlError> {
+        if let Some(expected) = if_match {
+            let bare = expected.trim().trim_start_matches("W/").trim_matches('"');
+            if bare != "*" && bare != self.current.version.to_string() {
+                return Err(ControlError::VersionConflict {
+                    current: self.current.version,
+                    expected: expected.to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `tables` are the config-file tables the settings in force
     /// started from (a reload of an unchanged file keeps API changes).
     #[must_use]
@@ -477,15 +492,7 @@ impl SettingsStore {
         change: impl FnOnce(&[RoomTable]) -> Result<Vec<RoomTable>, ControlError>,
         commit: impl FnOnce(&RoomSettings) -> Result<(), String>,
     ) -> Result<RoomSettings, ControlError> {
-        if let Some(expected) = if_match {
-            let bare = expected.trim().trim_start_matches("W/").trim_matches('"');
-            if bare != "*" && bare != self.current.version.to_string() {
-                return Err(ControlError::VersionConflict {
-                    current: self.current.version,
-                    expected: expected.to_owned(),
-                });
-            }
-        }
+        self.check_if_match(if_match)?;
         let rooms = change(&self.current.rooms)?;
         let next = RoomSettings {
             version: self.current.version + 1,
@@ -799,6 +806,10 @@ async fn answer(
     };
     let now_ms = control.clock.now().0;
     let mut store = control.store.lock();
+    if method != Method::GET {
+        // A stale version is the answer, whatever else is wrong.
+        store.check_if_match(if_match.as_deref())?;
+    }
     let current = store.current().clone();
     let find = |id: &str| {
         current
