@@ -11,6 +11,9 @@
 //!   wrong token, malformed JSON, a limit of 0 or below, an unknown room, a
 //!   node's own key, a stale `If-Match`; of two changes racing with the same
 //!   `If-Match`, one wins and the other gets 409;
+//! - a version the nodes cannot apply (a queue page file they lack) leaves
+//!   them on the one they run, and the aggregator's status, metrics and
+//!   dashboard show them behind;
 //! - the settings survive an aggregator restart, and a node restarted while
 //!   the aggregator is down runs the last version it received;
 //! - `waitroom-aggregator ctl` against the real aggregator;
@@ -383,6 +386,52 @@ fn a_change_reaches_every_node_within_two_intervals_and_survives_restarts() {
         .iter()
         .all(|e| node_room(e).0 == 4)));
 
+    // --- A version the nodes cannot apply (a queue page file they do not
+    // have): they keep version 4, and the aggregator shows them behind.
+    let (status, body, _) = api(
+        "PATCH",
+        &url,
+        Some(ALICE),
+        None,
+        Some(r#"{"queue_page": "/nonexistent/page.mustache"}"#),
+    );
+    assert_eq!((status, &body["version"]), (200, &json!(5)), "{body}");
+    assert!(
+        eventually(Duration::from_secs(5), || status_of(
+            &aggregator.admin_url("/status")
+        )["settings"]["nodes_behind"]
+            == 2),
+        "{}",
+        status_of(&aggregator.admin_url("/status"))["settings"]
+    );
+    assert!(edges.iter().all(|e| node_room(e).0 == 4), "still version 4");
+    let metrics = text_of(&aggregator.admin_url("/metrics"));
+    assert_eq!(
+        metric(&metrics, "waitroom_aggregator_nodes_behind_settings"),
+        Some(2.0)
+    );
+    let dashboard = status_of(&aggregator.admin_url("/dashboard.json"));
+    assert!(
+        dashboard["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["settings_behind"] == true && n["settings_version"] == 4),
+        "{}",
+        dashboard["nodes"]
+    );
+    let (status, body, _) = api(
+        "PATCH",
+        &url,
+        Some(ALICE),
+        None,
+        Some(r#"{"queue_page": null}"#),
+    );
+    assert_eq!((status, &body["version"]), (200, &json!(6)), "{body}");
+    assert!(eventually(Duration::from_secs(5), || edges
+        .iter()
+        .all(|e| node_room(e).0 == 6)));
+
     // --- The aggregator goes away; a node restarted meanwhile runs version 4.
     aggregator.proc.terminate(Duration::from_secs(10));
     let mut edges = edges;
@@ -391,7 +440,7 @@ fn a_change_reaches_every_node_within_two_intervals_and_survives_restarts() {
     drop(n1);
     let n1 = Edge::start_with(dir.path(), "n1-again", &n1_config).unwrap();
     let (version, room) = node_room(&n1);
-    assert_eq!(version, 4, "the kept push, before any aggregator");
+    assert_eq!(version, 6, "the kept push, before any aggregator");
     assert_eq!(room["total_active_users"], 500);
 
     // --- The aggregator comes back with what it had.
@@ -401,12 +450,12 @@ fn a_change_reaches_every_node_within_two_intervals_and_survives_restarts() {
     assert_eq!(status, 200, "{now}");
     assert_eq!(
         (&now["version"], &now["room"]["total_active_users"]),
-        (&json!(4), &json!(500)),
+        (&json!(6), &json!(500)),
         "API changes survive the restart"
     );
     assert!(eventually(Duration::from_secs(15), || {
         let s = status_of(&aggregator.admin_url("/status"));
-        s["settings"]["version"] == 4
+        s["settings"]["version"] == 6
             && s["settings"]["nodes"].as_array().map(Vec::len) == Some(2)
             && s["settings"]["nodes_behind"] == 0
     }));

@@ -67,6 +67,8 @@ pub fn view(status: &Status) -> Dashboard {
                 colo: n.colo.clone(),
                 last_report_age_ms: n.last_report_age_ms,
                 departed: n.departed,
+                settings_version: None,
+                settings_behind: false,
             })
             .collect(),
         gossip: None,
@@ -77,7 +79,14 @@ pub fn view(status: &Status) -> Dashboard {
 fn current(shared: &Shared) -> Dashboard {
     let now = shared.clock.now();
     let status = shared.cluster().status(now);
-    view(&status)
+    let mut dashboard = view(&status);
+    let version = shared.settings.lock().version;
+    let running = shared.node_settings.lock();
+    for node in &mut dashboard.nodes {
+        node.settings_version = running.get(&node.node).copied().flatten();
+        node.settings_behind = !node.departed && node.settings_version != Some(version);
+    }
+    dashboard
 }
 
 /// `GET /dashboard.json`.

@@ -126,6 +126,10 @@ fn run_cli(cli: Cli, config_fault: &mut bool) -> anyhow::Result<()> {
                 .with_context(|| cli.config.display().to_string())?;
             tls::server_config(&config.tls)
                 .with_context(|| format!("{}: ca/cert/key", cli.config.display()))?;
+            if let Some(tokens) = &config.control.token_file {
+                waitroom_runtime::control::Tokens::load(tokens)
+                    .with_context(|| format!("{}: control_token_file", cli.config.display()))?;
+            }
             *config_fault = false;
             if cli.check {
                 println!(

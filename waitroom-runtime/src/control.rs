@@ -873,28 +873,7 @@ async fn answer(
             ))
         }
         (&Method::POST, ["rooms", id, "events"]) => {
-            let room = find(id)?;
-            let name = match body.get("name") {
-                Some(Value::String(n)) if !n.is_empty() => n.clone(),
-                _ => {
-                    return Err(ControlError::Invalid {
-                        field: "events[].name".into(),
-                        problem: "an event needs a non-empty \"name\"".into(),
-                    });
-                }
-            };
-            let mut events = events_of(&room);
-            if events
-                .iter()
-                .any(|e| e.get("name") == Some(&Value::String(name.clone())))
-            {
-                return Err(ControlError::DuplicateEvent {
-                    room: (*id).to_owned(),
-                    name,
-                });
-            }
-            events.push(body.clone());
-            let table = patch_room(&room, &json!({ "events": events }))?;
+            let table = add_event(&find(id)?, &body)?;
             let done = store.change(
                 &who,
                 "create_event",
@@ -912,22 +891,7 @@ async fn answer(
             ))
         }
         (&Method::DELETE, ["rooms", id, "events", name]) => {
-            let room = find(id)?;
-            let mut events = events_of(&room);
-            let before = events.len();
-            events.retain(|e| e.get("name") != Some(&Value::String((*name).to_owned())));
-            if events.len() == before {
-                return Err(ControlError::UnknownEvent {
-                    room: (*id).to_owned(),
-                    name: (*name).to_owned(),
-                });
-            }
-            let patch = if events.is_empty() {
-                json!({ "events": null })
-            } else {
-                json!({ "events": events })
-            };
-            let table = patch_room(&room, &patch)?;
+            let table = remove_event(&find(id)?, name)?;
             let done = store.change(
                 &who,
                 "delete_event",
@@ -946,6 +910,51 @@ async fn answer(
         }
         _ => Err(no_route()),
     }
+}
+
+/// `room` with `event` added to its `events`, checked as the file's
+/// `[[rooms.events]]` would be: a `name` no other event of the room has.
+pub fn add_event(room: &RoomTable, event: &Value) -> Result<RoomTable, ControlError> {
+    let name = match event.get("name") {
+        Some(Value::String(n)) if !n.is_empty() => n.clone(),
+        _ => {
+            return Err(ControlError::Invalid {
+                field: "events[].name".into(),
+                problem: "an event needs a non-empty \"name\"".into(),
+            });
+        }
+    };
+    let mut events = events_of(room);
+    if events
+        .iter()
+        .any(|e| e.get("name") == Some(&Value::String(name.clone())))
+    {
+        return Err(ControlError::DuplicateEvent {
+            room: room.id.clone(),
+            name,
+        });
+    }
+    events.push(event.clone());
+    patch_room(room, &json!({ "events": events }))
+}
+
+/// `room` without its event `name`.
+pub fn remove_event(room: &RoomTable, name: &str) -> Result<RoomTable, ControlError> {
+    let mut events = events_of(room);
+    let before = events.len();
+    events.retain(|e| e.get("name") != Some(&Value::String(name.to_owned())));
+    if events.len() == before {
+        return Err(ControlError::UnknownEvent {
+            room: room.id.clone(),
+            name: name.to_owned(),
+        });
+    }
+    let events = if events.is_empty() {
+        Value::Null
+    } else {
+        Value::Array(events)
+    };
+    patch_room(room, &json!({ "events": events }))
 }
 
 /// The room's `events` as JSON (none when the key is absent).
@@ -1049,6 +1058,33 @@ mod tests {
         }
         let err = patch_room(&room, &json!([1])).unwrap_err();
         assert!(matches!(err, ControlError::Malformed { .. }), "{err}");
+    }
+
+    /// Events are the room's `events` key: the routes check the name, then
+    /// the table's own rules decide (until the room table has `events`, a
+    /// new event is refused naming that key, as the file would refuse it).
+    #[test]
+    fn events_are_a_patch_of_the_rooms_events_key() {
+        let room = shop();
+        let err = add_event(&room, &json!({"prequeue_start_time": "x"})).unwrap_err();
+        assert_eq!(err.field(), Some("events[].name"), "{err}");
+        let err = add_event(&room, &json!({"name": ""})).unwrap_err();
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST, "{err}");
+        let err = remove_event(&room, "launch").unwrap_err();
+        assert!(matches!(err, ControlError::UnknownEvent { .. }), "{err}");
+        assert_eq!(err.status(), StatusCode::NOT_FOUND);
+        match add_event(&room, &json!({"name": "launch"})) {
+            Ok(with) => {
+                assert_eq!(events_of(&with).len(), 1);
+                let err = add_event(&with, &json!({"name": "launch"})).unwrap_err();
+                assert_eq!(err.status(), StatusCode::CONFLICT, "{err}");
+                assert!(events_of(&remove_event(&with, "launch").unwrap()).is_empty());
+            }
+            Err(err) => assert!(
+                err.field().is_some_and(|f| f.starts_with("events")),
+                "{err}"
+            ),
+        }
     }
 
     #[test]

@@ -130,6 +130,10 @@ pub struct NodeView {
     pub colo: String,
     pub last_report_age_ms: u64,
     pub departed: bool,
+    /// The room settings version the node runs (`None`: its file's).
+    pub settings_version: Option<u64>,
+    /// It does not run the aggregator's version in force.
+    pub settings_behind: bool,
 }
 
 /// A node's link to the aggregator.
