@@ -385,6 +385,11 @@ fn a_change_reaches_every_node_within_two_intervals_and_survives_restarts() {
     assert!(eventually(Duration::from_secs(5), || edges
         .iter()
         .all(|e| node_room(e).0 == 4)));
+    // The nodes say so in their next reports.
+    assert!(eventually(Duration::from_secs(5), || status_of(
+        &aggregator.admin_url("/status")
+    )["settings"]["nodes_behind"]
+        == 0));
 
     // --- A version the nodes cannot apply (a queue page file they do not
     // have): they keep version 4, and the aggregator shows them behind.
@@ -397,10 +402,13 @@ fn a_change_reaches_every_node_within_two_intervals_and_survives_restarts() {
     );
     assert_eq!((status, &body["version"]), (200, &json!(5)), "{body}");
     assert!(
-        eventually(Duration::from_secs(5), || status_of(
-            &aggregator.admin_url("/status")
-        )["settings"]["nodes_behind"]
-            == 2),
+        eventually(Duration::from_secs(5), || {
+            let s = status_of(&aggregator.admin_url("/status"));
+            s["settings"]["nodes_behind"] == 2
+                && s["settings"]["nodes"]
+                    .as_array()
+                    .is_some_and(|n| n.iter().all(|n| n["version"] == 4))
+        }),
         "{}",
         status_of(&aggregator.admin_url("/status"))["settings"]
     );
