@@ -17,13 +17,7 @@
 //! `node.admin_token_file` (`NAME TOKEN` lines, or one bare token named
 //! `admin`); with an aggregator its room settings are the aggregator's, and
 //! `/api/` says to go there.
-use std::{
-    io::Read as _,
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    sync::Arc,
-    sync::atomic::Ordering::Relaxed,
-};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, sync::atomic::Ordering::Relaxed};
 
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
@@ -39,8 +33,7 @@ use waitroom_common::phase::{RoomPhase, arrival_estimate};
 
 use crate::{config::NodeSection, node::Node, xdp};
 
-/// Shortest token accepted: 16 bytes (`openssl rand -hex 16` gives 32).
-const MIN_TOKEN_BYTES: usize = 16;
+use waitroom_runtime::control::{MIN_TOKEN_BYTES, TokenError, Tokens};
 
 /// Why the admin token could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +51,20 @@ pub enum AdminError {
         "node.admin_token_file {path}: the token is {len} bytes; use at least {MIN_TOKEN_BYTES} (`openssl rand -hex 32`)"
     )]
     Short { path: PathBuf, len: usize },
+    /// A line that is neither `TOKEN` nor `NAME TOKEN`, or no token at all.
+    #[error("node.admin_token_file {0}")]
+    Format(TokenError),
+}
+
+impl From<TokenError> for AdminError {
+    fn from(err: TokenError) -> Self {
+        match err {
+            TokenError::Read { path, source } => Self::Read { path, source },
+            TokenError::Readable { path, mode } => Self::Readable { path, mode },
+            TokenError::Short { path, len, .. } => Self::Short { path, len },
+            other @ (TokenError::Format { .. } | TokenError::Empty { .. }) => Self::Format(other),
+        }
+    }
 }
 
 /// The configuration rule, checked when the file is parsed (so `--check`
@@ -72,22 +79,14 @@ pub fn check_listen(node: &NodeSection) -> Result<(), String> {
 }
 
 /// Who may do what on the admin listener.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct AdminAuth {
-    /// SHA-256 of the token: comparing digests in constant time hides the
-    /// token's length as well as its bytes.
-    token: Option<[u8; 32]>,
+    /// The tokens of `node.admin_token_file` (one bare token, or `NAME
+    /// TOKEN` lines as the control API's audit log wants them), kept as
+    /// digests and compared in constant time (see [`Tokens`]).
+    tokens: Option<Tokens>,
     /// Whether the listener is on loopback: there, reading needs no token.
     loopback: bool,
-}
-
-impl std::fmt::Debug for AdminAuth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdminAuth")
-            .field("token", &self.token.map(|_| "<redacted>"))
-            .field("loopback", &self.loopback)
-            .finish()
-    }
 }
 
 impl AdminAuth {
@@ -96,67 +95,23 @@ impl AdminAuth {
         let loopback = node
             .admin_listen
             .is_none_or(|a: SocketAddr| a.ip().is_loopback());
-        let token = match &node.admin_token_file {
-            Some(path) => Some(read_token(path)?),
+        let tokens = match &node.admin_token_file {
+            Some(path) => Some(Tokens::load(path)?),
             None => None,
         };
-        Ok(Self { token, loopback })
+        Ok(Self { tokens, loopback })
     }
 
-    /// Whether `req` carries the token.
+    /// Whether `req` carries one of the tokens.
     fn authorized<B>(&self, req: &Request<B>) -> bool {
-        let Some(expected) = &self.token else {
-            return false;
-        };
-        let Some(given) = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-        else {
-            return false;
-        };
-        let given = ring::digest::digest(&ring::digest::SHA256, given.trim().as_bytes());
-        // Constant time: every byte is compared, whatever differs first.
-        given
-            .as_ref()
-            .iter()
-            .zip(expected)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        self.tokens.as_ref().is_some_and(|t| t.who(req).is_some())
     }
-}
 
-fn read_token(path: &Path) -> Result<[u8; 32], AdminError> {
-    use std::os::unix::fs::MetadataExt as _;
-    let read = |source| AdminError::Read {
-        path: path.to_owned(),
-        source,
-    };
-    let mut file = std::fs::File::open(path).map_err(read)?;
-    let mode = file.metadata().map_err(read)?.mode() & 0o7777;
-    if mode & 0o004 != 0 {
-        return Err(AdminError::Readable {
-            path: path.to_owned(),
-            mode,
-        });
+    /// The tokens, for the control API of a node without an aggregator.
+    #[must_use]
+    pub fn tokens(&self) -> Option<&Tokens> {
+        self.tokens.as_ref()
     }
-    let mut text = String::new();
-    file.by_ref()
-        .take(4096)
-        .read_to_string(&mut text)
-        .map_err(read)?;
-    let token = text.trim();
-    if token.len() < MIN_TOKEN_BYTES {
-        return Err(AdminError::Short {
-            path: path.to_owned(),
-            len: token.len(),
-        });
-    }
-    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
-    let mut out = [0u8; 32];
-    out.copy_from_slice(digest.as_ref());
-    Ok(out)
 }
 
 /// Serves the node's admin endpoints until shutdown; `control` is the
@@ -191,20 +146,17 @@ pub async fn serve(
     .await;
 }
 
-/// The control API of a node without an aggregator, over its settings store.
+/// The control API of a node without an aggregator, over its settings store,
+/// with the admin listener's tokens.
+#[must_use]
 pub fn control_api(
     node: &Arc<Node>,
-    token_file: Option<&Path>,
-) -> Result<Option<Arc<waitroom_runtime::control::Control>>, waitroom_runtime::control::TokenError>
-{
-    let Some(store) = &node.reloads.store else {
-        return Ok(None);
-    };
-    let tokens = token_file
-        .map(waitroom_runtime::control::Tokens::load)
-        .transpose()?;
+    auth: &AdminAuth,
+) -> Option<Arc<waitroom_runtime::control::Control>> {
+    let store = node.reloads.store.as_ref()?;
+    let tokens = auth.tokens().cloned();
     let applier = Arc::clone(node);
-    Ok(Some(Arc::new(waitroom_runtime::control::Control {
+    Some(Arc::new(waitroom_runtime::control::Control {
         tokens,
         disabled_hint: "set node.admin_token_file in the node's config (mode 0600) and restart",
         store: Arc::clone(store),
@@ -215,7 +167,7 @@ pub fn control_api(
                 .map_err(|e| e.to_string())
         }),
         clock: node.clock.clone(),
-    })))
+    }))
 }
 
 async fn route(
@@ -297,7 +249,7 @@ fn deny(node: &Node, auth: &AdminAuth, req: &Request<Incoming>) -> Response<Body
         *req.method(),
         http::Method::POST | http::Method::PUT | http::Method::DELETE
     );
-    if changing && auth.token.is_none() {
+    if changing && auth.tokens.is_none() {
         return text(
             StatusCode::FORBIDDEN,
             "text/plain",
@@ -503,6 +455,19 @@ mod tests {
         assert!(!auth.authorized(&with("Bearer 0123456789abcdef01234")));
         assert!(!auth.authorized(&with("Basic 0123456789abcdef0123")));
         assert!(!auth.authorized(&Request::new(())));
+
+        // Named tokens, one per line (the control API logs the name): each
+        // opens the admin listener.
+        std::fs::write(
+            &path,
+            "ops 0123456789abcdef0123\nci  fedcba9876543210fedc\n",
+        )
+        .unwrap();
+        let named =
+            AdminAuth::load(&node(&format!("admin_token_file = \"{}\"", path.display()))).unwrap();
+        assert!(named.authorized(&with("Bearer fedcba9876543210fedc")));
+        assert!(named.authorized(&with("Bearer 0123456789abcdef0123")));
+        assert!(!named.authorized(&with("Bearer ops 0123456789abcdef0123")));
 
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let err = AdminAuth::load(&node(&format!("admin_token_file = \"{}\"", path.display())))

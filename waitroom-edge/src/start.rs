@@ -265,8 +265,7 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
             let _runtime = control.enter();
             tokio::net::TcpListener::from_std(listener).context("registering the admin listener")?
         };
-        let control_api = admin::control_api(&node, config.node.admin_token_file.as_deref())
-            .context("node.admin_token_file")?;
+        let control_api = admin::control_api(&node, &admin_auth);
         control.spawn(admin::serve(
             listener,
             Arc::clone(&node),
