@@ -5,11 +5,15 @@
 //!
 #![doc = concat!("```toml\n", include_str!("room_table.example.toml"), "```")]
 //!
-//! The node uses every key; the aggregator only the id and the limits. Both
-//! parse the whole table with this one type and check it with
+//! Both programs parse the whole table with this one type and check it with
 //! [`validate_rooms`], so a table copied from a node's file into the
 //! aggregator's is accepted, or refused with the same message, by both. (The
 //! aggregator's own tables may leave out the origin: it has none to reach.)
+//! With an aggregator, its tables are the cluster's room settings: it pushes
+//! them whole, and each node keeps its own [`NODE_KEYS`] (routes, origins)
+//! and takes every other key ([`RoomTable::with_settings`]). The table is
+//! `Serialize` for that push and for the control API, which reads a changed
+//! table back through the same parser.
 //!
 //! # One definition of each key
 //! The engine's limits are fields of [`RoomTable`] rather than a flattened

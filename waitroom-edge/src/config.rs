@@ -34,8 +34,10 @@ pub struct NodeSection {
     /// `admin_token_file` is set (see `crate::admin`).
     #[serde(default)]
     pub admin_listen: Option<SocketAddr>,
-    /// A file holding the admin bearer token. Changing the deny list always
-    /// needs it; an `admin_listen` off loopback needs it for every request.
+    /// A file holding the admin bearer token (or `NAME TOKEN` lines, one per
+    /// operator, whose names the control API's audit log records). Changing
+    /// the deny list or, without an aggregator, the room settings always
+    /// needs one; an `admin_listen` off loopback needs it for every request.
     #[serde(default)]
     pub admin_token_file: Option<PathBuf>,
     /// The directory the node owns for its private files: the cookie key it
