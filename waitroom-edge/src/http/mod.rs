@@ -154,6 +154,7 @@ fn worker_main(
     let span = tracing::info_span!("worker", id = index);
     runtime.block_on(
         async move {
+            crate::metrics::enter_worker(index);
             let worker = Arc::new(handler::Worker::new(index, &node));
             let limit = Arc::new(Semaphore::new(node.settings.max_connections_per_worker));
             let registry = Arc::new(conn::Registry::default());
