@@ -49,6 +49,15 @@ pub struct NodeSection {
     /// Worker threads; 0 means one per core.
     #[serde(default)]
     pub workers: usize,
+    /// CPUs the workers are pinned to: worker `i` runs only on
+    /// `cpu_affinity[i % len]` (CPU numbers as `taskset -c` counts them).
+    /// Empty, the default: not pinned, the scheduler moves workers as it
+    /// likes. Pinned, a worker keeps its caches and, since each worker has
+    /// its own `SO_REUSEPORT` listener, a connection stays on one core from
+    /// accept to response (nginx `worker_cpu_affinity`). For a machine the
+    /// node has to itself: two pinned workers on one CPU share it.
+    #[serde(default)]
+    pub cpu_affinity: Vec<usize>,
     /// The file holding the node counters (survives restarts); default
     /// `edge.counters` in the state directory. See [`Self::counters_file`].
     #[serde(default)]
@@ -160,6 +169,19 @@ impl NodeSection {
             Ok(())
         }
         within("workers", self.workers, 0, 1024)?;
+        if let Some(cpu) = self
+            .cpu_affinity
+            .iter()
+            .find(|&&cpu| !crate::http::cpu_allowed(cpu))
+        {
+            return Err((
+                "cpu_affinity".into(),
+                format!(
+                    "CPU {cpu} is not one this process may run on (allowed: {:?})",
+                    crate::http::allowed_cpus()
+                ),
+            ));
+        }
         within(
             "max_connections_per_worker",
             self.max_connections_per_worker,
@@ -452,6 +474,26 @@ mod tests {
         assert!(room.upstream.pools[1].tls.is_some());
         assert_eq!(room.upstream.health.as_ref().unwrap().path, "/healthz");
         assert_eq!(room.engine.total_active_users(), 200);
+    }
+
+    #[test]
+    fn cpu_affinity_names_a_cpu_the_process_cannot_use() {
+        let allowed = crate::http::allowed_cpus();
+        let node =
+            |list: &str| NODE.replace("[node]\n", &format!("[node]\ncpu_affinity = {list}\n"));
+        let ok = EdgeConfig::parse(
+            Path::new("node.toml"),
+            &format!("{}{ROOM}", node(&format!("{allowed:?}"))),
+        )
+        .unwrap();
+        assert_eq!(ok.node.cpu_affinity, allowed);
+        let err = EdgeConfig::parse(Path::new("node.toml"), &format!("{}{ROOM}", node("[4096]")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("node.cpu_affinity: CPU 4096 is not one this process may run on"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -31,6 +31,8 @@
 //! - [`new_tickets`]: how many new tickets one client address may be issued.
 //! - [`queue_page`]: the Mustache queue page and its JSON twin.
 //! - [`proxy`]: the reverse proxy to the origin.
+//! - [`origin_pool`]: each worker's HTTP/1.1 origin connections, driven in
+//!   the request's own task.
 //! - [`upstream`]: origin pools, steering, health checks, origin TLS.
 //!
 //! Around it:
@@ -60,6 +62,7 @@ mod mapped;
 pub mod metrics;
 pub mod new_tickets;
 pub mod node;
+pub mod origin_pool;
 pub mod proxy;
 pub mod queue_page;
 pub mod reload;

@@ -236,45 +236,169 @@ impl Defences {
     }
 }
 
-/// Per-room counters.
-#[derive(Debug)]
-pub struct RoomMetrics {
-    pub admitted_new: AtomicU64,
-    pub admitted_returning: AtomicU64,
-    pub queued: AtomicU64,
-    pub rejected: AtomicU64,
-    pub proxy_errors: AtomicU64,
+/// What a room counts per request (`waitroom_*_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoomCount {
+    AdmittedNew,
+    AdmittedReturning,
+    Queued,
+    Rejected,
+    ProxyErrors,
     /// Requests whose body the client cut short or malformed: a 400, and no
     /// mark against the origin.
-    pub client_body_errors: AtomicU64,
-    pub cookie_failures: [AtomicU64; 6],
-    pub decision_latency: Histogram,
-    pub proxy_latency: Histogram,
+    ClientBodyErrors,
+}
+
+impl RoomCount {
+    pub const ALL: [Self; 6] = [
+        Self::AdmittedNew,
+        Self::AdmittedReturning,
+        Self::Queued,
+        Self::Rejected,
+        Self::ProxyErrors,
+        Self::ClientBodyErrors,
+    ];
+}
+
+/// What a room times per request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Latency {
+    /// Open the cookie, decide, seal the new cookie.
+    Decision,
+    /// Until the origin's response head.
+    Proxy,
+}
+
+/// One worker's share of a room's counts: plain relaxed atomics only that
+/// worker's thread adds to, on cache lines of their own.
+#[derive(Debug, Default)]
+struct RoomShard {
+    counts: [AtomicU64; RoomCount::ALL.len()],
+    cookie_failures: [AtomicU64; CookieFailure::ALL.len()],
+    decision: LatencyCounts,
+    proxy: LatencyCounts,
+}
+
+/// A [`Histogram`]'s counts for [`LATENCY_BOUNDS_US`], inline.
+#[derive(Debug, Default)]
+struct LatencyCounts {
+    counts: [AtomicU64; LATENCY_BOUNDS_US.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl LatencyCounts {
+    fn observe(&self, d: Duration) {
+        let us = d.as_micros() as u64;
+        let i = LATENCY_BOUNDS_US.partition_point(|&b| b < us);
+        self.counts[i].fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
+    }
+}
+
+thread_local! {
+    /// The shard this thread adds to: 0 off the workers (the control
+    /// runtime, tests), `1 + worker index` (modulo the shards) on a worker.
+    static SHARD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Shards per room: one per core the process may use, plus one for every
+/// thread that is not a worker. Fixed at first use.
+fn shard_count() -> usize {
+    static COUNT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *COUNT.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()) + 1)
+}
+
+/// Called once on each worker thread: its counts go to a shard of their own
+/// (workers beyond the number of cores share).
+pub fn enter_worker(index: usize) {
+    SHARD.with(|s| s.set(1 + index % (shard_count() - 1)));
+}
+
+/// Per-room counters and latency histograms, sharded per worker: each worker
+/// adds to its own cache lines (crossbeam's `CachePadded`), the scrape sums
+/// the shards. Shared atomics on the request path cost a cache-line transfer
+/// between cores whenever two workers count the same room
+/// (docs/BENCHMARKS.md); a shard per room is about 500 bytes.
+#[derive(Debug)]
+pub struct RoomMetrics {
+    shards: Box<[crossbeam_utils::CachePadded<RoomShard>]>,
 }
 
 impl Default for RoomMetrics {
     fn default() -> Self {
         Self {
-            admitted_new: AtomicU64::new(0),
-            admitted_returning: AtomicU64::new(0),
-            queued: AtomicU64::new(0),
-            rejected: AtomicU64::new(0),
-            proxy_errors: AtomicU64::new(0),
-            client_body_errors: AtomicU64::new(0),
-            cookie_failures: Default::default(),
-            decision_latency: Histogram::new(LATENCY_BOUNDS_US),
-            proxy_latency: Histogram::new(LATENCY_BOUNDS_US),
+            shards: (0..shard_count()).map(|_| Default::default()).collect(),
         }
     }
 }
 
 impl RoomMetrics {
+    /// This thread's shard.
+    fn mine(&self) -> &RoomShard {
+        let i = SHARD.with(std::cell::Cell::get);
+        &self.shards[i.min(self.shards.len() - 1)]
+    }
+
+    /// Counts one `what`.
+    pub fn count(&self, what: RoomCount) {
+        self.mine().counts[what as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Records one `what` lasting `d`.
+    pub fn observe(&self, what: Latency, d: Duration) {
+        let shard = self.mine();
+        match what {
+            Latency::Decision => shard.decision.observe(d),
+            Latency::Proxy => shard.proxy.observe(d),
+        }
+    }
+
     pub fn cookie_failure(&self, why: CookieFailure) {
         let i = CookieFailure::ALL
             .iter()
             .position(|c| *c == why)
             .unwrap_or(0);
-        self.cookie_failures[i].fetch_add(1, Relaxed);
+        self.mine().cookie_failures[i].fetch_add(1, Relaxed);
+    }
+
+    /// How many of `what` so far, every worker's.
+    pub fn total(&self, what: RoomCount) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.counts[what as usize].load(Relaxed))
+            .sum()
+    }
+
+    /// Cookie failures of the reason at `i` of [`CookieFailure::ALL`].
+    fn cookie_failures(&self, i: usize) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.cookie_failures[i].load(Relaxed))
+            .sum()
+    }
+
+    /// The histogram of `what`, every worker's.
+    pub fn snapshot(&self, what: Latency) -> HistogramSnapshot {
+        let mut counts = vec![0; LATENCY_BOUNDS_US.len() + 1];
+        let mut sum_ns = 0u64;
+        for shard in &self.shards {
+            let l = match what {
+                Latency::Decision => &shard.decision,
+                Latency::Proxy => &shard.proxy,
+            };
+            for (total, c) in counts.iter_mut().zip(&l.counts) {
+                *total += c.load(Relaxed);
+            }
+            sum_ns = sum_ns.wrapping_add(l.sum_ns.load(Relaxed));
+        }
+        HistogramSnapshot {
+            bounds: LATENCY_BOUNDS_US
+                .iter()
+                .map(|&us| us as f64 / 1e6)
+                .collect(),
+            counts,
+            sum: sum_ns as f64 / 1e9,
+        }
     }
 }
 
@@ -336,20 +460,23 @@ pub fn encode_rooms<'a>(
     f: &mut Families<'_>,
     rooms: impl Iterator<Item = (&'a str, &'a RoomMetrics)> + Clone,
 ) -> fmt::Result {
-    let per_room = |pick: fn(&RoomMetrics) -> &AtomicU64| {
+    let per_room = |what: RoomCount| {
         rooms
             .clone()
-            .map(move |(id, m)| ([("room", id)], pick(m).load(Relaxed)))
+            .map(move |(id, m)| ([("room", id)], m.total(what)))
     };
     f.counters(
         "waitroom_admitted_total",
         "Visitors sent to the origin, new (admitted by this request) or returning (with a session).",
         rooms.clone().flat_map(|(id, m)| {
             [
-                ([("room", id), ("kind", "new")], m.admitted_new.load(Relaxed)),
+                (
+                    [("room", id), ("kind", "new")],
+                    m.total(RoomCount::AdmittedNew),
+                ),
                 (
                     [("room", id), ("kind", "returning")],
-                    m.admitted_returning.load(Relaxed),
+                    m.total(RoomCount::AdmittedReturning),
                 ),
             ]
         }),
@@ -357,22 +484,22 @@ pub fn encode_rooms<'a>(
     f.counters(
         "waitroom_queued_total",
         "Queue pages and JSON answers served.",
-        per_room(|m| &m.queued),
+        per_room(RoomCount::Queued),
     )?;
     f.counters(
         "waitroom_rejected_total",
         "Visitors refused (queueing method reject).",
-        per_room(|m| &m.rejected),
+        per_room(RoomCount::Rejected),
     )?;
     f.counters(
         "waitroom_proxy_errors_total",
         "Origin requests that failed (502).",
-        per_room(|m| &m.proxy_errors),
+        per_room(RoomCount::ProxyErrors),
     )?;
     f.counters(
         "waitroom_client_body_errors_total",
         "Requests whose body the client cut short or malformed (400; not the origin's fault).",
-        per_room(|m| &m.client_body_errors),
+        per_room(RoomCount::ClientBodyErrors),
     )?;
     f.counters(
         "waitroom_cookie_failures_total",
@@ -381,7 +508,7 @@ pub fn encode_rooms<'a>(
             CookieFailure::ALL.iter().enumerate().map(move |(i, why)| {
                 (
                     [("room", id), ("reason", why.label())],
-                    m.cookie_failures[i].load(Relaxed),
+                    m.cookie_failures(i),
                 )
             })
         }),
@@ -391,12 +518,12 @@ pub fn encode_rooms<'a>(
         "Time to open the cookie, decide and seal the new cookie.",
         rooms
             .clone()
-            .map(|(id, m)| ([("room", id)], m.decision_latency.snapshot())),
+            .map(|(id, m)| ([("room", id)], m.snapshot(Latency::Decision))),
     )?;
     f.histograms(
         "waitroom_proxy_seconds",
         "Time until the origin's response head.",
-        rooms.map(|(id, m)| ([("room", id)], m.proxy_latency.snapshot())),
+        rooms.map(|(id, m)| ([("room", id)], m.snapshot(Latency::Proxy))),
     )
 }
 
@@ -422,6 +549,44 @@ mod tests {
         assert_eq!(s.counts[..=le_200us].iter().sum::<u64>(), 2);
         assert_eq!(s.counts.last(), Some(&1), "60 s is above every bound");
         assert!((s.sum - 60.000_150_5).abs() < 1e-9, "{}", s.sum);
+    }
+
+    #[test]
+    fn room_counts_from_every_worker_are_summed_at_scrape() {
+        for (i, what) in RoomCount::ALL.iter().enumerate() {
+            assert_eq!(*what as usize, i);
+        }
+        let m = std::sync::Arc::new(RoomMetrics::default());
+        m.count(RoomCount::Queued);
+        m.observe(Latency::Proxy, Duration::from_micros(150));
+        std::thread::scope(|s| {
+            for worker in 0..3 {
+                let m = &m;
+                s.spawn(move || {
+                    enter_worker(worker);
+                    for _ in 0..1_000 {
+                        m.count(RoomCount::Queued);
+                    }
+                    m.observe(Latency::Proxy, Duration::from_secs(60));
+                    m.cookie_failure(CookieFailure::Tampered);
+                });
+            }
+        });
+        assert_eq!(m.total(RoomCount::Queued), 3_001);
+        assert_eq!(m.total(RoomCount::Rejected), 0);
+        let s = m.snapshot(Latency::Proxy);
+        assert_eq!(s.counts.iter().sum::<u64>(), 4);
+        assert_eq!(s.counts.last(), Some(&3), "60 s is above every bound");
+        assert!((s.sum - 180.000_150).abs() < 1e-9, "{}", s.sum);
+        let out = scrape(move |f| encode_rooms(f, [("shop", &*m)].into_iter()));
+        assert!(
+            out.contains("waitroom_queued_total{room=\"shop\"} 3001"),
+            "{out}"
+        );
+        assert!(
+            out.contains("waitroom_cookie_failures_total{room=\"shop\",reason=\"tampered\"} 3"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -27,6 +27,8 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub max_connections_per_worker: usize,
+    /// `node.cpu_affinity`: worker `i` is pinned to `cpu_affinity[i % len]`.
+    pub cpu_affinity: Vec<usize>,
     /// 0: no per-address cap.
     pub max_connections_per_address: usize,
     /// From accept to the first complete request head.
@@ -49,6 +51,7 @@ impl Settings {
     pub fn from_node(n: &NodeSection) -> Self {
         Self {
             max_connections_per_worker: n.max_connections_per_worker.max(1),
+            cpu_affinity: n.cpu_affinity.clone(),
             max_connections_per_address: n.max_connections_per_address,
             header_read_timeout: Duration::from_millis(n.header_read_timeout_ms.max(1)),
             keepalive_timeout: Duration::from_millis(n.keepalive_timeout_ms.max(1)),

@@ -1,7 +1,8 @@
 //! The admitted path: a reverse proxy to an origin of the room's pools.
 //!
-//! One pooled hyper client per worker (connections are reused, never shared
-//! across cores). Bodies stream both ways; hop-by-hop headers are removed (but
+//! One origin connection pool per worker ([`crate::origin_pool`]: connections
+//! are reused, never shared across cores, and driven in the request's own
+//! task). Bodies stream both ways; hop-by-hop headers are removed (but
 //! never, on a client's `Connection` nomination, a header the node sets or
 //! routes by), the forwarding headers say what the node knows of the client
 //! (see [`crate::forwarded`]) and the node's `Via` is added. The origin comes
@@ -23,32 +24,26 @@ use http::{
 };
 use http_body_util::{BodyExt as _, Empty};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 
 use waitroom_runtime::{
     admin::text,
     body::{Body, BoxError, full},
 };
 
-use crate::upstream::{
-    OriginChoice, Upstream,
-    tls::{OriginConnector, OriginTls},
-};
+use crate::upstream::{OriginChoice, Upstream, tls::OriginTls};
 use crate::{
     forwarded::{Forwarding, PROTECTED_FROM_NOMINATION, Via, rewrite_for_origin},
     metrics::{Defence, Defences},
+    origin_pool::{OriginError, OriginPool, PooledBody},
 };
 
-/// The pooled client a worker uses to reach origins (HTTP, or TLS for
+/// The connections a worker uses to reach origins (HTTP, or TLS for
 /// `tls = true` pools).
-pub type OriginClient = Client<OriginConnector, Body>;
+pub type OriginClient = Arc<OriginPool>;
 
-/// Builds a worker's origin client.
+/// Builds a worker's origin connection pool.
 pub fn client(connect_timeout: Duration, tls: &OriginTls) -> OriginClient {
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .pool_max_idle_per_host(256)
-        .build(tls.connector(connect_timeout))
+    Arc::new(OriginPool::new(connect_timeout, tls))
 }
 
 /// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1).
@@ -153,21 +148,19 @@ pub enum ProxyError {
     #[error("origin {origin} unreachable: {source}")]
     Unreachable {
         origin: Authority,
-        source: hyper_util::client::legacy::Error,
+        source: OriginError,
+        /// On a connection kept alive from an earlier request.
+        reused: bool,
     },
     #[error("origin {origin} answered badly: {source}")]
     Invalid {
         origin: Authority,
-        source: hyper_util::client::legacy::Error,
+        source: OriginError,
     },
     /// The visitor's request body ended early or was malformed: the
     /// visitor's fault, a 400, and no mark against the origin.
     #[error("the client's request body failed: {source}")]
-    ClientBody {
-        source: hyper_util::client::legacy::Error,
-    },
-    #[error("cannot build the origin URI: {0}")]
-    Uri(#[from] http::Error),
+    ClientBody { source: OriginError },
 }
 
 /// Forwards `req` to an origin of `upstream` and streams the answer back.
@@ -219,9 +212,16 @@ pub async fn forward(
     let replayable = is_idempotent(&parts.method) && body.is_end_stream();
     let mut body = Some(body);
     let mut failed: Option<(OriginChoice, ProxyError)> = None;
+    // Set when a kept-alive connection failed: the same origin once more, on
+    // a new connection.
+    let mut again: Option<OriginChoice> = None;
+    let mut fresh = false;
     loop {
         let except = failed.as_ref().map(|(choice, _)| *choice);
-        let Some(choice) = upstream.select(rand::random(), except) else {
+        let Some(choice) = again
+            .take()
+            .or_else(|| upstream.select(rand::random(), except))
+        else {
             return Err(match failed {
                 // Nowhere left to retry: the first failure is the answer.
                 Some((_, err)) => err,
@@ -231,11 +231,8 @@ pub async fn forward(
             });
         };
         let origin = upstream.origin(choice);
-        let uri = Uri::builder()
-            .scheme(upstream.pool(choice).scheme.clone())
-            .authority(origin.authority.clone())
-            .path_and_query(path_and_query.clone())
-            .build()?;
+        // Origin-form: the connection already says which origin.
+        let uri = Uri::from(path_and_query.clone());
         let body = match body.take() {
             Some(b) => ClientBody(b).boxed_unsync(),
             None => Empty::new().map_err(|never| match never {}).boxed_unsync(),
@@ -249,6 +246,12 @@ pub async fn forward(
         } else {
             std::mem::take(&mut parts.headers)
         };
+        // A visitor without `Host` (HTTP/1.0): the origin's own name.
+        if !req.headers().contains_key(header::HOST)
+            && let Ok(host) = HeaderValue::from_str(origin.authority.as_str())
+        {
+            req.headers_mut().insert(header::HOST, host);
+        }
         match send(
             client,
             upstream,
@@ -256,12 +259,21 @@ pub async fn forward(
             response_timeout,
             req,
             to_origin.via,
+            fresh,
         )
         .await
         {
             Ok(resp) => {
                 origin.requests.fetch_add(1, Relaxed);
                 return Ok(resp);
+            }
+            // The origin closed a kept-alive connection as the request went
+            // out (its idle timeout racing ours): not the origin failing.
+            Err(err @ ProxyError::Unreachable { reused: true, .. }) if replayable && !fresh => {
+                tracing::debug!(%err, "kept-alive origin connection failed; once more on a new one");
+                again = Some(choice);
+                fresh = true;
+                continue;
             }
             Err(err @ ProxyError::Unreachable { .. }) => {
                 upstream.connection_failed(choice);
@@ -299,9 +311,37 @@ async fn send(
     response_timeout: Duration,
     req: Request<Body>,
     via: &Via,
+    fresh: bool,
 ) -> Result<Response<Body>, ProxyError> {
     let origin = &upstream.origin(choice).authority;
-    let response = tokio::time::timeout(response_timeout, client.request(req))
+    let scheme = &upstream.pool(choice).scheme;
+    let mut reused = false;
+    let exchange = async {
+        let mut conn = if fresh {
+            client.connect(scheme, origin).await?
+        } else {
+            client.checkout(scheme, origin).await?
+        };
+        reused = conn.reused;
+        let response = match conn.send(req).await {
+            Ok(r) => r,
+            // An idle connection the origin closed before hyper wrote a byte
+            // of the request: the request goes on a new connection.
+            Err(mut err) if conn.reused && err.message().is_some() => {
+                let req = err.take_message().expect("checked just above");
+                tracing::debug!(%origin, err = %err.error(), "idle origin connection closed; reconnecting");
+                conn = client.connect(scheme, origin).await?;
+                reused = false;
+                conn.send(req).await.map_err(|e| e.into_error())?
+            }
+            Err(err) => return Err(OriginError::Exchange(err.into_error())),
+        };
+        let (parts, body) = response.into_parts();
+        let mut body = conn.into_body(client, parts.status, body);
+        body.finish_if_empty().await;
+        Ok::<_, OriginError>((parts, body))
+    };
+    let (mut parts, body) = tokio::time::timeout(response_timeout, exchange)
         .await
         .map_err(|_| ProxyError::Timeout {
             origin: origin.clone(),
@@ -314,6 +354,7 @@ async fn send(
                 ProxyError::Unreachable {
                     origin: origin.clone(),
                     source,
+                    reused,
                 }
             } else {
                 ProxyError::Invalid {
@@ -322,7 +363,6 @@ async fn send(
                 }
             }
         })?;
-    let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts
         .headers
@@ -375,7 +415,7 @@ impl HttpBody for ClientBody {
 /// that fails before the head.
 #[derive(Debug)]
 struct OriginBody {
-    inner: Incoming,
+    inner: PooledBody,
     upstream: Arc<Upstream>,
     choice: OriginChoice,
 }
@@ -411,8 +451,8 @@ impl HttpBody for OriginBody {
 }
 
 /// The forward failed because the visitor's body did (anywhere in the chain).
-fn caused_by_client_body(err: &hyper_util::client::legacy::Error) -> bool {
-    let mut source = std::error::Error::source(err);
+fn caused_by_client_body(err: &OriginError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = source {
         if e.downcast_ref::<ClientBodyError>().is_some() {
             return true;
@@ -423,11 +463,11 @@ fn caused_by_client_body(err: &hyper_util::client::legacy::Error) -> bool {
 }
 
 /// Connecting failed, or the connection closed or reset before an answer.
-fn is_connection_failure(err: &hyper_util::client::legacy::Error) -> bool {
-    if err.is_connect() {
+fn is_connection_failure(err: &OriginError) -> bool {
+    let OriginError::Exchange(err) = err else {
         return true;
-    }
-    let mut source = std::error::Error::source(err);
+    };
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = source {
         if let Some(h) = e.downcast_ref::<hyper::Error>() {
             if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {

@@ -419,6 +419,7 @@ mod tests {
     fn settings() -> Settings {
         Settings {
             max_connections_per_worker: 10,
+            cpu_affinity: Vec::new(),
             max_connections_per_address: 2,
             header_read_timeout: Duration::from_millis(1000),
             keepalive_timeout: Duration::from_millis(5000),

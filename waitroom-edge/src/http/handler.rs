@@ -26,7 +26,7 @@ use crate::{
     cookie,
     forwarded::Forwarding,
     http::ConnInfo,
-    metrics::{CookieFailure, Defence},
+    metrics::{CookieFailure, Defence, Latency, RoomCount},
     node::{Node, RoomLive, RoomRuntime},
     proxy,
     queue_page::{self, QueueView},
@@ -286,7 +286,7 @@ async fn answer(
     } else {
         set_cookie_header(node, room, engine_room, decision.ticket(), scheme)
     };
-    room.metrics.decision_latency.observe(started.elapsed());
+    room.metrics.observe(Latency::Decision, started.elapsed());
     trace.bucket = Some(decision.ticket().bucket.0);
 
     // 4. The answer.
@@ -294,12 +294,11 @@ async fn answer(
         Decision::Admit { visitor, .. } => {
             trace.outcome = Outcome::Admitted;
             trace.visitor = Some(visitor.into());
-            let counter = if visitor == Visitor::Admitted {
-                &room.metrics.admitted_returning
+            room.metrics.count(if visitor == Visitor::Admitted {
+                RoomCount::AdmittedReturning
             } else {
-                &room.metrics.admitted_new
-            };
-            counter.fetch_add(1, Relaxed);
+                RoomCount::AdmittedNew
+            });
             let proxy_started = Instant::now();
             let timeout = room.spec.origin_timeout;
             let result = proxy::forward(
@@ -321,7 +320,7 @@ async fn answer(
             )
             .await;
             let proxy_time = proxy_started.elapsed();
-            room.metrics.proxy_latency.observe(proxy_time);
+            room.metrics.observe(Latency::Proxy, proxy_time);
             trace.upstream_micros = Some(proxy_time.as_micros() as u64);
             let mut resp = match result {
                 Ok(resp) => {
@@ -329,12 +328,12 @@ async fn answer(
                     resp
                 }
                 Err(err) => {
-                    let counter = if matches!(err, proxy::ProxyError::ClientBody { .. }) {
-                        &room.metrics.client_body_errors
-                    } else {
-                        &room.metrics.proxy_errors
-                    };
-                    counter.fetch_add(1, Relaxed);
+                    room.metrics
+                        .count(if matches!(err, proxy::ProxyError::ClientBody { .. }) {
+                            RoomCount::ClientBodyErrors
+                        } else {
+                            RoomCount::ProxyErrors
+                        });
                     proxy::error_page(&err)
                 }
             };
@@ -351,14 +350,14 @@ async fn answer(
         } => {
             trace.outcome = Outcome::Queued;
             trace.visitor = Some(visitor.into());
-            room.metrics.queued.fetch_add(1, Relaxed);
+            room.metrics.count(RoomCount::Queued);
             let wants_json = wants_json(req.headers());
             queue_response(room, &live, &ticket, &estimate, now, wants_json, set_cookie)
         }
         Decision::Reject { visitor, .. } => {
             trace.outcome = Outcome::Rejected;
             trace.visitor = Some(visitor.into());
-            room.metrics.rejected.fetch_add(1, Relaxed);
+            room.metrics.count(RoomCount::Rejected);
             rejected(set_cookie)
         }
     }

@@ -132,6 +132,47 @@ pub fn spawn_workers(
     Ok(handles)
 }
 
+/// The CPUs this process may run on (`sched_getaffinity`), ascending.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; sched_getaffinity writes
+    // at most size_of::<cpu_set_t>() bytes into it.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        set
+    };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: cpu is below CPU_SETSIZE, the set's size.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Whether this process may run on `cpu` (`node.cpu_affinity`).
+pub fn cpu_allowed(cpu: usize) -> bool {
+    allowed_cpus().contains(&cpu)
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a zeroed cpu_set_t is the empty set, cpu is below its size,
+    // and pid 0 names the calling thread.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 fn worker_main(
     index: usize,
     node: Arc<Node>,
@@ -139,6 +180,17 @@ fn worker_main(
     shutdown: Shutdown,
     ready: &std::sync::mpsc::Sender<Result<(), String>>,
 ) {
+    let affinity = &node.settings.cpu_affinity;
+    if !affinity.is_empty() {
+        let cpu = affinity[index % affinity.len()];
+        if let Err(err) = pin_to_cpu(cpu) {
+            let _ = ready.send(Err(format!(
+                "worker {index}: cpu_affinity: cannot pin to CPU {cpu}: {err}"
+            )));
+            return;
+        }
+        tracing::debug!(worker = index, cpu, "worker pinned");
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -154,6 +206,7 @@ fn worker_main(
     let span = tracing::info_span!("worker", id = index);
     runtime.block_on(
         async move {
+            crate::metrics::enter_worker(index);
             let worker = Arc::new(handler::Worker::new(index, &node));
             let limit = Arc::new(Semaphore::new(node.settings.max_connections_per_worker));
             let registry = Arc::new(conn::Registry::default());

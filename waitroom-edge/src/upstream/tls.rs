@@ -180,6 +180,10 @@ mod tests {
         addr
     }
 
+    fn tls_good(spec: &UpstreamSpec) -> OriginTls {
+        OriginTls::new([("r", spec)]).unwrap()
+    }
+
     fn spec(addr: std::net::SocketAddr, extra: &str) -> UpstreamSpec {
         let text = format!("[[pools]]\nname = \"p\"\norigins = [\"{addr}\"]\ntls = true\n{extra}");
         crate::upstream::config::spec_from_text(&text).unwrap()
@@ -222,6 +226,21 @@ mod tests {
         let no_ca = spec(addr, &sni);
         let tls = OriginTls::new([("r", &no_ca)]).unwrap();
         assert!(get(&tls, addr).await.is_err());
+
+        // The workers' own origin pool speaks the same TLS.
+        let pool = crate::origin_pool::OriginPool::new(Duration::from_secs(2), &tls_good(&good));
+        let authority: http::uri::Authority = addr.to_string().parse().unwrap();
+        let mut conn = pool
+            .checkout(&http::uri::Scheme::HTTPS, &authority)
+            .await
+            .unwrap();
+        let req = http::Request::builder()
+            .uri("/")
+            .header(http::header::HOST, "origin.example")
+            .body(waitroom_runtime::body::full(Bytes::new()))
+            .unwrap();
+        let resp = conn.send(req).await.map_err(|e| e.into_error()).unwrap();
+        assert_eq!(resp.status(), 204);
 
         // A CA file that does not exist is named at start.
         let missing = spec(addr, "ca_file = \"/nonexistent/ca.pem\"");

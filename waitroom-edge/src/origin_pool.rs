@@ -1,0 +1,357 @@
+//! A worker's HTTP/1.1 connections to origins, driven in the request's own task.
+//!
+//! hyper's pooled client (`hyper_util::client::legacy`) runs every origin
+//! connection as a task of its own and hands it each request through a
+//! channel: two extra task wake-ups per proxied request that nginx's one
+//! event loop does not have (docs/BENCHMARKS.md). Here a connection is a
+//! hyper `client::conn::http1` pair whose connection future is polled by
+//! whoever uses it: the request while it waits for the response head, then
+//! the response body ([`PooledBody`]) while it streams to the visitor. Nothing
+//! runs in the background: an idle connection waits in its worker's pool
+//! until a request takes it, and that request first polls it once to see
+//! whether the origin closed it meanwhile.
+//!
+//! A connection goes back to the pool only when its response was read to the
+//! end, hyper kept it alive (no `Connection: close`, no error) and it is
+//! ready for the next request; anything else drops, and so closes, it. One
+//! pool per worker, never shared across cores; its lock is only ever taken by
+//! that worker's thread (it exists because tokio's tasks must be `Send`).
+use std::{
+    collections::{HashMap, VecDeque},
+    future::{Future, poll_fn},
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    task::{Context, Poll, Waker},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http::{
+    Request, Response, StatusCode, Uri,
+    uri::{Authority, Scheme},
+};
+use hyper::{
+    body::{Body as HttpBody, Frame, Incoming, SizeHint},
+    client::conn::{TrySendError, http1},
+};
+use tower_service::Service as _;
+use waitroom_runtime::body::{Body, BoxError};
+
+use crate::upstream::tls::{OriginConnector, OriginTls};
+
+/// An origin connection's driver: hyper's connection future (with upgrades,
+/// whose type cannot be named, hence the box: one per connection, not per
+/// request).
+type Driver = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
+
+/// How long an idle connection may wait for its next request.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle connections kept per origin (the legacy client's setting here).
+const MAX_IDLE_PER_ORIGIN: usize = 256;
+
+/// Where a connection goes: scheme (plain or TLS) and `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PoolKey {
+    scheme: Scheme,
+    authority: Authority,
+}
+
+/// One worker's connections to every origin of every room.
+pub struct OriginPool {
+    connector: OriginConnector,
+    idle: parking_lot::Mutex<HashMap<PoolKey, VecDeque<Idle>>>,
+    /// Connections opened, for tests and the bench notes (a relaxed counter
+    /// this worker alone writes, moved only when a connection opens).
+    opened: AtomicU64,
+}
+
+impl std::fmt::Debug for OriginPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OriginPool")
+            .field("opened", &self.opened.load(Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A connection waiting in the pool.
+struct Idle {
+    conn: OriginConn,
+    since: Instant,
+}
+
+/// One HTTP/1.1 connection to an origin.
+pub struct OriginConn {
+    key: PoolKey,
+    sender: http1::SendRequest<Body>,
+    /// `None` once the connection future has finished (closed, failed or
+    /// upgraded): the connection can never be used again.
+    driver: Option<Driver>,
+    /// Taken from the pool (it served an earlier request).
+    pub reused: bool,
+}
+
+impl std::fmt::Debug for OriginConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OriginConn")
+            .field("origin", &self.key.authority)
+            .field("reused", &self.reused)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why an origin exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OriginError {
+    /// No connection: refused, unreachable, TLS failed, connect timeout.
+    #[error("connect: {0}")]
+    Connect(#[source] BoxError),
+    /// The exchange on an open connection failed (closed, reset, a malformed
+    /// or oversized answer, or the visitor's request body failing).
+    #[error(transparent)]
+    Exchange(#[from] hyper::Error),
+}
+
+impl OriginPool {
+    /// A pool whose new connections time out after `connect_timeout`.
+    pub fn new(connect_timeout: Duration, tls: &OriginTls) -> Self {
+        Self {
+            connector: tls.connector(connect_timeout),
+            idle: parking_lot::Mutex::new(HashMap::new()),
+            opened: AtomicU64::new(0),
+        }
+    }
+
+    /// Connections this pool has opened so far.
+    pub fn opened(&self) -> u64 {
+        self.opened.load(Relaxed)
+    }
+
+    /// An idle connection to `scheme://authority` still open, else a new one.
+    pub async fn checkout(
+        &self,
+        scheme: &Scheme,
+        authority: &Authority,
+    ) -> Result<OriginConn, OriginError> {
+        if let Some(conn) = self.take_idle(scheme, authority) {
+            return Ok(conn);
+        }
+        self.connect(scheme, authority).await
+    }
+
+    /// A new connection to `scheme://authority`.
+    pub async fn connect(
+        &self,
+        scheme: &Scheme,
+        authority: &Authority,
+    ) -> Result<OriginConn, OriginError> {
+        let uri = Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|e| OriginError::Connect(e.into()))?;
+        let mut connector = self.connector.clone();
+        poll_fn(|cx| connector.poll_ready(cx))
+            .await
+            .map_err(OriginError::Connect)?;
+        let io = connector.call(uri).await.map_err(OriginError::Connect)?;
+        let (sender, conn) = http1::handshake(io).await?;
+        self.opened.fetch_add(1, Relaxed);
+        Ok(OriginConn {
+            key: PoolKey {
+                scheme: scheme.clone(),
+                authority: authority.clone(),
+            },
+            sender,
+            driver: Some(Box::pin(conn.with_upgrades())),
+            reused: false,
+        })
+    }
+
+    /// The most recently returned idle connection that is still open;
+    /// expired and closed ones met on the way are dropped.
+    fn take_idle(&self, scheme: &Scheme, authority: &Authority) -> Option<OriginConn> {
+        let mut idle = self.idle.lock();
+        // Borrowed lookup would need a second key type; the clones are two
+        // reference-count increments.
+        let key = PoolKey {
+            scheme: scheme.clone(),
+            authority: authority.clone(),
+        };
+        let queue = idle.get_mut(&key)?;
+        let now = Instant::now();
+        while let Some(Idle { mut conn, since }) = queue.pop_back() {
+            if now.duration_since(since) >= IDLE_TIMEOUT {
+                // Every older one has waited longer still.
+                queue.clear();
+                break;
+            }
+            // One poll without a waker: a connection the origin closed (or
+            // wrote to unasked) finishes here instead of failing a request.
+            if conn.poll_driver(&mut Context::from_waker(Waker::noop())) && conn.sender.is_ready() {
+                conn.reused = true;
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Returns a connection whose exchange completed; kept only if hyper
+    /// holds it open and ready for another request.
+    fn check_in(&self, mut conn: OriginConn, cx: &mut Context<'_>) {
+        // Let hyper finish the message and ask for the next one.
+        if !conn.poll_driver(cx) || !conn.sender.is_ready() {
+            return;
+        }
+        let mut idle = self.idle.lock();
+        let queue = idle.entry(conn.key.clone()).or_default();
+        let now = Instant::now();
+        while queue
+            .front()
+            .is_some_and(|i| now.duration_since(i.since) >= IDLE_TIMEOUT)
+        {
+            queue.pop_front();
+        }
+        if queue.len() >= MAX_IDLE_PER_ORIGIN {
+            queue.pop_front();
+        }
+        queue.push_back(Idle { conn, since: now });
+    }
+}
+
+impl OriginConn {
+    /// Polls the connection future once; whether the connection is still
+    /// open (a finished one is never used again).
+    fn poll_driver(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(driver) = self.driver.as_mut() else {
+            return false;
+        };
+        match driver.as_mut().poll(cx) {
+            Poll::Pending => true,
+            Poll::Ready(result) => {
+                if let Err(err) = result {
+                    tracing::debug!(origin = %self.key.authority, %err, "origin connection failed");
+                }
+                self.driver = None;
+                false
+            }
+        }
+    }
+
+    /// Sends `req` and waits for the response head, driving the connection
+    /// meanwhile (it writes the request and its body, then reads the head).
+    /// The request comes back with the error when hyper never began to send
+    /// it, so it can go on a new connection.
+    pub async fn send(
+        &mut self,
+        req: Request<Body>,
+    ) -> Result<Response<Incoming>, TrySendError<Request<Body>>> {
+        let mut response = std::pin::pin!(self.sender.try_send_request(req));
+        poll_fn(|cx| {
+            // The connection first: what it reads completes the response.
+            let _open = self.poll_driver(cx);
+            response.as_mut().poll(cx)
+        })
+        .await
+    }
+
+    /// The response's body, streaming with this connection behind it; the
+    /// connection goes back to `pool` once the body was read to the end.
+    pub fn into_body(
+        self,
+        pool: &Arc<OriginPool>,
+        status: StatusCode,
+        body: Incoming,
+    ) -> PooledBody {
+        let mut conn = Some(self);
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            // The connection now belongs to whoever took the upgrade; its
+            // future hands the socket over once polled.
+            if let Some(driver) = conn.take().and_then(|c| c.driver) {
+                tokio::spawn(driver);
+            }
+        }
+        PooledBody {
+            inner: body,
+            conn,
+            pool: Arc::clone(pool),
+        }
+    }
+}
+
+/// An origin's response body with the connection that delivers it: polling
+/// the body polls the connection, and the end of the body returns the
+/// connection to its pool. Dropped early (the visitor left), it drops the
+/// connection, whose response was not read to the end.
+pub struct PooledBody {
+    inner: Incoming,
+    conn: Option<OriginConn>,
+    pool: Arc<OriginPool>,
+}
+
+impl std::fmt::Debug for PooledBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledBody")
+            .field("conn", &self.conn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PooledBody {
+    /// The body is complete: give the connection back (if it may be reused).
+    fn finish(&mut self, cx: &mut Context<'_>) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.check_in(conn, cx);
+        }
+    }
+
+    /// For a response that has no body at all: returns the connection now,
+    /// since nobody will poll the body.
+    pub async fn finish_if_empty(&mut self) {
+        if self.inner.is_end_stream() {
+            poll_fn(|cx| {
+                self.finish(cx);
+                Poll::Ready(())
+            })
+            .await;
+        }
+    }
+}
+
+impl HttpBody for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        if let Some(conn) = this.conn.as_mut()
+            && !conn.poll_driver(cx)
+        {
+            // Closed: the body still yields what hyper read, then its end or
+            // its error; the connection is not reused.
+            this.conn = None;
+        }
+        let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        match &frame {
+            Poll::Ready(None) => this.finish(cx),
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.finish(cx),
+            Poll::Ready(Some(Err(_))) => this.conn = None,
+            _ => {}
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
