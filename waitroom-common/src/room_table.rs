@@ -29,6 +29,7 @@ use std::{
 
 use serde::Deserialize;
 
+use crate::event::{EventTable, EventsError, validate_events};
 use crate::room::{
     CookieSameSite, CookieSecure, DEFAULT_REFRESH_SECS, DEFAULT_SESSION_MINUTES,
     DEFAULT_TICKET_CONNECTION_BUDGET, DEFAULT_TICKET_CONNECTION_WINDOW_SECS, QueueingMethod, Room,
@@ -114,6 +115,9 @@ pub struct RoomTable {
     /// `"none"` or `"network"`: bind tickets to the client's /24 or /48.
     #[serde(default)]
     pub ticket_binding: TicketBinding,
+    /// Scheduled events (`[[rooms.events]]`), see [`crate::event`].
+    #[serde(default)]
+    pub events: Vec<EventTable>,
 }
 
 /// How a request picks a pool among the healthy ones.
@@ -264,6 +268,8 @@ pub enum RoomTableError {
     QueueStatus { status: u16 },
     #[error(transparent)]
     Limits(#[from] RoomError),
+    #[error(transparent)]
+    Events(#[from] EventsError),
 }
 
 impl RoomTableError {
@@ -286,6 +292,7 @@ impl RoomTableError {
             Self::ExpectedStatus { .. } => "health.expected_status".into(),
             Self::QueueStatus { .. } => "queue_status".into(),
             Self::Limits(e) => e.field().into(),
+            Self::Events(e) => e.key(),
         }
     }
 }
@@ -429,7 +436,9 @@ impl RoomTable {
                 status: self.queue_status,
             });
         }
-        Ok(self.limits().validate()?.named(&self.id))
+        let limits = self.limits();
+        let room = limits.clone().validate()?.named(&self.id);
+        Ok(room.with_events(validate_events(&self.events, &limits)?))
     }
 }
 
