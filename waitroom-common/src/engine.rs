@@ -36,6 +36,11 @@
 //! stale cookie moves nothing twice (see the ledger's docs for the rule and
 //! its bounds).
 //!
+//! A room with scheduled events is decided as it stands at `now`
+//! ([`Room::at`]): an event's overrides, or its pre-queue as `queue_all`;
+//! a pre-queued ticket is moved to its drawn bucket once the event starts
+//! with a shuffle (see [`crate::event`]).
+//!
 //! It does no I/O, reads no clock and uses only the randomness it is given.
 //! The admitted path allocates nothing.
 
@@ -1439,6 +1444,33 @@ shuffle_at_event_start = true
             10,
         );
         assert_eq!(d.ticket().bucket, to);
+    }
+
+    /// Two nodes that never talked place the same pre-queued ticket in the
+    /// same drawn bucket, whichever checks it in first and however often.
+    #[test]
+    fn the_shuffle_is_the_same_on_every_node() {
+        let room = room_with_event();
+        let now = at(10, 2, 0);
+        let queued = |node: &RoomCounters, ticket: Ticket, rng: u64| {
+            // No slot anywhere: the ticket stays queued and shows its bucket.
+            let d = decide(&room, &open(now, 0), node, Some(ticket), now, rng);
+            assert!(!d.is_admitted(), "{d:?}");
+            d.ticket().bucket
+        };
+        for id in 1..200_u64 {
+            let arrived = at(9, 50, 0).plus_minutes(id % 10);
+            let ticket = Ticket {
+                id,
+                last_check_in: arrived,
+                ..Ticket::new_visitor(ROOM, arrived, 20)
+            };
+            let (a, b) = (RoomCounters::new_boxed(ROOM), RoomCounters::new_boxed(ROOM));
+            let on_a = queued(&a, ticket, id);
+            assert_eq!(on_a, queued(&b, ticket, id.wrapping_mul(7)));
+            assert_eq!(on_a, queued(&a, ticket, 3), "a replay on the same node");
+            assert!(on_a >= at(9, 50, 0).minute() && on_a < at(10, 0, 0).minute());
+        }
     }
 
     #[test]
