@@ -242,3 +242,40 @@ fn prequeue_then_a_shuffled_start_then_the_rooms_own_limits() {
         "a newcomer goes straight in"
     );
 }
+
+/// An event's own queue page is shown in its pre-queue; after the end the
+/// room's page is back.
+#[test]
+fn an_event_shows_its_own_queue_page_only_while_in_force() {
+    let dir = waitroom_tests::procs::TempDir::new("event-page");
+    let page = dir.path().join("sale.mustache");
+    std::fs::write(
+        &page,
+        "SALE PAGE opens {{eventStartTime}}{{#waitTimeKnown}} known{{/waitTimeKnown}}",
+    )
+    .unwrap();
+    let room = format!(
+        r#"total_active_users = 10
+new_users_per_minute = 1
+refresh_interval = 5
+
+[[rooms.events]]
+name = "sale"
+prequeue_start_time = "2027-01-15T08:01:00Z"
+event_start_time = "2027-01-15T08:06:00Z"
+event_end_time = "2027-01-15T08:07:00Z"
+queue_page = "{}"
+"#,
+        page.display()
+    );
+    let node = InProcNode::start("event-page", &room).unwrap();
+    node.advance(Duration::from_secs(60));
+    let (_, body) = get(&client(), &node.url("/"));
+    assert_eq!(body, "SALE PAGE opens 2027-01-15T08:06:00Z");
+
+    node.advance(Duration::from_secs(6 * 60));
+    assert!(request(&node, None, false).site, "the minute's one slot");
+    let (_, body) = get(&client(), &node.url("/"));
+    assert!(body.contains(waitroom_tests::edge::QUEUE), "{body}");
+    assert!(!body.contains("SALE PAGE"));
+}
