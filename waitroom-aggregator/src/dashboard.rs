@@ -36,7 +36,7 @@ pub fn view(status: &Status) -> Dashboard {
             RoomView {
                 id: room.id.clone(),
                 phase: room.phase,
-                event_phase: None,
+                event_phase: room.event_phase.clone(),
                 total_active_users: room.total_active_users,
                 new_users_per_minute: room.new_users_per_minute,
                 counts: Counts {

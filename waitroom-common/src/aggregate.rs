@@ -186,6 +186,8 @@ pub fn aggregate(
     history: &mut AggregateHistory,
     now: UnixMillis,
 ) -> Vec<(String, GlobalState)> {
+    // The limits in force now (a scheduled event's overrides).
+    let room = &room.at(now);
     let minute = now.minute();
     let nodes: Vec<(&NodeReport, &RoomReport)> = reports
         .iter()

@@ -157,6 +157,9 @@ pub struct RoomStatus {
     pub room_id: u64,
     pub total_active_users: u64,
     pub new_users_per_minute: u64,
+    /// The scheduled event in force ([`crate::phase::event_phase`]).
+    #[serde(default)]
+    pub event_phase: Option<String>,
     pub active_users: u64,
     pub admitted_this_minute: u64,
     pub slots_available: u64,
@@ -496,12 +499,14 @@ impl Cluster {
                 .fold_until(minute, |m| sums.admits.total_in(m));
             // The plan without colos: what is shared between colos and
             // Anywhere is split by the running sums below.
+            // The limits in force now (a scheduled event's overrides).
+            let room_now = def.room.at(now);
             let plan = SlotPlan::new(SlotInputs {
-                total_active_users: def.room.total_active_users(),
-                new_users_per_minute: def.room.new_users_per_minute(),
+                total_active_users: room_now.total_active_users(),
+                new_users_per_minute: room_now.new_users_per_minute(),
                 active_users: active,
                 admitted_this_minute: admitted,
-                random: def.room.queueing_method() == QueueingMethod::Random,
+                random: room_now.queueing_method() == QueueingMethod::Random,
                 waiting: &waiting,
                 traffic: &[],
                 anywhere_weight: 0,
@@ -698,16 +703,17 @@ impl Cluster {
                 let mut history = memory.history.clone();
                 let states = aggregate(&def.room, &self.reports, &mut history, now);
                 let any: Option<&GlobalState> = states.first().map(|(_, s)| s);
+                let room_now = def.room.at(now);
                 let (phase, wait_estimate) = match any {
                     Some(state) => (
-                        RoomPhase::of(&def.room, state),
-                        arrival_estimate(&def.room, state, minute),
+                        RoomPhase::of(&room_now, state),
+                        arrival_estimate(&room_now, state, minute),
                     ),
                     None => {
                         let empty = GlobalState::empty(now);
                         (
-                            RoomPhase::of(&def.room, &empty),
-                            arrival_estimate(&def.room, &empty, minute),
+                            RoomPhase::of(&room_now, &empty),
+                            arrival_estimate(&room_now, &empty, minute),
                         )
                     }
                 };
@@ -743,8 +749,9 @@ impl Cluster {
                 RoomStatus {
                     id: def.name.clone(),
                     room_id: id.0,
-                    total_active_users: def.room.total_active_users(),
-                    new_users_per_minute: def.room.new_users_per_minute(),
+                    total_active_users: room_now.total_active_users(),
+                    new_users_per_minute: room_now.new_users_per_minute(),
+                    event_phase: crate::phase::event_phase(&def.room, &room_now),
                     active_users: sums.active_users,
                     admitted_this_minute: sums.admitted_this_minute,
                     slots_available: any.map_or(0, |s| s.slots_available),

@@ -36,6 +36,11 @@
 //! stale cookie moves nothing twice (see the ledger's docs for the rule and
 //! its bounds).
 //!
+//! A room with scheduled events is decided as it stands at `now`
+//! ([`Room::at`]): an event's overrides, or its pre-queue as `queue_all`;
+//! a pre-queued ticket is moved to its drawn bucket once the event starts
+//! with a shuffle (see [`crate::event`]).
+//!
 //! It does no I/O, reads no clock and uses only the randomness it is given.
 //! The admitted path allocates nothing.
 
@@ -43,6 +48,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::counters::{MAX_BUCKET_AGE_MINUTES, Pool, RoomCounters, WAITING_BUCKETS};
 use crate::estimate::WaitEstimate;
+use crate::event::EventPhase;
 use crate::ledger::{Counted, Seen, TicketLedger, ticket_id};
 use crate::room::{QueueingMethod, Room};
 use crate::slots::SharedFor;
@@ -174,6 +180,9 @@ pub fn decide_noting(
     now: UnixMillis,
     rng: u64,
 ) -> (Decision, LedgerNote) {
+    // The room as it stands now: a scheduled event's overrides, or its
+    // pre-queue as `queue_all` (see `crate::event`).
+    let room = &room.at(now);
     let minute = now.minute();
     let ticket = ticket
         .filter(|t| t.room == room.id())
@@ -224,16 +233,27 @@ pub fn decide_noting(
         }
     }
     let (ticket, visitor, mut place) = match (ticket, place) {
-        (Some(ticket), Some(mut place)) if !ticket.is_admitted() => (
-            keep_bucket_trackable(ledger, counters, &mut place, ticket, now),
-            Visitor::Waiting,
-            place,
-        ),
+        (Some(ticket), Some(mut place)) if !ticket.is_admitted() => {
+            let ticket = shuffle_at_event_start(room, ledger, counters, &mut place, ticket, now);
+            (
+                keep_bucket_trackable(ledger, counters, &mut place, ticket, now),
+                Visitor::Waiting,
+                place,
+            )
+        }
         _ => {
-            let ticket = Ticket {
+            let mut ticket = Ticket {
                 id: ticket_id(rng),
                 ..Ticket::new_visitor(room.id(), now, room.refresh_interval_secs())
             };
+            // A pre-queue arrival in the minute the event starts joins the
+            // last pre-queue bucket, so that the shuffle at the start
+            // (buckets before the start's minute) includes them.
+            if let Some(event) = room.event()
+                && event.phase == EventPhase::Prequeueing
+            {
+                ticket.bucket = ticket.bucket.min(event.start.minute().minus(1));
+            }
             let place = Place::of(ledger, &ticket, minute);
             (ticket, Visitor::New, place)
         }
@@ -377,6 +397,7 @@ fn decide_for(
 /// without the engine having moved any counter.
 #[must_use]
 pub fn is_new_visitor(room: &Room, ticket: Option<&Ticket>, now: UnixMillis) -> bool {
+    let room = &room.at(now);
     match ticket
         .filter(|t| t.room == room.id())
         .and_then(|t| t.upgraded())
@@ -555,6 +576,31 @@ pub(crate) fn estimate(room: &Room, global: &GlobalState, bucket: Minute) -> Wai
         }
         _ => WaitEstimate::fifo(global.visitors_ahead(bucket), global.admits_per_minute),
     }
+}
+
+/// A ticket pre-queued for an event with `shuffle_at_event_start` is moved,
+/// once the event has started, to the bucket its id draws (see
+/// [`Shuffle`](crate::event::Shuffle)): its count leaves the arrival bucket
+/// through the ledger, and [`queue`] or [`admit`] counts it where it now is.
+/// Idempotent, and the same on every node.
+fn shuffle_at_event_start(
+    room: &Room,
+    ledger: &TicketLedger,
+    counters: &RoomCounters,
+    place: &mut Place,
+    mut ticket: Ticket,
+    now: UnixMillis,
+) -> Ticket {
+    if let Some(bucket) = room
+        .shuffle()
+        .and_then(|shuffle| shuffle.bucket(ticket.bucket, ticket.id))
+        && bucket != ticket.bucket
+    {
+        place.settle(ledger, counters, Counted::Nowhere, now, false);
+        ticket.bucket = bucket;
+        ticket.counted_waiting = None;
+    }
+    ticket
 }
 
 /// A ticket whose bucket the counters can no longer tell apart from a newer
@@ -1243,6 +1289,188 @@ mod tests {
             }
         ));
         assert_eq!(counters.admits(now.minute()).total(), 0);
+    }
+
+    /// A room of 10 / 10 (session 5 min) with one event: pre-queue from
+    /// 09:50, start 10:00:30 with a shuffle, session 10 min, end 11:00.
+    fn room_with_event() -> Room {
+        let event: crate::event::EventTable = toml::from_str(
+            r#"
+name = "sale"
+prequeue_start_time = "2021-05-27T09:50:00Z"
+event_start_time = "2021-05-27T10:00:30Z"
+event_end_time = "2021-05-27T11:00:00Z"
+session_duration = 10
+shuffle_at_event_start = true
+"#,
+        )
+        .unwrap();
+        let events = crate::event::validate_events(&[event], &config(10, 10)).unwrap();
+        room(10, 10).with_events(events)
+    }
+
+    /// Prequeue → start (shuffle) → end, with the engine alone.
+    #[test]
+    fn an_event_prequeues_shuffles_at_the_start_and_ends() {
+        let room = room_with_event();
+        let counters = RoomCounters::new_boxed(ROOM);
+
+        // Before the pre-queue: an open room admits, with the room's session.
+        let before = at(9, 49, 0);
+        let d = decide(&room, &open(before, 10), &counters, None, before, 1);
+        assert!(d.is_admitted(), "{d:?}");
+        assert_eq!(
+            d.ticket().counted_expiry,
+            Some(before.plus_minutes(5).expiry_slot())
+        );
+
+        // The pre-queue: everyone waits, wait time unknown, slots or not.
+        let arrive = |now: UnixMillis, rng: u64| {
+            let d = decide(&room, &open(now, 10), &counters, None, now, rng);
+            let Decision::Queue {
+                reason: QueueReason::QueueAll,
+                estimate,
+                ticket,
+                ..
+            } = d
+            else {
+                panic!("{d:?}")
+            };
+            assert!(!estimate.wait_time_known);
+            ticket
+        };
+        let first = arrive(at(9, 50, 0), 2);
+        assert_eq!(first.bucket, at(9, 50, 0).minute());
+        // In the start's own minute, before the start: the last pre-queue bucket.
+        let last = arrive(at(10, 0, 10), 3);
+        assert_eq!(last.bucket, at(9, 59, 0).minute());
+        // Checking in again (or a copy of the cookie) in the pre-queue: still waiting.
+        let again = at(9, 50, 30);
+        let d = decide(&room, &open(again, 10), &counters, Some(first), again, 4);
+        assert!(
+            matches!(
+                d,
+                Decision::Queue {
+                    reason: QueueReason::QueueAll,
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        assert_eq!(counters.admits(again.minute()).total(), 0);
+
+        // The start: tickets move to the bucket their id draws, not by arrival.
+        let shuffle = room.at(at(10, 1, 0)).shuffle().unwrap();
+        let (from, to) = (at(9, 50, 0).minute(), at(9, 59, 0).minute());
+        let id_for = |want: Minute| {
+            (1..10_000_u64)
+                .find(|&id| shuffle.bucket(from, id) == Some(want))
+                .unwrap()
+        };
+        // The earliest arrival draws the last bucket, the latest the first.
+        let early = Ticket {
+            id: id_for(to),
+            last_check_in: at(9, 50, 0),
+            ..Ticket::new_visitor(ROOM, at(9, 50, 0), 20)
+        };
+        let late = Ticket {
+            id: id_for(from),
+            last_check_in: at(9, 59, 50),
+            ..Ticket::new_visitor(ROOM, at(9, 59, 50), 20)
+        };
+        let now = at(10, 1, 0);
+        // One eligible slot for the one visitor counted in the first bucket.
+        let global = state(
+            now,
+            &[(from, 1), (to, 1)],
+            1,
+            PoolCounts {
+                eligible: 1,
+                ..PoolCounts::default()
+            },
+            false,
+        );
+        let d = decide(&room, &global, &counters, Some(early), now, 5);
+        let Decision::Queue {
+            reason: QueueReason::BehindOlderBuckets,
+            ticket: moved,
+            ..
+        } = d
+        else {
+            panic!("{d:?}")
+        };
+        assert_eq!(moved.bucket, to, "the early arrival drew the last bucket");
+        // A replayed copy of its pre-queue cookie lands in the same place.
+        let d = decide(&room, &global, &counters, Some(early), now, 6);
+        assert_eq!(d.ticket().bucket, to);
+        let d = decide(&room, &global, &counters, Some(late), now, 7);
+        let Decision::Admit {
+            reason: AdmitReason::Slot(Pool::Eligible),
+            ticket: admitted,
+            ..
+        } = d
+        else {
+            panic!("{d:?}")
+        };
+        assert_eq!(admitted.bucket, from);
+        // During the event: the event's session of 10 minutes.
+        assert_eq!(
+            admitted.counted_expiry,
+            Some(now.plus_minutes(10).expiry_slot())
+        );
+        // A newcomer after the start is behind the pre-queue, FIFO.
+        let d = decide(&room, &global, &counters, None, now, 8);
+        assert_eq!(d.ticket().bucket, now.minute());
+        assert!(!d.is_admitted());
+
+        // After the end: the room's own session again; stragglers keep their draw.
+        let after = at(11, 0, 0);
+        let d = decide(&room, &open(after, 10), &counters, None, after, 9);
+        assert!(d.is_admitted());
+        assert_eq!(
+            d.ticket().counted_expiry,
+            Some(after.plus_minutes(5).expiry_slot())
+        );
+        let straggler = Ticket {
+            last_check_in: after.minus_secs(20),
+            ..early
+        };
+        let d = decide(
+            &room,
+            &open(after, 10),
+            &counters,
+            Some(straggler),
+            after,
+            10,
+        );
+        assert_eq!(d.ticket().bucket, to);
+    }
+
+    /// Two nodes that never talked place the same pre-queued ticket in the
+    /// same drawn bucket, whichever checks it in first and however often.
+    #[test]
+    fn the_shuffle_is_the_same_on_every_node() {
+        let room = room_with_event();
+        let now = at(10, 2, 0);
+        let queued = |node: &RoomCounters, ticket: Ticket, rng: u64| {
+            // No slot anywhere: the ticket stays queued and shows its bucket.
+            let d = decide(&room, &open(now, 0), node, Some(ticket), now, rng);
+            assert!(!d.is_admitted(), "{d:?}");
+            d.ticket().bucket
+        };
+        for id in 1..200_u64 {
+            let arrived = at(9, 50, 0).plus_minutes(id % 10);
+            let ticket = Ticket {
+                id,
+                last_check_in: arrived,
+                ..Ticket::new_visitor(ROOM, arrived, 20)
+            };
+            let (a, b) = (RoomCounters::new_boxed(ROOM), RoomCounters::new_boxed(ROOM));
+            let on_a = queued(&a, ticket, id);
+            assert_eq!(on_a, queued(&b, ticket, id.wrapping_mul(7)));
+            assert_eq!(on_a, queued(&a, ticket, 3), "a replay on the same node");
+            assert!(on_a >= at(9, 50, 0).minute() && on_a < at(10, 0, 0).minute());
+        }
     }
 
     #[test]

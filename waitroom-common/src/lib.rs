@@ -54,6 +54,8 @@ pub mod engine;
 #[cfg(feature = "std")]
 pub mod estimate;
 #[cfg(feature = "std")]
+pub mod event;
+#[cfg(feature = "std")]
 pub mod ledger;
 #[cfg(feature = "std")]
 pub mod phase;

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     estimate::WaitEstimate,
+    event::{EventPhase, format_rfc3339},
     room::{QueueingMethod, Room},
     state::GlobalState,
     time::Minute,
@@ -50,6 +51,23 @@ impl RoomPhase {
             }
         }
     }
+}
+
+/// The scheduled event in force in `room` (a room made by
+/// [`Room::at`]), as the dashboards show it: `"prequeueing: sale (starts
+/// 2027-01-15T08:10:00Z)"`, `"active: sale (ends 2027-01-15T09:00:00Z)"`;
+/// `None` outside every event. `base` is the room as configured, for the
+/// event's name.
+#[must_use]
+pub fn event_phase(base: &Room, room: &Room) -> Option<String> {
+    let now = room.event()?;
+    let name = base.events().get(now.index).map_or("", |e| e.name.as_str());
+    Some(match now.phase {
+        EventPhase::Prequeueing => {
+            format!("prequeueing: {name} (starts {})", format_rfc3339(now.start))
+        }
+        EventPhase::Active => format!("active: {name} (ends {})", format_rfc3339(now.end)),
+    })
 }
 
 /// What a visitor queued in `minute` (one arriving now) would be told: the

@@ -77,20 +77,37 @@ impl std::fmt::Display for Implausible {
 /// plausibly hold in `room`.
 #[must_use]
 pub fn node_bounds(room: &Room) -> (u64, u64) {
-    if room.queueing_method() == QueueingMethod::Passthrough {
-        // Everyone is admitted: the limits do not bound the counts.
-        return (MAX_COUNT, MAX_COUNT);
+    // The widest of the room's own settings and its events' overrides: a
+    // session admitted under an event's higher limit outlives the event.
+    let settings = std::iter::once(room.config().clone())
+        .chain(room.events().iter().map(|e| e.apply(room.config())));
+    let mut bounds = (0, 0);
+    for config in settings {
+        if config.queueing_method == QueueingMethod::Passthrough {
+            // Everyone is admitted: the limits do not bound the counts.
+            return (MAX_COUNT, MAX_COUNT);
+        }
+        let bound = |limit: u64| {
+            limit
+                .saturating_mul(2)
+                .saturating_add(LIMIT_MARGIN)
+                .min(MAX_COUNT)
+        };
+        bounds = (
+            bounds.0.max(bound(config.total_active_users)),
+            bounds.1.max(bound(config.new_users_per_minute)),
+        );
     }
-    let bound = |limit: u64| {
-        limit
-            .saturating_mul(2)
-            .saturating_add(LIMIT_MARGIN)
-            .min(MAX_COUNT)
-    };
-    (
-        bound(room.total_active_users()),
-        bound(room.new_users_per_minute()),
-    )
+    bounds
+}
+
+/// The longest session `room` or one of its events gives, minutes.
+fn longest_session(room: &Room) -> u64 {
+    room.events()
+        .iter()
+        .filter_map(|e| e.session_duration)
+        .map(u64::from)
+        .fold(room.session_minutes(), u64::max)
 }
 
 impl RoomReport {
@@ -102,7 +119,7 @@ impl RoomReport {
         let (sessions, admits) = node_bounds(room);
         // Far expiries are reported at the last slot of their minute.
         let last_expiry = ExpirySlot::end_of_minute(
-            now.plus_minutes(room.session_minutes() + EXPIRY_SLACK_MINUTES)
+            now.plus_minutes(longest_session(room) + EXPIRY_SLACK_MINUTES)
                 .minute(),
         );
         let next = minute.plus(1);

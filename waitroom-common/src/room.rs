@@ -7,7 +7,12 @@
 //! arbitrary are there because fixed-size rings in
 //! [`RoomCounters`](crate::counters::RoomCounters) depend on them.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
+
+use crate::event::{Event, EventNow, EventPhase, Shuffle};
+use crate::time::UnixMillis;
 
 /// Longest session the counters can track: the session-expiry ring covers
 /// one day ahead of now.
@@ -285,15 +290,34 @@ impl RoomConfig {
         Ok(Room {
             id: RoomId::default(),
             config: self,
+            events: None,
+            event: None,
+            shuffle: None,
         })
     }
 }
 
 /// A validated room. Only [`RoomConfig::validate`] makes one.
+///
+/// A room with scheduled events is asked for the room as it stands at an
+/// instant with [`Room::at`]: the event's overrides applied, the pre-queue
+/// as `queue_all`. That room has no events of its own (so making it copies
+/// nothing and moves no shared reference count on the request path); it
+/// knows the event in force ([`Room::event`]) and the latest shuffle
+/// ([`Room::shuffle`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Room {
     id: RoomId,
     config: RoomConfig,
+    /// The scheduled events (validated, without overlaps); `None` when the
+    /// room has none and in a room made by [`Room::at`].
+    events: Option<Arc<[Event]>>,
+    /// In a room made by [`Room::at`]: the event in force at that instant.
+    event: Option<EventNow>,
+    /// In a room made by [`Room::at`]: the shuffle of the latest event that
+    /// started with one (its pre-queued tickets keep being placed by it
+    /// after the event ended, for those still waiting).
+    shuffle: Option<Shuffle>,
 }
 
 impl Room {
@@ -356,6 +380,89 @@ impl Room {
     #[must_use]
     pub fn refresh_interval_secs(&self) -> u16 {
         self.config.refresh_interval
+    }
+
+    /// The same room with these scheduled events (see [`validate_events`]
+    /// for the rules they have been checked against).
+    ///
+    /// [`validate_events`]: crate::event::validate_events
+    #[must_use]
+    pub fn with_events(mut self, events: Vec<Event>) -> Self {
+        self.events = (!events.is_empty()).then(|| events.into());
+        self
+    }
+
+    /// The scheduled events, in the order they were configured.
+    #[must_use]
+    pub fn events(&self) -> &[Event] {
+        self.events.as_deref().unwrap_or(&[])
+    }
+
+    /// The room as it stands at `now`: with the overrides of the event in
+    /// force (a suspended event is ignored, as in Cloudflare). In the
+    /// pre-queue every visitor without a session waits (`queue_all`), and a
+    /// method that does not queue (`passthrough`, `reject`) queues FIFO
+    /// until the start, since a pre-queue admits nobody and turns nobody
+    /// away.
+    #[must_use]
+    pub fn at(&self, now: UnixMillis) -> Self {
+        let Some(events) = &self.events else {
+            return self.clone();
+        };
+        let mut room = Self {
+            id: self.id,
+            config: self.config.clone(),
+            events: None,
+            event: None,
+            shuffle: None,
+        };
+        let mut latest_shuffle: Option<Shuffle> = None;
+        for (index, event) in events.iter().enumerate().filter(|(_, e)| !e.suspended) {
+            if let Some(shuffle) = event.shuffle(self.id.0)
+                && shuffle.starts <= now
+                && latest_shuffle.is_none_or(|s| s.starts < shuffle.starts)
+            {
+                latest_shuffle = Some(shuffle);
+            }
+            if event.opens() <= now && now < event.end {
+                let phase = if now < event.start {
+                    EventPhase::Prequeueing
+                } else {
+                    EventPhase::Active
+                };
+                room.config = event.apply(&self.config);
+                if phase == EventPhase::Prequeueing {
+                    room.config.queue_all = true;
+                    if matches!(
+                        room.config.queueing_method,
+                        QueueingMethod::Passthrough | QueueingMethod::Reject
+                    ) {
+                        room.config.queueing_method = QueueingMethod::Fifo;
+                    }
+                }
+                room.event = Some(EventNow {
+                    index,
+                    phase,
+                    start: event.start,
+                    end: event.end,
+                    shuffle_at_event_start: event.shuffle_at_event_start,
+                });
+            }
+        }
+        room.shuffle = latest_shuffle;
+        room
+    }
+
+    /// The event in force, in a room made by [`Room::at`].
+    #[must_use]
+    pub fn event(&self) -> Option<EventNow> {
+        self.event
+    }
+
+    /// The latest shuffle that applies, in a room made by [`Room::at`].
+    #[must_use]
+    pub fn shuffle(&self) -> Option<Shuffle> {
+        self.shuffle
     }
 
     /// Changes the queueing method of a running room (an operator's switch);

@@ -33,6 +33,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+use crate::event::{EventTable, EventsError, validate_events};
 use crate::room::{
     CookieSameSite, CookieSecure, DEFAULT_REFRESH_SECS, DEFAULT_SESSION_MINUTES,
     DEFAULT_TICKET_CONNECTION_BUDGET, DEFAULT_TICKET_CONNECTION_WINDOW_SECS, QueueingMethod, Room,
@@ -123,6 +124,9 @@ pub struct RoomTable {
     /// room covered them. For an incident or a maintenance window.
     #[serde(default)]
     pub suspended: bool,
+    /// Scheduled events (`[[rooms.events]]`), see [`crate::event`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<EventTable>,
 }
 
 /// The keys of a [`RoomTable`] that belong to the node that serves the room:
@@ -290,6 +294,8 @@ pub enum RoomTableError {
     QueueStatus { status: u16 },
     #[error(transparent)]
     Limits(#[from] RoomError),
+    #[error(transparent)]
+    Events(#[from] EventsError),
 }
 
 impl RoomTableError {
@@ -312,6 +318,7 @@ impl RoomTableError {
             Self::ExpectedStatus { .. } => "health.expected_status".into(),
             Self::QueueStatus { .. } => "queue_status".into(),
             Self::Limits(e) => e.field().into(),
+            Self::Events(e) => e.key(),
         }
     }
 }
@@ -404,6 +411,7 @@ impl RoomTable {
             ticket_connection_window_secs: config.ticket_connection_window_secs,
             ticket_binding: config.ticket_binding,
             suspended: false,
+            events: Vec::new(),
         }
     }
 
@@ -510,7 +518,9 @@ impl RoomTable {
                 status: self.queue_status,
             });
         }
-        Ok(self.limits().validate()?.named(&self.id))
+        let limits = self.limits();
+        let room = limits.clone().validate()?.named(&self.id);
+        Ok(room.with_events(validate_events(&self.events, &limits)?))
     }
 }
 

@@ -158,6 +158,8 @@ impl GlobalState {
         rate: &mut AdmitRate,
         now: UnixMillis,
     ) -> Self {
+        // The limits in force now (a scheduled event's overrides).
+        let room = &room.at(now);
         let minute = now.minute();
         rate.fold_until(minute, |m| counters.admits(m).total());
         let (used, active) = counters.admits_and_active(now);

@@ -29,7 +29,7 @@ use waitroom_runtime::{
     shutdown::Shutdown,
 };
 
-use waitroom_common::phase::{RoomPhase, arrival_estimate};
+use waitroom_common::phase::{RoomPhase, arrival_estimate, event_phase};
 
 use crate::{config::NodeSection, node::Node, xdp};
 
@@ -367,7 +367,9 @@ pub(crate) fn status(node: &Node) -> serde_json::Value {
             let c = node.room_counters(i);
             let state = room.state.load();
             let live = room.live.load();
-            let cfg = live.engine.config();
+            // As the engine decides now: a scheduled event's overrides.
+            let engine = live.engine.at(now);
+            let cfg = engine.config();
             serde_json::json!({
                 "id": room.spec.id,
                 "suspended": live.suspended,
@@ -386,8 +388,9 @@ pub(crate) fn status(node: &Node) -> serde_json::Value {
                 "admits_per_minute": state.admits_per_minute,
                 "state_age_ms": now.0.saturating_sub(state.as_of.0),
                 "buckets": state.buckets,
-                "phase": RoomPhase::of(&live.engine, &state),
-                "wait_estimate": arrival_estimate(&live.engine, &state, minute),
+                "phase": RoomPhase::of(&engine, &state),
+                "event_phase": event_phase(&live.engine, &engine),
+                "wait_estimate": arrival_estimate(&engine, &state, minute),
             })
         })
         .collect();

@@ -599,6 +599,18 @@ mod tests {
                 "rooms[0].origin_timeout_ms",
             ),
             (ROOM.replace("id = \"shop\"\n", ""), "rooms[0].id"),
+            (
+                format!(
+                    "{ROOM}[[rooms.events]]\nname = \"sale\"\nevent_start_time = \"2026-12-01T10:00:00Z\"\nevent_end_time = \"2026-12-01T09:00:00Z\"\n"
+                ),
+                "rooms[0].events[0].event_end_time",
+            ),
+            (
+                format!(
+                    "{ROOM}[[rooms.events]]\nname = \"sale\"\nprequeue_start_time = \"2026-12-01T09:30:00\"\nevent_start_time = \"2026-12-01T10:00:00Z\"\nevent_end_time = \"2026-12-01T11:00:00Z\"\n"
+                ),
+                "rooms[0].events[0].prequeue_start_time",
+            ),
         ];
         for (text, key) in cases {
             let err = parse(&text).unwrap_err();

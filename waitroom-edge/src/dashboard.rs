@@ -26,6 +26,9 @@ struct Status {
 struct RoomStatus {
     id: String,
     phase: RoomPhase,
+    /// The scheduled event in force (`phase::event_phase`); absent: none.
+    #[serde(default)]
+    event_phase: Option<String>,
     wait_estimate: WaitEstimate,
     total_active_users: u64,
     new_users_per_minute: u64,
@@ -60,7 +63,7 @@ pub fn view(status: serde_json::Value, at_ms: u64) -> Result<Dashboard, serde_js
             .map(|r| RoomView {
                 id: r.id,
                 phase: r.phase,
-                event_phase: None,
+                event_phase: r.event_phase,
                 total_active_users: r.total_active_users,
                 new_users_per_minute: r.new_users_per_minute,
                 counts: Counts {

@@ -119,6 +119,9 @@ pub struct RoomLive {
     /// The engine's room: limits, queueing method, cookie attributes.
     pub engine: Room,
     pub page: queue_page::QueuePage,
+    /// The queue page of each scheduled event (by position in the room's
+    /// events); `None`: the room's page.
+    pub event_pages: Vec<Option<queue_page::QueuePage>>,
     /// HTTP status of the queue page.
     pub queue_status: u16,
     /// The room is out of the way: straight to the origin, nothing counted.
@@ -136,12 +139,48 @@ impl RoomLive {
             }
             None => queue_page::QueuePage::builtin(),
         };
+        let event_pages = spec
+            .engine
+            .events()
+            .iter()
+            .map(|event| {
+                event
+                    .queue_page
+                    .as_ref()
+                    .map(|path| {
+                        let source = std::fs::read_to_string(path).with_context(|| {
+                            format!(
+                                "room {}: event {}: reading queue_page {}",
+                                spec.id,
+                                event.name,
+                                path.display()
+                            )
+                        })?;
+                        Ok::<_, anyhow::Error>(queue_page::QueuePage::from_source(
+                            &path.display().to_string(),
+                            source,
+                        )?)
+                    })
+                    .transpose()
+            })
+            .collect::<anyhow::Result<_>>()?;
         Ok(Self {
             engine: spec.engine.clone(),
             page,
+            event_pages,
             queue_status: spec.queue_status,
             suspended: spec.suspended,
         })
+    }
+
+    /// The queue page for `engine` (the room as it stands now): the page of
+    /// the event in force, if it names one, or the room's.
+    #[must_use]
+    pub fn page_for(&self, engine: &Room) -> &queue_page::QueuePage {
+        engine
+            .event()
+            .and_then(|event| self.event_pages.get(event.index)?.as_ref())
+            .unwrap_or(&self.page)
     }
 }
 

@@ -3,11 +3,19 @@
 //! The variables are those of the hosted product the operators know (seed 001):
 //! `waitTime`, `waitTime25Percentile`…, `waitTimeFormatted`, `queueIsFull`,
 //! `queueAll`, `lastUpdated`, `refreshIntervalSeconds`, `queueingMethod`,
-//! `isFIFOQueue`, `isRandomQueue`, plus `visitorsAhead`. The built-in page works
+//! `isFIFOQueue`, `isRandomQueue`, the scheduled event's `isEventActive`,
+//! `isEventPrequeueing`, `timeUntilEventStart(Formatted)`,
+//! `timeUntilEventEnd(Formatted)`, `shuffleAtEventStart`, plus our
+//! `visitorsAhead`, `eventStartTime` and `eventEndTime` (RFC 3339). The built-in page works
 //! without JavaScript: it refreshes itself with `<meta http-equiv="refresh">`
 //! and the response's `Refresh` header after the ticket's own interval.
 use ramhorns::{Content, Template};
 use serde::Serialize;
+use waitroom_common::{
+    event::{EventPhase, format_rfc3339},
+    room::Room,
+    time::UnixMillis,
+};
 
 /// Everything a queue page or an app is told.
 #[derive(Debug, Clone, Content, Serialize)]
@@ -39,9 +47,77 @@ pub struct QueueView {
     pub is_fifo_queue: bool,
     pub is_random_queue: bool,
     pub visitors_ahead: u64,
+    /// A scheduled event is in force and has started (Cloudflare's name).
+    pub is_event_active: bool,
+    /// A scheduled event's pre-queue: nobody is admitted before the start,
+    /// and `waitTimeKnown` is false (Cloudflare's name).
+    pub is_event_prequeueing: bool,
+    /// Whole minutes until the event starts, rounded up; 0 outside a
+    /// pre-queue (Cloudflare's name).
+    pub time_until_event_start: u64,
+    pub time_until_event_start_formatted: String,
+    /// Whole minutes until the event ends, rounded up; 0 outside an event.
+    pub time_until_event_end: u64,
+    pub time_until_event_end_formatted: String,
+    /// The pre-queue is shuffled at the start: arriving early gives no
+    /// better place (Cloudflare's name).
+    pub shuffle_at_event_start: bool,
+    /// RFC 3339 (UTC) start of the event in force; empty outside one (ours:
+    /// Cloudflare gives only the minutes until it).
+    pub event_start_time: String,
+    /// RFC 3339 (UTC) end of the event in force; empty outside one (ours).
+    pub event_end_time: String,
     /// The room's name (for templates).
     #[serde(skip)]
     pub room: String,
+}
+
+/// The event variables of a [`QueueView`], from the room as it stands at
+/// `now` ([`Room::at`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventVars {
+    pub is_event_active: bool,
+    pub is_event_prequeueing: bool,
+    pub time_until_event_start: u64,
+    pub time_until_event_end: u64,
+    pub shuffle_at_event_start: bool,
+    pub event_start_time: String,
+    pub event_end_time: String,
+}
+
+impl EventVars {
+    /// What the page says of the event in force in `room` at `now`.
+    #[must_use]
+    pub fn of(room: &Room, now: UnixMillis) -> Self {
+        let Some(event) = room.event() else {
+            return Self::default();
+        };
+        let minutes_until = |t: UnixMillis| t.0.saturating_sub(now.0).div_ceil(60_000);
+        let prequeue = event.phase == EventPhase::Prequeueing;
+        Self {
+            is_event_active: !prequeue,
+            is_event_prequeueing: prequeue,
+            time_until_event_start: if prequeue {
+                minutes_until(event.start)
+            } else {
+                0
+            },
+            time_until_event_end: minutes_until(event.end),
+            shuffle_at_event_start: event.shuffle_at_event_start,
+            event_start_time: format_rfc3339(event.start),
+            event_end_time: format_rfc3339(event.end),
+        }
+    }
+}
+
+/// "in 5 minutes", "in 1 minute", "now".
+#[must_use]
+pub fn format_until(minutes: u64) -> String {
+    match minutes {
+        0 => "now".into(),
+        1 => "in 1 minute".into(),
+        n => format!("in {n} minutes"),
+    }
 }
 
 /// "about 10 minutes", "5 minutes to 15 minutes", "less than a minute".
@@ -86,7 +162,8 @@ pub const DEFAULT_TEMPLATE: &str = r#"<!doctype html>
 <body>
 <main id="waitroom-queue">
 <h1>You are in line</h1>
-<p>This site is busy right now. We are letting people in as room frees up{{#isRandomQueue}}, at random among everyone waiting{{/isRandomQueue}}{{#isFIFOQueue}}, in the order they arrived{{/isFIFOQueue}}.</p>
+{{#isEventPrequeueing}}<p id="event-prequeue">The event has not started yet. It starts at <strong id="event-start">{{eventStartTime}}</strong> ({{timeUntilEventStartFormatted}}); nobody goes in before then.{{#shuffleAtEventStart}} When it starts, everyone waiting here gets a place in line at random: arriving early gives no better place, and neither does reloading.{{/shuffleAtEventStart}}</p>{{/isEventPrequeueing}}
+{{^isEventPrequeueing}}<p>This site is busy right now. We are letting people in as room frees up{{#isRandomQueue}}, at random among everyone waiting{{/isRandomQueue}}{{#isFIFOQueue}}, in the order they arrived{{/isFIFOQueue}}.</p>{{/isEventPrequeueing}}
 {{#queueIsFull}}<p class="wait">The line is very long.</p><p>Your estimated wait is more than a day. Please keep this page open or try again later.</p>{{/queueIsFull}}
 {{^queueIsFull}}
 <p class="muted">Estimated wait</p>
@@ -169,8 +246,64 @@ mod tests {
             is_fifo_queue: fifo,
             is_random_queue: !fifo,
             visitors_ahead: 42,
+            is_event_active: false,
+            is_event_prequeueing: false,
+            time_until_event_start: 0,
+            time_until_event_start_formatted: format_until(0),
+            time_until_event_end: 0,
+            time_until_event_end_formatted: format_until(0),
+            shuffle_at_event_start: false,
+            event_start_time: String::new(),
+            event_end_time: String::new(),
             room: "shop".into(),
         }
+    }
+
+    fn prequeue_view() -> QueueView {
+        QueueView {
+            wait_time_known: false,
+            wait_time_formatted: format_wait(false, true, 0, 0, 0, false),
+            queue_all: true,
+            is_event_prequeueing: true,
+            time_until_event_start: 7,
+            time_until_event_start_formatted: format_until(7),
+            time_until_event_end: 67,
+            time_until_event_end_formatted: format_until(67),
+            shuffle_at_event_start: true,
+            event_start_time: "2027-01-15T08:10:00Z".into(),
+            event_end_time: "2027-01-15T09:10:00Z".into(),
+            ..view(true)
+        }
+    }
+
+    #[test]
+    fn the_prequeue_page_says_the_event_has_not_started() {
+        let html = QueuePage::builtin().render(&prequeue_view());
+        assert!(html.contains("The event has not started yet"), "{html}");
+        assert!(html.contains(">2027-01-15T08:10:00Z<"), "{html}");
+        assert!(html.contains("in 7 minutes"));
+        assert!(html.contains("at random"));
+        assert!(html.contains("being calculated"));
+        assert!(!html.contains("This site is busy"));
+        let normal = QueuePage::builtin().render(&view(true));
+        assert!(!normal.contains("has not started"));
+        let v: serde_json::Value = serde_json::from_str(&json(&prequeue_view())).unwrap();
+        let w = &v["waitingRoom"];
+        assert_eq!(w["waitTimeKnown"], false);
+        assert_eq!(w["isEventPrequeueing"], true);
+        assert_eq!(w["isEventActive"], false);
+        assert_eq!(w["timeUntilEventStart"], 7);
+        assert_eq!(w["eventStartTime"], "2027-01-15T08:10:00Z");
+        assert_eq!(w["shuffleAtEventStart"], true);
+        let custom = QueuePage::from_source(
+            "e.html",
+            "{{#isEventPrequeueing}}opens {{eventStartTime}}{{/isEventPrequeueing}}".into(),
+        )
+        .unwrap();
+        assert_eq!(
+            custom.render(&prequeue_view()),
+            "opens 2027-01-15T08:10:00Z"
+        );
     }
 
     #[test]

@@ -151,7 +151,9 @@ async fn answer(
     let room = &node.rooms[index];
     trace.room = Some(index as u16);
     let live = room.live.load_full();
-    let engine_room = &live.engine;
+    let now = node.clock.now();
+    // The room as it stands now: a scheduled event's overrides (`Room::at`).
+    let engine_room = &live.engine.at(now);
 
     // 1b. A suspended room is out of the way (Cloudflare's `suspended`):
     //     to the origin, no ticket, no count, as if no room covered it.
@@ -181,7 +183,7 @@ async fn answer(
                 resp
             }
             Err(err) => {
-                room.metrics.proxy_errors.fetch_add(1, Relaxed);
+                room.metrics.count(RoomCount::ProxyErrors);
                 proxy::error_page(&err)
             }
         };
@@ -189,7 +191,6 @@ async fn answer(
 
     // 2. The ticket: whatever does not open is a new visitor, counted by why.
     let started = Instant::now();
-    let now = node.clock.now();
     let now_secs = now.0 / 1_000;
     let config = engine_room.config();
     let mut ticket = open_ticket(node, room, engine_room, req.headers(), now);
@@ -498,11 +499,15 @@ fn queue_response(
     json: bool,
     set_cookie: Option<HeaderValue>,
 ) -> Response<Body> {
-    let view = queue_view(room, live, ticket, estimate, now);
+    let engine = live.engine.at(now);
+    let view = queue_view(room, &engine, ticket, estimate, now);
     let (body, content_type) = if json {
         (queue_page::json(&view), "application/json")
     } else {
-        (live.page.render(&view), "text/html; charset=utf-8")
+        (
+            live.page_for(&engine).render(&view),
+            "text/html; charset=utf-8",
+        )
     };
     let mut resp = Response::new(full(body));
     *resp.status_mut() = StatusCode::from_u16(live.queue_status).unwrap_or(StatusCode::OK);
@@ -522,12 +527,13 @@ fn queue_response(
 /// What the template and the JSON say, from the engine's estimate.
 pub fn queue_view(
     room: &RoomRuntime,
-    live: &RoomLive,
+    engine: &Room,
     ticket: &Ticket,
     estimate: &WaitEstimate,
     now: UnixMillis,
 ) -> QueueView {
-    let method = live.engine.queueing_method();
+    let method = engine.queueing_method();
+    let event = queue_page::EventVars::of(engine, now);
     let fifo = method != QueueingMethod::Random;
     let [p25, p50, p75] = estimate.whole_percentiles().map(u64::from);
     let minutes = u64::from(estimate.whole_minutes());
@@ -552,7 +558,7 @@ pub fn queue_view(
             estimate.queue_is_full,
         ),
         queue_is_full: estimate.queue_is_full,
-        queue_all: live.engine.queue_all(),
+        queue_all: engine.queue_all(),
         last_updated: rfc3339(now),
         refresh_interval_seconds: u64::from(ticket.refresh_interval_secs),
         queueing_method: match method {
@@ -565,6 +571,15 @@ pub fn queue_view(
         is_fifo_queue: fifo,
         is_random_queue: !fifo,
         visitors_ahead: estimate.visitors_ahead,
+        is_event_active: event.is_event_active,
+        is_event_prequeueing: event.is_event_prequeueing,
+        time_until_event_start: event.time_until_event_start,
+        time_until_event_start_formatted: queue_page::format_until(event.time_until_event_start),
+        time_until_event_end: event.time_until_event_end,
+        time_until_event_end_formatted: queue_page::format_until(event.time_until_event_end),
+        shuffle_at_event_start: event.shuffle_at_event_start,
+        event_start_time: event.event_start_time,
+        event_end_time: event.event_end_time,
         room: room.spec.id.clone(),
     }
 }
