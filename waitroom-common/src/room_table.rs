@@ -29,6 +29,7 @@ use std::{
 
 use serde::Deserialize;
 
+use crate::bypass::{self, BypassError, BypassRule};
 use crate::room::{
     CookieSameSite, CookieSecure, DEFAULT_REFRESH_SECS, DEFAULT_SESSION_MINUTES,
     DEFAULT_TICKET_CONNECTION_BUDGET, DEFAULT_TICKET_CONNECTION_WINDOW_SECS, QueueingMethod, Room,
@@ -114,6 +115,11 @@ pub struct RoomTable {
     /// `"none"` or `"network"`: bind tickets to the client's /24 or /48.
     #[serde(default)]
     pub ticket_binding: TicketBinding,
+
+    /// `[[rooms.bypass]]`: requests that go to the origin without a ticket
+    /// and without counting (see [`crate::bypass`]).
+    #[serde(default)]
+    pub bypass: Vec<BypassRule>,
 }
 
 /// How a request picks a pool among the healthy ones.
@@ -264,6 +270,12 @@ pub enum RoomTableError {
     QueueStatus { status: u16 },
     #[error(transparent)]
     Limits(#[from] RoomError),
+    /// A `[[rooms.bypass]]` rule (`rule`: its index; `None`: the list).
+    #[error("{problem}")]
+    Bypass {
+        rule: Option<usize>,
+        problem: BypassError,
+    },
 }
 
 impl RoomTableError {
@@ -286,6 +298,14 @@ impl RoomTableError {
             Self::ExpectedStatus { .. } => "health.expected_status".into(),
             Self::QueueStatus { .. } => "queue_status".into(),
             Self::Limits(e) => e.field().into(),
+            Self::Bypass { rule: None, .. } => "bypass".into(),
+            Self::Bypass {
+                rule: Some(i),
+                problem,
+            } => match problem.field() {
+                "" => format!("bypass[{i}]"),
+                key => format!("bypass[{i}].{key}"),
+            },
         }
     }
 }
@@ -429,6 +449,8 @@ impl RoomTable {
                 status: self.queue_status,
             });
         }
+        bypass::validate_rules(&self.bypass)
+            .map_err(|(rule, problem)| RoomTableError::Bypass { rule, problem })?;
         Ok(self.limits().validate()?.named(&self.id))
     }
 }

@@ -146,6 +146,8 @@ impl Sink {
 pub enum Outcome {
     /// Proxied to the origin.
     Admitted,
+    /// Proxied to the origin by a bypass rule: no ticket, nothing counted.
+    Bypassed,
     /// Answered with the queue page (or its JSON).
     Queued,
     /// The room's queueing method is `reject`: 403.
@@ -166,6 +168,7 @@ impl Outcome {
     pub fn label(self) -> &'static str {
         match self {
             Self::Admitted => "admitted",
+            Self::Bypassed => "bypassed",
             Self::Queued => "queued",
             Self::Rejected => "rejected",
             Self::TooManyNewTickets => "too_many_new_tickets",

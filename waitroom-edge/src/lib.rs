@@ -45,6 +45,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod bypass;
 pub mod check;
 pub mod config;
 pub mod cookie;

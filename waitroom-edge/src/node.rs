@@ -118,6 +118,8 @@ pub struct RoomLive {
     pub page: queue_page::QueuePage,
     /// HTTP status of the queue page.
     pub queue_status: u16,
+    /// Requests that skip the queue and the counts (`[[rooms.bypass]]`).
+    pub bypass: crate::bypass::BypassRules,
 }
 
 impl RoomLive {
@@ -135,6 +137,8 @@ impl RoomLive {
             engine: spec.engine.clone(),
             page,
             queue_status: spec.queue_status,
+            bypass: crate::bypass::BypassRules::new(&spec.bypass)
+                .with_context(|| format!("room {}: bypass rules", spec.id))?,
         })
     }
 }

@@ -151,6 +151,7 @@ impl Node {
             if before.engine.config() != live.engine.config() {
                 changes.push(format!("room {}: limits or method", room.spec.id));
             }
+            live.bypass.carry_over(&before.bypass);
             room.live.store(Arc::new(live));
         }
         if let Some(keys) = keys {

@@ -31,6 +31,8 @@ pub struct RoomSpec {
     pub queue_page: Option<std::path::PathBuf>,
     /// The engine's room: limits, method, cookie attributes, validated.
     pub engine: Room,
+    /// `[[rooms.bypass]]`, validated (compiled into [`crate::bypass`]).
+    pub bypass: Vec<waitroom_common::bypass::BypassRule>,
 }
 
 impl RoomSpec {
@@ -49,6 +51,7 @@ impl RoomSpec {
             queue_status: table.queue_status,
             queue_page: table.queue_page.clone(),
             engine,
+            bypass: table.bypass.clone(),
         })
     }
 }

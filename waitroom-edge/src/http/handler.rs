@@ -23,7 +23,7 @@ use waitroom_runtime::{
 
 use crate::{
     access_log::{self, Outcome, Trace},
-    cookie,
+    bypass, cookie,
     forwarded::Forwarding,
     http::ConnInfo,
     metrics::{CookieFailure, Defence},
@@ -115,7 +115,7 @@ async fn answer(
 
     // 1. The room, by the one spelling of the target (`crate::target`); the
     //    origin gets that spelling too.
-    let (index, rewrite) = match target::normalize(req.uri(), req.headers()) {
+    let (index, rewrite, bypassed) = match target::normalize(req.uri(), req.headers()) {
         Ok(t) => {
             let Some(index) = node.routes.route(&t) else {
                 node.metrics.requests_unmatched.fetch_add(1, Relaxed);
@@ -125,9 +125,21 @@ async fn answer(
             let changed = req.uri().authority().is_some()
                 || matches!(t.host, std::borrow::Cow::Owned(_))
                 || t.path(merge) != req.uri().path();
+            // Bypass rules see the spelling that was routed and is forwarded.
+            let rules = &node.rooms[index].live.load().bypass;
+            let bypassed = !rules.is_empty()
+                && rules
+                    .find(&bypass::Probe {
+                        method: req.method(),
+                        path: t.path(merge),
+                        headers: req.headers(),
+                        client: conn.client,
+                    })
+                    .is_some();
             (
                 index,
                 changed.then(|| (t.path_and_query(merge), t.host_header())),
+                bypassed,
             )
         }
         Err(err) => {
@@ -150,6 +162,12 @@ async fn answer(
     }
     let room = &node.rooms[index];
     trace.room = Some(index as u16);
+
+    // 1b. A bypass rule: to the origin without a ticket, nothing counted.
+    if bypassed {
+        trace.outcome = Outcome::Bypassed;
+        return to_origin(node, worker, room, req, conn, hop, scheme, trace).await;
+    }
     let live = room.live.load_full();
     let engine_room = &live.engine;
 
@@ -266,44 +284,7 @@ async fn answer(
                 &room.metrics.admitted_new
             };
             counter.fetch_add(1, Relaxed);
-            let proxy_started = Instant::now();
-            let timeout = room.spec.origin_timeout;
-            let result = proxy::forward(
-                &worker.client,
-                &room.upstream,
-                timeout,
-                req,
-                &proxy::OriginRequest {
-                    forwarding: Forwarding {
-                        client: conn.client,
-                        hop,
-                        trusted: node.settings.trusted_proxies.contains(hop),
-                        scheme,
-                    },
-                    via: &node.settings.via,
-                    defences: &node.defences,
-                    now_secs: now.0 / 1_000,
-                },
-            )
-            .await;
-            let proxy_time = proxy_started.elapsed();
-            room.metrics.proxy_latency.observe(proxy_time);
-            trace.upstream_micros = Some(proxy_time.as_micros() as u64);
-            let mut resp = match result {
-                Ok(resp) => {
-                    trace.upstream_status = Some(resp.status().as_u16());
-                    resp
-                }
-                Err(err) => {
-                    let counter = if matches!(err, proxy::ProxyError::ClientBody { .. }) {
-                        &room.metrics.client_body_errors
-                    } else {
-                        &room.metrics.proxy_errors
-                    };
-                    counter.fetch_add(1, Relaxed);
-                    proxy::error_page(&err)
-                }
-            };
+            let mut resp = to_origin(node, worker, room, req, conn, hop, scheme, trace).await;
             if let Some(c) = set_cookie {
                 resp.headers_mut().append(header::SET_COOKIE, c);
             }
@@ -326,6 +307,61 @@ async fn answer(
             trace.visitor = Some(visitor.into());
             room.metrics.rejected.fetch_add(1, Relaxed);
             rejected(set_cookie)
+        }
+    }
+}
+
+/// Forwards the request to one of the room's origins (`proxy::forward`),
+/// timing it; a failure becomes its error page.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the request's whole context, passed down once"
+)]
+async fn to_origin(
+    node: &Node,
+    worker: &Worker,
+    room: &RoomRuntime,
+    req: Request<Incoming>,
+    conn: ConnInfo,
+    hop: std::net::IpAddr,
+    scheme: &'static str,
+    trace: &mut Trace,
+) -> Response<Body> {
+    let proxy_started = Instant::now();
+    let result = proxy::forward(
+        &worker.client,
+        &room.upstream,
+        room.spec.origin_timeout,
+        req,
+        &proxy::OriginRequest {
+            forwarding: Forwarding {
+                client: conn.client,
+                hop,
+                trusted: node.settings.trusted_proxies.contains(hop),
+                scheme,
+            },
+            via: &node.settings.via,
+            defences: &node.defences,
+            now_secs: node.clock.now().0 / 1_000,
+        },
+    )
+    .await;
+    let proxy_time = proxy_started.elapsed();
+    room.metrics.proxy_latency.observe(proxy_time);
+    trace.upstream_micros = Some(proxy_time.as_micros() as u64);
+    match result {
+        Ok(resp) => {
+            trace.upstream_status = Some(resp.status().as_u16());
+            resp
+        }
+        Err(err) => {
+            let counter = if matches!(err, proxy::ProxyError::ClientBody { .. }) {
+                &room.metrics.client_body_errors
+            } else {
+                &room.metrics.proxy_errors
+            };
+            counter.fetch_add(1, Relaxed);
+            proxy::error_page(&err)
         }
     }
 }
