@@ -2,11 +2,7 @@
 //! lets its static assets, health check, partner API and office through to
 //! the origin, with no cookie and no count moved; the spellings an attacker
 //! would try on a protected path land in the queue.
-use std::{
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
-    time::Duration,
-};
+use std::net::SocketAddr;
 
 use waitroom_tests::{
     edge::{QUEUE, SITE, client, get, metric},
@@ -38,33 +34,20 @@ name = "office"
 client_cidrs = ["10.20.0.0/16"]
 "#;
 
-/// One request written byte for byte (no client library normalizes the
-/// target): the status, the head and the body.
+/// The status, the head (lower-cased, to look for header names) and the body.
 fn raw(
     addr: SocketAddr,
     method: &str,
     target: &str,
     headers: &[(&str, &str)],
 ) -> (u16, String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut req =
-        format!("{method} {target} HTTP/1.1\r\nHost: shop.example\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, head.to_ascii_lowercase(), body.to_owned())
+    let r = waitroom_tests::raw::request(addr, method, target, headers);
+    let head: String = r
+        .headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\n").to_ascii_lowercase())
+        .collect();
+    (r.status, head, r.body)
 }
 
 fn metrics(node: &InProcNode) -> String {

@@ -120,6 +120,40 @@ pub struct RoomTable {
     /// and without counting (see [`crate::bypass`]).
     #[serde(default)]
     pub bypass: Vec<BypassRule>,
+
+    /// Commands the origin may give in a response header (Cloudflare's
+    /// `enabled_origin_commands`); none by default.
+    #[serde(default)]
+    pub enabled_origin_commands: Vec<OriginCommand>,
+    /// The response header that carries them; always removed before the
+    /// response reaches the visitor, allowed or not.
+    #[serde(default = "default_origin_command_header")]
+    pub origin_command_header: String,
+}
+
+/// What an origin may tell the room about the visitor of a response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OriginCommand {
+    /// End the visitor's session now and free its slot (a checkout is done).
+    Revoke,
+}
+
+impl OriginCommand {
+    /// The header value that gives the command.
+    #[must_use]
+    pub fn token(self) -> &'static str {
+        match self {
+            Self::Revoke => "revoke",
+        }
+    }
+}
+
+/// The default of `origin_command_header`.
+pub const DEFAULT_ORIGIN_COMMAND_HEADER: &str = "waitroom-command";
+
+fn default_origin_command_header() -> String {
+    DEFAULT_ORIGIN_COMMAND_HEADER.into()
 }
 
 /// How a request picks a pool among the healthy ones.
@@ -270,6 +304,8 @@ pub enum RoomTableError {
     QueueStatus { status: u16 },
     #[error(transparent)]
     Limits(#[from] RoomError),
+    #[error("{name:?} is not a header name")]
+    OriginCommandHeader { name: String },
     /// A `[[rooms.bypass]]` rule (`rule`: its index; `None`: the list).
     #[error("{problem}")]
     Bypass {
@@ -298,6 +334,7 @@ impl RoomTableError {
             Self::ExpectedStatus { .. } => "health.expected_status".into(),
             Self::QueueStatus { .. } => "queue_status".into(),
             Self::Limits(e) => e.field().into(),
+            Self::OriginCommandHeader { .. } => "origin_command_header".into(),
             Self::Bypass { rule: None, .. } => "bypass".into(),
             Self::Bypass {
                 rule: Some(i),
@@ -449,6 +486,12 @@ impl RoomTable {
                 status: self.queue_status,
             });
         }
+        let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if self.origin_command_header.is_empty() || !self.origin_command_header.bytes().all(token) {
+            return Err(RoomTableError::OriginCommandHeader {
+                name: self.origin_command_header.clone(),
+            });
+        }
         bypass::validate_rules(&self.bypass)
             .map_err(|(rule, problem)| RoomTableError::Bypass { rule, problem })?;
         Ok(self.limits().validate()?.named(&self.id))
@@ -482,6 +525,8 @@ ticket_connection_budget = 8
 ticket_connection_window_secs = 30
 ticket_binding = "network"
 steering = "dynamic"
+enabled_origin_commands = ["revoke"]
+origin_command_header = "X-Shop-Command"
 
 [[pools]]
 name = "eu"
@@ -540,6 +585,8 @@ rise = 1
         );
         assert_eq!((t.origin_timeout_ms.get(), t.queue_status), (3_000, 429));
         assert_eq!(t.steering, Steering::Dynamic);
+        assert_eq!(t.enabled_origin_commands, [OriginCommand::Revoke]);
+        assert_eq!(t.origin_command_header, "X-Shop-Command");
         let pools = t.origin_pools();
         assert_eq!(pools.len(), 2);
         assert_eq!((pools[0].weight, pools[1].weight), (3, 1));
@@ -572,6 +619,11 @@ rise = 1
         assert_eq!((t.origin_timeout_ms.get(), t.queue_status), (10_000, 200));
         assert_eq!(t.steering, Steering::Ordered);
         assert_eq!(t.health, None);
+        assert!(
+            t.enabled_origin_commands.is_empty(),
+            "no command unless enabled"
+        );
+        assert_eq!(t.origin_command_header, "waitroom-command");
         let pools = t.origin_pools();
         assert_eq!(pools.len(), 1);
         assert_eq!(pools[0].name, "default");
@@ -650,6 +702,10 @@ rise = 1
                 "new_users_per_minute",
             ),
             (format!("{MINIMAL}session_duration = 0"), "session_duration"),
+            (
+                format!("{MINIMAL}origin_command_header = \"Waitroom Command\""),
+                "origin_command_header",
+            ),
         ];
         for (text, field) in cases {
             assert_eq!(refused(&text).field(), field, "{text}");

@@ -61,6 +61,7 @@ mod mapped;
 pub mod metrics;
 pub mod new_tickets;
 pub mod node;
+pub mod origin_command;
 pub mod proxy;
 pub mod queue_page;
 pub mod reload;

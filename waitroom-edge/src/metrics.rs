@@ -247,6 +247,8 @@ pub struct RoomMetrics {
     /// Requests whose body the client cut short or malformed: a 400, and no
     /// mark against the origin.
     pub client_body_errors: AtomicU64,
+    /// Sessions the origin ended with a `revoke` command.
+    pub revoked: AtomicU64,
     pub cookie_failures: [AtomicU64; 6],
     pub decision_latency: Histogram,
     pub proxy_latency: Histogram,
@@ -261,6 +263,7 @@ impl Default for RoomMetrics {
             rejected: AtomicU64::new(0),
             proxy_errors: AtomicU64::new(0),
             client_body_errors: AtomicU64::new(0),
+            revoked: AtomicU64::new(0),
             cookie_failures: Default::default(),
             decision_latency: Histogram::new(LATENCY_BOUNDS_US),
             proxy_latency: Histogram::new(LATENCY_BOUNDS_US),
@@ -353,6 +356,11 @@ pub fn encode_rooms<'a>(
                 ),
             ]
         }),
+    )?;
+    f.counters(
+        "waitroom_revoked_total",
+        "Sessions the origin ended with a revoke command (their slots freed at once).",
+        per_room(|m| &m.revoked),
     )?;
     f.counters(
         "waitroom_queued_total",

@@ -120,6 +120,8 @@ pub struct RoomLive {
     pub queue_status: u16,
     /// Requests that skip the queue and the counts (`[[rooms.bypass]]`).
     pub bypass: crate::bypass::BypassRules,
+    /// What the origin may tell the room in a response header.
+    pub origin_commands: crate::origin_command::OriginCommands,
 }
 
 impl RoomLive {
@@ -139,6 +141,7 @@ impl RoomLive {
             queue_status: spec.queue_status,
             bypass: crate::bypass::BypassRules::new(&spec.bypass)
                 .with_context(|| format!("room {}: bypass rules", spec.id))?,
+            origin_commands: spec.origin_commands.clone(),
         })
     }
 }

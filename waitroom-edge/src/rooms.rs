@@ -33,6 +33,8 @@ pub struct RoomSpec {
     pub engine: Room,
     /// `[[rooms.bypass]]`, validated (compiled into [`crate::bypass`]).
     pub bypass: Vec<waitroom_common::bypass::BypassRule>,
+    /// The origin's command header and the commands it may give.
+    pub origin_commands: crate::origin_command::OriginCommands,
 }
 
 impl RoomSpec {
@@ -52,6 +54,10 @@ impl RoomSpec {
             queue_page: table.queue_page.clone(),
             engine,
             bypass: table.bypass.clone(),
+            origin_commands: crate::origin_command::OriginCommands::new(
+                &table.origin_command_header,
+                &table.enabled_origin_commands,
+            ),
         })
     }
 }

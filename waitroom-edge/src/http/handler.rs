@@ -12,6 +12,7 @@ use waitroom_common::{
     engine::{self, Decision, Visitor},
     estimate::WaitEstimate,
     room::{CookieSameSite, CookieSecure, QueueingMethod, Room, TicketBinding},
+    room_table::OriginCommand,
     ticket::Ticket,
     time::{EXPIRY_SLOT_MILLIS, UnixMillis},
 };
@@ -166,7 +167,11 @@ async fn answer(
     // 1b. A bypass rule: to the origin without a ticket, nothing counted.
     if bypassed {
         trace.outcome = Outcome::Bypassed;
-        return to_origin(node, worker, room, req, conn, hop, scheme, trace).await;
+        // No ticket: nothing for an origin command to act on (its header
+        // is still removed).
+        return to_origin(node, worker, room, req, conn, hop, scheme, trace)
+            .await
+            .0;
     }
     let live = room.live.load_full();
     let engine_room = &live.engine;
@@ -275,7 +280,9 @@ async fn answer(
 
     // 4. The answer.
     match decision {
-        Decision::Admit { visitor, .. } => {
+        Decision::Admit {
+            visitor, ticket, ..
+        } => {
             trace.outcome = Outcome::Admitted;
             trace.visitor = Some(visitor.into());
             let counter = if visitor == Visitor::Admitted {
@@ -284,7 +291,19 @@ async fn answer(
                 &room.metrics.admitted_new
             };
             counter.fetch_add(1, Relaxed);
-            let mut resp = to_origin(node, worker, room, req, conn, hop, scheme, trace).await;
+            let (mut resp, command) =
+                to_origin(node, worker, room, req, conn, hop, scheme, trace).await;
+            // 5. The origin's `revoke`: the session ends now, its slot is free,
+            //    and the browser forgets the cookie (a kept copy is a new
+            //    visitor's, see `engine::revoke`).
+            let set_cookie = if command == Some(OriginCommand::Revoke)
+                && engine::revoke(node.room_counters(index), node.ledger(), &ticket, now)
+            {
+                room.metrics.revoked.fetch_add(1, Relaxed);
+                clear_cookie_header(room, engine_room, scheme)
+            } else {
+                set_cookie
+            };
             if let Some(c) = set_cookie {
                 resp.headers_mut().append(header::SET_COOKIE, c);
             }
@@ -312,7 +331,9 @@ async fn answer(
 }
 
 /// Forwards the request to one of the room's origins (`proxy::forward`),
-/// timing it; a failure becomes its error page.
+/// timing it; a failure becomes its error page. The room's origin-command
+/// header goes from the request and from the response; the allowed command
+/// the origin gave is returned beside the response.
 #[expect(
     clippy::too_many_arguments,
     reason = "the request's whole context, passed down once"
@@ -326,7 +347,10 @@ async fn to_origin(
     hop: std::net::IpAddr,
     scheme: &'static str,
     trace: &mut Trace,
-) -> Response<Body> {
+) -> (Response<Body>, Option<OriginCommand>) {
+    let commands = &room.live.load().origin_commands;
+    let mut req = req;
+    commands.strip_request(req.headers_mut());
     let proxy_started = Instant::now();
     let result = proxy::forward(
         &worker.client,
@@ -350,9 +374,10 @@ async fn to_origin(
     room.metrics.proxy_latency.observe(proxy_time);
     trace.upstream_micros = Some(proxy_time.as_micros() as u64);
     match result {
-        Ok(resp) => {
+        Ok(mut resp) => {
             trace.upstream_status = Some(resp.status().as_u16());
-            resp
+            let command = commands.take(resp.headers_mut());
+            (resp, command)
         }
         Err(err) => {
             let counter = if matches!(err, proxy::ProxyError::ClientBody { .. }) {
@@ -361,7 +386,7 @@ async fn to_origin(
                 &room.metrics.proxy_errors
             };
             counter.fetch_add(1, Relaxed);
-            proxy::error_page(&err)
+            (proxy::error_page(&err), None)
         }
     }
 }
@@ -475,6 +500,27 @@ fn set_cookie_header(
     };
     let mut text = format!(
         "{}={value}; Path={}; Max-Age=86400; HttpOnly; SameSite={same_site}",
+        room.cookie_name, room.spec.path
+    );
+    if secure {
+        text.push_str("; Secure");
+    }
+    HeaderValue::from_str(&text).ok()
+}
+
+/// `Set-Cookie` that makes the browser forget the room's cookie.
+fn clear_cookie_header(
+    room: &RoomRuntime,
+    engine_room: &Room,
+    scheme: &str,
+) -> Option<HeaderValue> {
+    let secure = match engine_room.config().cookie_secure {
+        CookieSecure::Always => true,
+        CookieSecure::Never => false,
+        CookieSecure::Auto => scheme == "https",
+    };
+    let mut text = format!(
+        "{}=; Path={}; Max-Age=0; HttpOnly; SameSite=Lax",
         room.cookie_name, room.spec.path
     );
     if secure {
