@@ -70,6 +70,7 @@ pub mod start;
 pub mod state_dir;
 pub mod stats;
 pub mod target;
+pub mod upgrade;
 pub mod upstream;
 pub mod xdp;
 pub mod xdp_signal;

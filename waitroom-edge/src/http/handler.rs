@@ -31,7 +31,7 @@ use crate::{
     node::{Node, RoomLive, RoomRuntime},
     proxy,
     queue_page::{self, QueueView},
-    target,
+    target, upgrade,
 };
 
 /// Per-worker state: the connection pool to origins (never shared across cores).
@@ -352,24 +352,23 @@ async fn to_origin(
     let mut req = req;
     commands.strip_request(req.headers_mut());
     let proxy_started = Instant::now();
-    let result = proxy::forward(
-        &worker.client,
-        &room.upstream,
-        room.spec.origin_timeout,
-        req,
-        &proxy::OriginRequest {
-            forwarding: Forwarding {
-                client: conn.client,
-                hop,
-                trusted: node.settings.trusted_proxies.contains(hop),
-                scheme,
-            },
-            via: &node.settings.via,
-            defences: &node.defences,
-            now_secs: node.clock.now().0 / 1_000,
+    let origin_request = proxy::OriginRequest {
+        forwarding: Forwarding {
+            client: conn.client,
+            hop,
+            trusted: node.settings.trusted_proxies.contains(hop),
+            scheme,
         },
-    )
-    .await;
+        via: &node.settings.via,
+        defences: &node.defences,
+        now_secs: node.clock.now().0 / 1_000,
+    };
+    let (client, upstream, timeout) = (&worker.client, &room.upstream, room.spec.origin_timeout);
+    let result = if upgrade::is_upgrade(&req) {
+        upgrade::forward(client, upstream, timeout, req, &origin_request).await
+    } else {
+        proxy::forward(client, upstream, timeout, req, &origin_request).await
+    };
     let proxy_time = proxy_started.elapsed();
     room.metrics.proxy_latency.observe(proxy_time);
     trace.upstream_micros = Some(proxy_time.as_micros() as u64);
