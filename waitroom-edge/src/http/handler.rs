@@ -467,6 +467,23 @@ fn cookie_still_good(presented: Option<&Ticket>, decision: &Decision) -> bool {
         && new.last_check_in.0.saturating_sub(old.last_check_in.0) < RESEAL_AFTER_MS
 }
 
+/// How long a queued visitor's cookie lives: their place in the queue,
+/// however long the wait (seconds).
+const QUEUED_COOKIE_MAX_AGE_SECS: u64 = 86_400;
+
+/// The cookie's `Max-Age` (seconds): an admitted visitor's cookie lives as
+/// long as their session (seed 002: "expire Session Duration minutes from
+/// when we last saw them"), plus the [`RESEAL_AFTER_MS`] by which a cookie
+/// that was not sealed anew may lag the session the node counts, so the
+/// browser never forgets a session the node still holds. A queued visitor's
+/// lives a day.
+fn cookie_max_age(ticket: &Ticket, room: &Room, now: UnixMillis) -> u64 {
+    match ticket.session_end(room.session_minutes(), room.session_renewal()) {
+        Some(end) => (end.0.saturating_sub(now.0) + RESEAL_AFTER_MS).div_ceil(1_000),
+        None => QUEUED_COOKIE_MAX_AGE_SECS,
+    }
+}
+
 /// `Set-Cookie` for the visitor's updated ticket.
 fn set_cookie_header(
     node: &Node,
@@ -483,7 +500,11 @@ fn set_cookie_header(
         CookieSecure::Always => true,
         CookieSecure::Never => false,
         CookieSecure::Auto => https,
-    };
+    }
+    // Browsers drop `SameSite=None` without `Secure`: it always carries it
+    // (over plain HTTP the browser then refuses the cookie; such a room
+    // belongs behind HTTPS, see docs/OPERATIONS.md).
+        || config.cookie_same_site == CookieSameSite::None;
     let same_site = match config.cookie_same_site {
         CookieSameSite::Lax => "Lax",
         CookieSameSite::Strict => "Strict",
@@ -497,8 +518,9 @@ fn set_cookie_header(
             }
         }
     };
+    let max_age = cookie_max_age(ticket, engine_room, node.clock.now());
     let mut text = format!(
-        "{}={value}; Path={}; Max-Age=86400; HttpOnly; SameSite={same_site}",
+        "{}={value}; Path={}; Max-Age={max_age}; HttpOnly; SameSite={same_site}",
         room.cookie_name, room.spec.path
     );
     if secure {
@@ -561,6 +583,13 @@ fn queue_response(
         header::REFRESH,
         HeaderValue::from(u64::from(ticket.refresh_interval_secs)),
     );
+    // For clients that know `Retry-After` rather than `Refresh`; and the
+    // answer is HTML or JSON by `Accept`, which a cache must key on.
+    h.insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(u64::from(ticket.refresh_interval_secs)),
+    );
+    h.insert(header::VARY, HeaderValue::from_static("Accept"));
     if let Some(c) = set_cookie {
         h.append(header::SET_COOKIE, c);
     }
@@ -724,6 +753,39 @@ mod tests {
         assert!(
             !cookie_still_good(None, &admit(same)),
             "new visitors always get a cookie"
+        );
+    }
+
+    #[test]
+    fn an_admitted_cookie_lives_as_long_as_its_session_a_queued_one_a_day() {
+        use waitroom_common::room::{RoomConfig, RoomId};
+        let now = UnixMillis(1_800_000_000_000);
+        let room = RoomConfig {
+            session_duration: 10,
+            ..RoomConfig::with_limits(10, 10)
+        }
+        .validate()
+        .unwrap();
+        let mut t = Ticket::new_visitor(RoomId(1), now, 20);
+        assert_eq!(cookie_max_age(&t, &room, now), QUEUED_COOKIE_MAX_AGE_SECS);
+        t.accepted_at = Some(now);
+        assert_eq!(cookie_max_age(&t, &room, now), 600 + 30);
+        // Sealed 20 s after the last request: 20 s less.
+        assert_eq!(
+            cookie_max_age(&t, &room, UnixMillis(now.0 + 20_000)),
+            580 + 30
+        );
+        let fixed = RoomConfig {
+            disable_session_renewal: true,
+            ..room.config().clone()
+        }
+        .validate()
+        .unwrap();
+        t.last_check_in = UnixMillis(now.0 + 300_000);
+        assert_eq!(
+            cookie_max_age(&t, &fixed, UnixMillis(now.0 + 300_000)),
+            300 + 30,
+            "without renewal the session counts from admission"
         );
     }
 
