@@ -61,3 +61,18 @@ fn same_site_none_always_carries_secure() {
     .unwrap_err();
     assert!(format!("{err:#}").contains("cookie_same_site"), "{err:#}");
 }
+
+/// An app written for Cloudflare's waiting room reads `cfWaitingRoom`.
+#[test]
+fn the_json_envelope_can_be_cloudflares() {
+    let node = InProcNode::start(
+        "expect-envelope",
+        "total_active_users = 10\nnew_users_per_minute = 10\nqueue_all = true\njson_envelope = \"cfWaitingRoom\"\n",
+    )
+    .unwrap();
+    let r = request(node.http, "GET", "/", &[("Accept", "application/json")]);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["cfWaitingRoom"]["inWaitingRoom"], true, "{}", r.body);
+    assert_eq!(v["cfWaitingRoom"]["queueAll"], true);
+    assert!(v.get("waitingRoom").is_none());
+}

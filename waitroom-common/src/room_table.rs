@@ -129,6 +129,17 @@ pub struct RoomTable {
     /// response reaches the visitor, allowed or not.
     #[serde(default = "default_origin_command_header")]
     pub origin_command_header: String,
+    /// The key the queue's JSON answer is wrapped in: `waitingRoom` by
+    /// default; `cfWaitingRoom` for apps written for Cloudflare's.
+    #[serde(default = "default_json_envelope")]
+    pub json_envelope: String,
+}
+
+/// The default of `json_envelope`.
+pub const DEFAULT_JSON_ENVELOPE: &str = "waitingRoom";
+
+fn default_json_envelope() -> String {
+    DEFAULT_JSON_ENVELOPE.into()
 }
 
 /// What an origin may tell the room about the visitor of a response.
@@ -306,6 +317,8 @@ pub enum RoomTableError {
     Limits(#[from] RoomError),
     #[error("{name:?} is not a header name")]
     OriginCommandHeader { name: String },
+    #[error("{name:?} must be 1 to 64 letters, digits or '_' (as \"cfWaitingRoom\")")]
+    JsonEnvelope { name: String },
     /// A `[[rooms.bypass]]` rule (`rule`: its index; `None`: the list).
     #[error("{problem}")]
     Bypass {
@@ -335,6 +348,7 @@ impl RoomTableError {
             Self::QueueStatus { .. } => "queue_status".into(),
             Self::Limits(e) => e.field().into(),
             Self::OriginCommandHeader { .. } => "origin_command_header".into(),
+            Self::JsonEnvelope { .. } => "json_envelope".into(),
             Self::Bypass { rule: None, .. } => "bypass".into(),
             Self::Bypass {
                 rule: Some(i),
@@ -492,6 +506,17 @@ impl RoomTable {
                 name: self.origin_command_header.clone(),
             });
         }
+        let envelope = &self.json_envelope;
+        if envelope.is_empty()
+            || envelope.len() > 64
+            || !envelope
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(RoomTableError::JsonEnvelope {
+                name: envelope.clone(),
+            });
+        }
         bypass::validate_rules(&self.bypass)
             .map_err(|(rule, problem)| RoomTableError::Bypass { rule, problem })?;
         Ok(self.limits().validate()?.named(&self.id))
@@ -624,6 +649,7 @@ rise = 1
             "no command unless enabled"
         );
         assert_eq!(t.origin_command_header, "waitroom-command");
+        assert_eq!(t.json_envelope, "waitingRoom");
         let pools = t.origin_pools();
         assert_eq!(pools.len(), 1);
         assert_eq!(pools[0].name, "default");
@@ -705,6 +731,11 @@ rise = 1
             (
                 format!("{MINIMAL}origin_command_header = \"Waitroom Command\""),
                 "origin_command_header",
+            ),
+            (format!("{MINIMAL}json_envelope = \"\""), "json_envelope"),
+            (
+                format!("{MINIMAL}json_envelope = \"cf.waitingRoom\""),
+                "json_envelope",
             ),
         ];
         for (text, field) in cases {

@@ -122,6 +122,8 @@ pub struct RoomLive {
     pub bypass: crate::bypass::BypassRules,
     /// What the origin may tell the room in a response header.
     pub origin_commands: crate::origin_command::OriginCommands,
+    /// The key the queue's JSON answer is wrapped in (`json_envelope`).
+    pub json_envelope: String,
 }
 
 impl RoomLive {
@@ -142,6 +144,7 @@ impl RoomLive {
             bypass: crate::bypass::BypassRules::new(&spec.bypass)
                 .with_context(|| format!("room {}: bypass rules", spec.id))?,
             origin_commands: spec.origin_commands.clone(),
+            json_envelope: spec.json_envelope.clone(),
         })
     }
 }

@@ -35,6 +35,8 @@ pub struct RoomSpec {
     pub bypass: Vec<waitroom_common::bypass::BypassRule>,
     /// The origin's command header and the commands it may give.
     pub origin_commands: crate::origin_command::OriginCommands,
+    /// The key the queue's JSON answer is wrapped in.
+    pub json_envelope: String,
 }
 
 impl RoomSpec {
@@ -58,6 +60,7 @@ impl RoomSpec {
                 &table.origin_command_header,
                 &table.enabled_origin_commands,
             ),
+            json_envelope: table.json_envelope.clone(),
         })
     }
 }

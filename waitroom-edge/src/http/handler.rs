@@ -570,7 +570,10 @@ fn queue_response(
 ) -> Response<Body> {
     let view = queue_view(room, live, ticket, estimate, now);
     let (body, content_type) = if json {
-        (queue_page::json(&view), "application/json")
+        (
+            queue_page::json_in(&view, &live.json_envelope),
+            "application/json",
+        )
     } else {
         (live.page.render(&view), "text/html; charset=utf-8")
     };
