@@ -4,6 +4,8 @@
 //! exactly as it would to an operator's site. `/slow?ms=N` answers after N ms and
 //! `/echo` returns the request's headers, which tests use to check the proxy.
 //!
+//! `/checkout/done` answers with the origin command `Waitroom-Command: revoke`.
+//!
 //! For tests of origin pools: every response carries `x-demo-origin: ADDR`
 //! (which origin served it), every response waits `--delay-ms` first, and
 //! `POST /_demo/delay?ms=N` changes that delay while it runs (a slow origin the
@@ -129,6 +131,17 @@ async fn handle(req: Request<Incoming>, demo: &Demo) -> Result<Response<Full<Byt
             text_response(StatusCode::OK, "text/plain", format!("slept {ms} ms\n"))
         }
         "/healthz" => text_response(StatusCode::OK, "text/plain", "ok\n".into()),
+        // The end of a checkout: the origin tells the room the visitor is
+        // done (an origin command, see `waitroom_edge::origin_command`).
+        "/checkout/done" => {
+            let mut resp =
+                text_response(StatusCode::OK, "text/html; charset=utf-8", shop_page(&path));
+            resp.headers_mut().insert(
+                "waitroom-command",
+                header::HeaderValue::from_static("revoke"),
+            );
+            resp
+        }
         // A large answer, for clients that never read it (send timeouts).
         "/big" => {
             let mb = query

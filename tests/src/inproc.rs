@@ -58,7 +58,6 @@ impl InProcNode {
     /// As [`InProcNode::start`], with `node` added to the `[node]` table
     /// (limits of the request path, for instance).
     pub fn start_with(tag: &str, node: &str, room: &str) -> Result<Self> {
-        let dir = TempDir::new(tag);
         let origin = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -69,6 +68,22 @@ impl InProcNode {
             .context("binding the demo origin")?;
         let origin_addr = listener.local_addr()?;
         origin.spawn(crate::demo_origin::serve_on(listener, Duration::ZERO));
+        Self::start_before(tag, node, room, origin_addr, Some(origin))
+    }
+
+    /// As [`InProcNode::start`], in front of an origin the test runs itself.
+    pub fn start_in_front_of(tag: &str, origin: SocketAddr, room: &str) -> Result<Self> {
+        Self::start_before(tag, "", room, origin, None)
+    }
+
+    fn start_before(
+        tag: &str,
+        node: &str,
+        room: &str,
+        origin_addr: SocketAddr,
+        origin: Option<tokio::runtime::Runtime>,
+    ) -> Result<Self> {
+        let dir = TempDir::new(tag);
 
         let path = dir.path().join("edge.toml");
         std::fs::write(
@@ -111,7 +126,7 @@ origin = "{origin_addr}"
             driver,
             clock,
             config: path,
-            origin: Some(origin),
+            origin,
             _dir: dir,
         })
     }

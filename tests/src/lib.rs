@@ -26,6 +26,7 @@ pub mod inproc_cluster;
 pub mod minutes;
 pub mod netns;
 pub mod procs;
+pub mod raw;
 pub mod xdp_node;
 
 /// Whether the process runs as root; if not, says on stderr that the calling

@@ -206,11 +206,18 @@ pub fn decide_noting(
     });
     let ticket = ticket.map(|(t, _)| t);
 
-    // 1. A live session goes straight through, whatever the queue looks like.
+    // 1. A live session goes straight through, whatever the queue looks like,
+    // unless the ledger says it was ended early ([`revoke`]): a session the
+    // ledger counts nowhere while its cookie is still live was revoked, and
+    // a kept copy of that cookie is a new visitor's.
     if let (Some(ticket), Some(place)) = (ticket, place.as_mut())
         && let Some(end) = ticket.session_end(room.session_minutes(), room.session_renewal())
     {
-        if now < end {
+        let revoked = place.seen.known == Some(Counted::Nowhere)
+            && matches!(place.claim, Counted::Session { .. });
+        if revoked {
+            note.replayed = true;
+        } else if now < end {
             return (
                 renew_session(room, counters, ledger, place, ticket, now),
                 note,
@@ -389,6 +396,35 @@ fn decide_for(
             )
         }
     }
+}
+
+/// Ends an admitted visitor's session now (an origin's `revoke` command):
+/// its count leaves the session histogram at once, so the slot is free for
+/// the next visitor, and the ledger keeps the ticket as counted nowhere, so
+/// [`decide`] takes a replay of its cookie for a new visitor. Returns whether
+/// a session was ended (not a ticket without one, nor one ended already).
+///
+/// Pass the ticket as [`decide`] returned it for this request. A node whose
+/// ledger does not know the ticket (evicted, or another node's) believes the
+/// cookie's claim, as [`decide`] does.
+pub fn revoke(
+    counters: &RoomCounters,
+    ledger: &TicketLedger,
+    ticket: &Ticket,
+    now: UnixMillis,
+) -> bool {
+    if !ticket.is_admitted() {
+        return false;
+    }
+    let mut place = Place::of(ledger, ticket, now.minute());
+    if matches!(
+        place.seen.known,
+        Some(Counted::Nowhere) | Some(Counted::Waiting { .. })
+    ) {
+        return false;
+    }
+    place.settle(ledger, counters, Counted::Nowhere, now, false);
+    true
 }
 
 /// Whether [`decide`] would take this request for a [`Visitor::New`]: no
@@ -2026,6 +2062,62 @@ shuffle_at_event_start = true
         /// A full room: no slot for anyone new.
         fn full(now: UnixMillis) -> GlobalState {
             GlobalState::empty(now)
+        }
+
+        /// An origin's `revoke`: the session's count goes at once, and the
+        /// revoked cookie kept and replayed is a new visitor's (the attacker
+        /// who saves it gets nothing back), counted once however often.
+        #[test]
+        fn a_revoked_session_frees_its_slot_and_its_cookie_is_a_new_visitors() {
+            let room = room(200, 200);
+            let counters = RoomCounters::new_boxed(ROOM);
+            let ledger = ledger();
+            let t0 = at(20, 1, 13);
+            let d = super::super::decide(&room, &open(t0, 10), &counters, &ledger, None, t0, 1);
+            assert!(d.is_admitted());
+            let admitted = ticket_of(&d);
+            let t1 = at(20, 2, 0);
+            let d =
+                super::super::decide(&room, &full(t1), &counters, &ledger, Some(admitted), t1, 2);
+            assert!(d.is_admitted(), "a live session: {d:?}");
+            let renewed = ticket_of(&d);
+            assert_eq!(counters.active_users(t1.expiry_slot()), 1);
+            assert!(revoke(&counters, &ledger, &renewed, t1));
+            assert_eq!(counters.active_users(t1.expiry_slot()), 0, "freed at once");
+            assert!(!revoke(&counters, &ledger, &renewed, t1), "once");
+            assert_eq!(counters.active_users(t1.expiry_slot()), 0);
+            for (cookie, rng) in [(renewed, 3), (admitted, 4)] {
+                let t2 = at(20, 2, 5);
+                let (d, note) = super::super::decide_noting(
+                    &room,
+                    &full(t2),
+                    &counters,
+                    &ledger,
+                    Some(cookie),
+                    t2,
+                    rng,
+                );
+                let Decision::Queue {
+                    visitor: Visitor::New,
+                    ..
+                } = d
+                else {
+                    panic!("a revoked cookie was honoured: {d:?}")
+                };
+                assert!(note.replayed);
+                assert_eq!(counters.active_users(t2.expiry_slot()), 0);
+            }
+            // A queued visitor has no session to revoke.
+            let queued = ticket_of(&super::super::decide(
+                &room,
+                &full(t1),
+                &counters,
+                &ledger,
+                None,
+                t1,
+                9,
+            ));
+            assert!(!revoke(&counters, &ledger, &queued, t1));
         }
 
         /// One visitor admitted at `t0` on `counters`/`ledger`.

@@ -46,6 +46,8 @@ pub mod xdp_parse;
 #[cfg(feature = "std")]
 pub mod aggregate;
 #[cfg(feature = "std")]
+pub mod bypass;
+#[cfg(feature = "std")]
 pub mod cluster;
 #[cfg(feature = "std")]
 pub mod counters;

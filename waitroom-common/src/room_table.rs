@@ -34,6 +34,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::event::{EventTable, EventsError, validate_events};
+use crate::bypass::{self, BypassError, BypassRule};
 use crate::room::{
     CookieSameSite, CookieSecure, DEFAULT_REFRESH_SECS, DEFAULT_SESSION_MINUTES,
     DEFAULT_TICKET_CONNECTION_BUDGET, DEFAULT_TICKET_CONNECTION_WINDOW_SECS, QueueingMethod, Room,
@@ -127,6 +128,56 @@ pub struct RoomTable {
     /// Scheduled events (`[[rooms.events]]`), see [`crate::event`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<EventTable>,
+
+    /// `[[rooms.bypass]]`: requests that go to the origin without a ticket
+    /// and without counting (see [`crate::bypass`]).
+    #[serde(default)]
+    pub bypass: Vec<BypassRule>,
+
+    /// Commands the origin may give in a response header (Cloudflare's
+    /// `enabled_origin_commands`); none by default.
+    #[serde(default)]
+    pub enabled_origin_commands: Vec<OriginCommand>,
+    /// The response header that carries them; always removed before the
+    /// response reaches the visitor, allowed or not.
+    #[serde(default = "default_origin_command_header")]
+    pub origin_command_header: String,
+    /// The key the queue's JSON answer is wrapped in: `waitingRoom` by
+    /// default; `cfWaitingRoom` for apps written for Cloudflare's.
+    #[serde(default = "default_json_envelope")]
+    pub json_envelope: String,
+}
+
+/// The default of `json_envelope`.
+pub const DEFAULT_JSON_ENVELOPE: &str = "waitingRoom";
+
+fn default_json_envelope() -> String {
+    DEFAULT_JSON_ENVELOPE.into()
+}
+
+/// What an origin may tell the room about the visitor of a response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OriginCommand {
+    /// End the visitor's session now and free its slot (a checkout is done).
+    Revoke,
+}
+
+impl OriginCommand {
+    /// The header value that gives the command.
+    #[must_use]
+    pub fn token(self) -> &'static str {
+        match self {
+            Self::Revoke => "revoke",
+        }
+    }
+}
+
+/// The default of `origin_command_header`.
+pub const DEFAULT_ORIGIN_COMMAND_HEADER: &str = "waitroom-command";
+
+fn default_origin_command_header() -> String {
+    DEFAULT_ORIGIN_COMMAND_HEADER.into()
 }
 
 /// The keys of a [`RoomTable`] that belong to the node that serves the room:
@@ -296,6 +347,16 @@ pub enum RoomTableError {
     Limits(#[from] RoomError),
     #[error(transparent)]
     Events(#[from] EventsError),
+    #[error("{name:?} is not a header name")]
+    OriginCommandHeader { name: String },
+    #[error("{name:?} must be 1 to 64 letters, digits or '_' (as \"cfWaitingRoom\")")]
+    JsonEnvelope { name: String },
+    /// A `[[rooms.bypass]]` rule (`rule`: its index; `None`: the list).
+    #[error("{problem}")]
+    Bypass {
+        rule: Option<usize>,
+        problem: BypassError,
+    },
 }
 
 impl RoomTableError {
@@ -319,6 +380,16 @@ impl RoomTableError {
             Self::QueueStatus { .. } => "queue_status".into(),
             Self::Limits(e) => e.field().into(),
             Self::Events(e) => e.key(),
+            Self::OriginCommandHeader { .. } => "origin_command_header".into(),
+            Self::JsonEnvelope { .. } => "json_envelope".into(),
+            Self::Bypass { rule: None, .. } => "bypass".into(),
+            Self::Bypass {
+                rule: Some(i),
+                problem,
+            } => match problem.field() {
+                "" => format!("bypass[{i}]"),
+                key => format!("bypass[{i}].{key}"),
+            },
         }
     }
 }
@@ -412,6 +483,10 @@ impl RoomTable {
             ticket_binding: config.ticket_binding,
             suspended: false,
             events: Vec::new(),
+            bypass: Vec::new(),
+            enabled_origin_commands: Vec::new(),
+            origin_command_header: default_origin_command_header(),
+            json_envelope: default_json_envelope(),
         }
     }
 
@@ -518,6 +593,25 @@ impl RoomTable {
                 status: self.queue_status,
             });
         }
+        let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if self.origin_command_header.is_empty() || !self.origin_command_header.bytes().all(token) {
+            return Err(RoomTableError::OriginCommandHeader {
+                name: self.origin_command_header.clone(),
+            });
+        }
+        let envelope = &self.json_envelope;
+        if envelope.is_empty()
+            || envelope.len() > 64
+            || !envelope
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(RoomTableError::JsonEnvelope {
+                name: envelope.clone(),
+            });
+        }
+        bypass::validate_rules(&self.bypass)
+            .map_err(|(rule, problem)| RoomTableError::Bypass { rule, problem })?;
         let limits = self.limits();
         let room = limits.clone().validate()?.named(&self.id);
         Ok(room.with_events(validate_events(&self.events, &limits)?))
@@ -551,6 +645,8 @@ ticket_connection_budget = 8
 ticket_connection_window_secs = 30
 ticket_binding = "network"
 steering = "dynamic"
+enabled_origin_commands = ["revoke"]
+origin_command_header = "X-Shop-Command"
 
 [[pools]]
 name = "eu"
@@ -609,6 +705,8 @@ rise = 1
         );
         assert_eq!((t.origin_timeout_ms.get(), t.queue_status), (3_000, 429));
         assert_eq!(t.steering, Steering::Dynamic);
+        assert_eq!(t.enabled_origin_commands, [OriginCommand::Revoke]);
+        assert_eq!(t.origin_command_header, "X-Shop-Command");
         let pools = t.origin_pools();
         assert_eq!(pools.len(), 2);
         assert_eq!((pools[0].weight, pools[1].weight), (3, 1));
@@ -641,6 +739,12 @@ rise = 1
         assert_eq!((t.origin_timeout_ms.get(), t.queue_status), (10_000, 200));
         assert_eq!(t.steering, Steering::Ordered);
         assert_eq!(t.health, None);
+        assert!(
+            t.enabled_origin_commands.is_empty(),
+            "no command unless enabled"
+        );
+        assert_eq!(t.origin_command_header, "waitroom-command");
+        assert_eq!(t.json_envelope, "waitingRoom");
         let pools = t.origin_pools();
         assert_eq!(pools.len(), 1);
         assert_eq!(pools[0].name, "default");
@@ -719,6 +823,15 @@ rise = 1
                 "new_users_per_minute",
             ),
             (format!("{MINIMAL}session_duration = 0"), "session_duration"),
+            (
+                format!("{MINIMAL}origin_command_header = \"Waitroom Command\""),
+                "origin_command_header",
+            ),
+            (format!("{MINIMAL}json_envelope = \"\""), "json_envelope"),
+            (
+                format!("{MINIMAL}json_envelope = \"cf.waitingRoom\""),
+                "json_envelope",
+            ),
         ];
         for (text, field) in cases {
             assert_eq!(refused(&text).field(), field, "{text}");

@@ -148,6 +148,8 @@ pub enum Outcome {
     Admitted,
     /// Proxied to the origin without a ticket: the room is `suspended`.
     Suspended,
+    /// Proxied to the origin by a bypass rule: no ticket, nothing counted.
+    Bypassed,
     /// Answered with the queue page (or its JSON).
     Queued,
     /// The room's queueing method is `reject`: 403.
@@ -169,6 +171,7 @@ impl Outcome {
         match self {
             Self::Admitted => "admitted",
             Self::Suspended => "suspended",
+            Self::Bypassed => "bypassed",
             Self::Queued => "queued",
             Self::Rejected => "rejected",
             Self::TooManyNewTickets => "too_many_new_tickets",

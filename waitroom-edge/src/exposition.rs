@@ -96,6 +96,14 @@ fn rooms(node: &Node, f: &mut Families<'_>) -> fmt::Result {
     crate::metrics::encode_rooms(
         f,
         node.rooms.iter().map(|r| (r.spec.id.as_str(), &r.metrics)),
+    )?;
+    let lives: Vec<_> = node.rooms.iter().map(|r| r.live.load_full()).collect();
+    crate::bypass::encode(
+        f,
+        node.rooms
+            .iter()
+            .zip(&lives)
+            .map(|(r, live)| (r.spec.id.as_str(), &live.bypass)),
     )
 }
 

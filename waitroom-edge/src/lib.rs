@@ -47,6 +47,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod bypass;
 pub mod check;
 pub mod config;
 pub mod cookie;
@@ -63,6 +64,7 @@ pub mod metrics;
 pub mod new_tickets;
 pub mod node;
 pub mod origin_pool;
+pub mod origin_command;
 pub mod proxy;
 pub mod queue_page;
 pub mod reload;
@@ -71,6 +73,7 @@ pub mod start;
 pub mod state_dir;
 pub mod stats;
 pub mod target;
+pub mod upgrade;
 pub mod upstream;
 pub mod xdp;
 pub mod xdp_signal;

@@ -247,16 +247,19 @@ pub enum RoomCount {
     /// Requests whose body the client cut short or malformed: a 400, and no
     /// mark against the origin.
     ClientBodyErrors,
+    /// Sessions the origin ended with a `revoke` command.
+    Revoked,
 }
 
 impl RoomCount {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::AdmittedNew,
         Self::AdmittedReturning,
         Self::Queued,
         Self::Rejected,
         Self::ProxyErrors,
         Self::ClientBodyErrors,
+        Self::Revoked,
     ];
 }
 
@@ -480,6 +483,11 @@ pub fn encode_rooms<'a>(
                 ),
             ]
         }),
+    )?;
+    f.counters(
+        "waitroom_revoked_total",
+        "Sessions the origin ended with a revoke command (their slots freed at once).",
+        per_room(RoomCount::Revoked),
     )?;
     f.counters(
         "waitroom_queued_total",

@@ -126,6 +126,12 @@ pub struct RoomLive {
     pub queue_status: u16,
     /// The room is out of the way: straight to the origin, nothing counted.
     pub suspended: bool,
+    /// Requests that skip the queue and the counts (`[[rooms.bypass]]`).
+    pub bypass: crate::bypass::BypassRules,
+    /// What the origin may tell the room in a response header.
+    pub origin_commands: crate::origin_command::OriginCommands,
+    /// The key the queue's JSON answer is wrapped in (`json_envelope`).
+    pub json_envelope: String,
 }
 
 impl RoomLive {
@@ -170,6 +176,10 @@ impl RoomLive {
             event_pages,
             queue_status: spec.queue_status,
             suspended: spec.suspended,
+            bypass: crate::bypass::BypassRules::new(&spec.bypass)
+                .with_context(|| format!("room {}: bypass rules", spec.id))?,
+            origin_commands: spec.origin_commands.clone(),
+            json_envelope: spec.json_envelope.clone(),
         })
     }
 

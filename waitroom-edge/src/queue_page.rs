@@ -215,14 +215,22 @@ impl QueuePage {
     }
 }
 
-/// The JSON answer for `Accept: application/json`.
+/// The JSON answer for `Accept: application/json`, under `waitingRoom`.
 pub fn json(view: &QueueView) -> String {
-    #[derive(Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Envelope<'a> {
-        waiting_room: &'a QueueView,
+    json_in(view, waitroom_common::room_table::DEFAULT_JSON_ENVELOPE)
+}
+
+/// The JSON answer under the room's `json_envelope` (`cfWaitingRoom` for
+/// apps written for Cloudflare's).
+pub fn json_in(view: &QueueView, envelope: &str) -> String {
+    let mut map = serde_json::Map::new();
+    match serde_json::to_value(view) {
+        Ok(value) => {
+            map.insert(envelope.to_owned(), value);
+            serde_json::Value::Object(map).to_string()
+        }
+        Err(_) => "{}".into(),
     }
-    serde_json::to_string(&Envelope { waiting_room: view }).unwrap_or_else(|_| "{}".into())
 }
 
 #[cfg(test)]
@@ -329,6 +337,15 @@ mod tests {
         assert_eq!(w["visitorsAhead"], 42);
         assert_eq!(w["waitTimeFormatted"], "5 minutes to 15 minutes");
         assert!(w.get("room").is_none());
+    }
+
+    #[test]
+    fn the_envelope_is_the_rooms_choice() {
+        let text = json_in(&view(true), "cfWaitingRoom");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["cfWaitingRoom"]["waitTime"], 10);
+        assert_eq!(v["cfWaitingRoom"]["inWaitingRoom"], true);
+        assert!(v.get("waitingRoom").is_none());
     }
 
     #[test]

@@ -235,6 +235,7 @@ impl Node {
             {
                 changes.push(format!("room {}: settings", room.spec.id));
             }
+            live.bypass.carry_over(&before.bypass);
             room.live.store(Arc::new(live));
         }
         changes

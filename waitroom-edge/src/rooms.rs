@@ -33,6 +33,12 @@ pub struct RoomSpec {
     pub engine: Room,
     /// Requests go to the origin without a ticket or a count (`suspended`).
     pub suspended: bool,
+    /// `[[rooms.bypass]]`, validated (compiled into [`crate::bypass`]).
+    pub bypass: Vec<waitroom_common::bypass::BypassRule>,
+    /// The origin's command header and the commands it may give.
+    pub origin_commands: crate::origin_command::OriginCommands,
+    /// The key the queue's JSON answer is wrapped in.
+    pub json_envelope: String,
 }
 
 impl RoomSpec {
@@ -52,6 +58,12 @@ impl RoomSpec {
             queue_page: table.queue_page.clone(),
             engine,
             suspended: table.suspended,
+            bypass: table.bypass.clone(),
+            origin_commands: crate::origin_command::OriginCommands::new(
+                &table.origin_command_header,
+                &table.enabled_origin_commands,
+            ),
+            json_envelope: table.json_envelope.clone(),
         })
     }
 }

@@ -12,6 +12,7 @@ use waitroom_common::{
     engine::{self, Decision, Visitor},
     estimate::WaitEstimate,
     room::{CookieSameSite, CookieSecure, QueueingMethod, Room, TicketBinding},
+    room_table::OriginCommand,
     ticket::Ticket,
     time::{EXPIRY_SLOT_MILLIS, UnixMillis},
 };
@@ -23,14 +24,14 @@ use waitroom_runtime::{
 
 use crate::{
     access_log::{self, Outcome, Trace},
-    cookie,
+    bypass, cookie,
     forwarded::Forwarding,
     http::ConnInfo,
     metrics::{CookieFailure, Defence, Latency, RoomCount},
     node::{Node, RoomLive, RoomRuntime},
     proxy,
     queue_page::{self, QueueView},
-    target,
+    target, upgrade,
 };
 
 /// Per-worker state: the connection pool to origins (never shared across cores).
@@ -115,7 +116,7 @@ async fn answer(
 
     // 1. The room, by the one spelling of the target (`crate::target`); the
     //    origin gets that spelling too.
-    let (index, rewrite) = match target::normalize(req.uri(), req.headers()) {
+    let (index, rewrite, bypassed) = match target::normalize(req.uri(), req.headers()) {
         Ok(t) => {
             let Some(index) = node.routes.route(&t) else {
                 node.metrics.requests_unmatched.fetch_add(1, Relaxed);
@@ -125,9 +126,21 @@ async fn answer(
             let changed = req.uri().authority().is_some()
                 || matches!(t.host, std::borrow::Cow::Owned(_))
                 || t.path(merge) != req.uri().path();
+            // Bypass rules see the spelling that was routed and is forwarded.
+            let rules = &node.rooms[index].live.load().bypass;
+            let bypassed = !rules.is_empty()
+                && rules
+                    .find(&bypass::Probe {
+                        method: req.method(),
+                        path: t.path(merge),
+                        headers: req.headers(),
+                        client: conn.client,
+                    })
+                    .is_some();
             (
                 index,
                 changed.then(|| (t.path_and_query(merge), t.host_header())),
+                bypassed,
             )
         }
         Err(err) => {
@@ -150,43 +163,28 @@ async fn answer(
     }
     let room = &node.rooms[index];
     trace.room = Some(index as u16);
+
+    // 1b. A bypass rule: to the origin without a ticket, nothing counted.
+    if bypassed {
+        trace.outcome = Outcome::Bypassed;
+        // No ticket: nothing for an origin command to act on (its header
+        // is still removed).
+        return to_origin(node, worker, room, req, conn, hop, scheme, trace)
+            .await
+            .0;
+    }
     let live = room.live.load_full();
     let now = node.clock.now();
     // The room as it stands now: a scheduled event's overrides (`Room::at`).
     let engine_room = &live.engine.at(now);
 
-    // 1b. A suspended room is out of the way (Cloudflare's `suspended`):
+    // 1c. A suspended room is out of the way (Cloudflare's `suspended`):
     //     to the origin, no ticket, no count, as if no room covered it.
     if live.suspended {
         trace.outcome = Outcome::Suspended;
-        let result = proxy::forward(
-            &worker.client,
-            &room.upstream,
-            room.spec.origin_timeout,
-            req,
-            &proxy::OriginRequest {
-                forwarding: Forwarding {
-                    client: conn.client,
-                    hop,
-                    trusted: node.settings.trusted_proxies.contains(hop),
-                    scheme,
-                },
-                via: &node.settings.via,
-                defences: &node.defences,
-                now_secs: node.clock.now().0 / 1_000,
-            },
-        )
-        .await;
-        return match result {
-            Ok(resp) => {
-                trace.upstream_status = Some(resp.status().as_u16());
-                resp
-            }
-            Err(err) => {
-                room.metrics.count(RoomCount::ProxyErrors);
-                proxy::error_page(&err)
-            }
-        };
+        return to_origin(node, worker, room, req, conn, hop, scheme, trace)
+            .await
+            .0;
     }
 
     // 2. The ticket: whatever does not open is a new visitor, counted by why.
@@ -292,7 +290,9 @@ async fn answer(
 
     // 4. The answer.
     match decision {
-        Decision::Admit { visitor, .. } => {
+        Decision::Admit {
+            visitor, ticket, ..
+        } => {
             trace.outcome = Outcome::Admitted;
             trace.visitor = Some(visitor.into());
             room.metrics.count(if visitor == Visitor::Admitted {
@@ -300,43 +300,18 @@ async fn answer(
             } else {
                 RoomCount::AdmittedNew
             });
-            let proxy_started = Instant::now();
-            let timeout = room.spec.origin_timeout;
-            let result = proxy::forward(
-                &worker.client,
-                &room.upstream,
-                timeout,
-                req,
-                &proxy::OriginRequest {
-                    forwarding: Forwarding {
-                        client: conn.client,
-                        hop,
-                        trusted: node.settings.trusted_proxies.contains(hop),
-                        scheme,
-                    },
-                    via: &node.settings.via,
-                    defences: &node.defences,
-                    now_secs: now.0 / 1_000,
-                },
-            )
-            .await;
-            let proxy_time = proxy_started.elapsed();
-            room.metrics.observe(Latency::Proxy, proxy_time);
-            trace.upstream_micros = Some(proxy_time.as_micros() as u64);
-            let mut resp = match result {
-                Ok(resp) => {
-                    trace.upstream_status = Some(resp.status().as_u16());
-                    resp
-                }
-                Err(err) => {
-                    room.metrics
-                        .count(if matches!(err, proxy::ProxyError::ClientBody { .. }) {
-                            RoomCount::ClientBodyErrors
-                        } else {
-                            RoomCount::ProxyErrors
-                        });
-                    proxy::error_page(&err)
-                }
+            let (mut resp, command) =
+                to_origin(node, worker, room, req, conn, hop, scheme, trace).await;
+            // 5. The origin's `revoke`: the session ends now, its slot is free,
+            //    and the browser forgets the cookie (a kept copy is a new
+            //    visitor's, see `engine::revoke`).
+            let set_cookie = if command == Some(OriginCommand::Revoke)
+                && engine::revoke(node.room_counters(index), node.ledger(), &ticket, now)
+            {
+                room.metrics.count(RoomCount::Revoked);
+                clear_cookie_header(room, engine_room, scheme)
+            } else {
+                set_cookie
             };
             if let Some(c) = set_cookie {
                 resp.headers_mut().append(header::SET_COOKIE, c);
@@ -360,6 +335,66 @@ async fn answer(
             trace.visitor = Some(visitor.into());
             room.metrics.count(RoomCount::Rejected);
             rejected(set_cookie)
+        }
+    }
+}
+
+/// Forwards the request to one of the room's origins (`proxy::forward`),
+/// timing it; a failure becomes its error page. The room's origin-command
+/// header goes from the request and from the response; the allowed command
+/// the origin gave is returned beside the response.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the request's whole context, passed down once"
+)]
+async fn to_origin(
+    node: &Node,
+    worker: &Worker,
+    room: &RoomRuntime,
+    req: Request<Incoming>,
+    conn: ConnInfo,
+    hop: std::net::IpAddr,
+    scheme: &'static str,
+    trace: &mut Trace,
+) -> (Response<Body>, Option<OriginCommand>) {
+    let commands = &room.live.load().origin_commands;
+    let mut req = req;
+    commands.strip_request(req.headers_mut());
+    let proxy_started = Instant::now();
+    let origin_request = proxy::OriginRequest {
+        forwarding: Forwarding {
+            client: conn.client,
+            hop,
+            trusted: node.settings.trusted_proxies.contains(hop),
+            scheme,
+        },
+        via: &node.settings.via,
+        defences: &node.defences,
+        now_secs: node.clock.now().0 / 1_000,
+    };
+    let (client, upstream, timeout) = (&worker.client, &room.upstream, room.spec.origin_timeout);
+    let result = if upgrade::is_upgrade(&req) {
+        upgrade::forward(client, upstream, timeout, req, &origin_request).await
+    } else {
+        proxy::forward(client, upstream, timeout, req, &origin_request).await
+    };
+    let proxy_time = proxy_started.elapsed();
+    room.metrics.observe(Latency::Proxy, proxy_time);
+    trace.upstream_micros = Some(proxy_time.as_micros() as u64);
+    match result {
+        Ok(mut resp) => {
+            trace.upstream_status = Some(resp.status().as_u16());
+            let command = commands.take(resp.headers_mut());
+            (resp, command)
+        }
+        Err(err) => {
+            room.metrics
+                .count(if matches!(err, proxy::ProxyError::ClientBody { .. }) {
+                    RoomCount::ClientBodyErrors
+                } else {
+                    RoomCount::ProxyErrors
+                });
+            (proxy::error_page(&err), None)
         }
     }
 }
@@ -441,6 +476,23 @@ fn cookie_still_good(presented: Option<&Ticket>, decision: &Decision) -> bool {
         && new.last_check_in.0.saturating_sub(old.last_check_in.0) < RESEAL_AFTER_MS
 }
 
+/// How long a queued visitor's cookie lives: their place in the queue,
+/// however long the wait (seconds).
+const QUEUED_COOKIE_MAX_AGE_SECS: u64 = 86_400;
+
+/// The cookie's `Max-Age` (seconds): an admitted visitor's cookie lives as
+/// long as their session (seed 002: "expire Session Duration minutes from
+/// when we last saw them"), plus the [`RESEAL_AFTER_MS`] by which a cookie
+/// that was not sealed anew may lag the session the node counts, so the
+/// browser never forgets a session the node still holds. A queued visitor's
+/// lives a day.
+fn cookie_max_age(ticket: &Ticket, room: &Room, now: UnixMillis) -> u64 {
+    match ticket.session_end(room.session_minutes(), room.session_renewal()) {
+        Some(end) => (end.0.saturating_sub(now.0) + RESEAL_AFTER_MS).div_ceil(1_000),
+        None => QUEUED_COOKIE_MAX_AGE_SECS,
+    }
+}
+
 /// `Set-Cookie` for the visitor's updated ticket.
 fn set_cookie_header(
     node: &Node,
@@ -457,7 +509,11 @@ fn set_cookie_header(
         CookieSecure::Always => true,
         CookieSecure::Never => false,
         CookieSecure::Auto => https,
-    };
+    }
+    // Browsers drop `SameSite=None` without `Secure`: it always carries it
+    // (over plain HTTP the browser then refuses the cookie; such a room
+    // belongs behind HTTPS, see docs/OPERATIONS.md).
+        || config.cookie_same_site == CookieSameSite::None;
     let same_site = match config.cookie_same_site {
         CookieSameSite::Lax => "Lax",
         CookieSameSite::Strict => "Strict",
@@ -471,8 +527,30 @@ fn set_cookie_header(
             }
         }
     };
+    let max_age = cookie_max_age(ticket, engine_room, node.clock.now());
     let mut text = format!(
-        "{}={value}; Path={}; Max-Age=86400; HttpOnly; SameSite={same_site}",
+        "{}={value}; Path={}; Max-Age={max_age}; HttpOnly; SameSite={same_site}",
+        room.cookie_name, room.spec.path
+    );
+    if secure {
+        text.push_str("; Secure");
+    }
+    HeaderValue::from_str(&text).ok()
+}
+
+/// `Set-Cookie` that makes the browser forget the room's cookie.
+fn clear_cookie_header(
+    room: &RoomRuntime,
+    engine_room: &Room,
+    scheme: &str,
+) -> Option<HeaderValue> {
+    let secure = match engine_room.config().cookie_secure {
+        CookieSecure::Always => true,
+        CookieSecure::Never => false,
+        CookieSecure::Auto => scheme == "https",
+    };
+    let mut text = format!(
+        "{}=; Path={}; Max-Age=0; HttpOnly; SameSite=Lax",
         room.cookie_name, room.spec.path
     );
     if secure {
@@ -502,7 +580,10 @@ fn queue_response(
     let engine = live.engine.at(now);
     let view = queue_view(room, &engine, ticket, estimate, now);
     let (body, content_type) = if json {
-        (queue_page::json(&view), "application/json")
+        (
+            queue_page::json_in(&view, &live.json_envelope),
+            "application/json",
+        )
     } else {
         (
             live.page_for(&engine).render(&view),
@@ -518,6 +599,13 @@ fn queue_response(
         header::REFRESH,
         HeaderValue::from(u64::from(ticket.refresh_interval_secs)),
     );
+    // For clients that know `Retry-After` rather than `Refresh`; and the
+    // answer is HTML or JSON by `Accept`, which a cache must key on.
+    h.insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(u64::from(ticket.refresh_interval_secs)),
+    );
+    h.insert(header::VARY, HeaderValue::from_static("Accept"));
     if let Some(c) = set_cookie {
         h.append(header::SET_COOKIE, c);
     }
@@ -691,6 +779,39 @@ mod tests {
         assert!(
             !cookie_still_good(None, &admit(same)),
             "new visitors always get a cookie"
+        );
+    }
+
+    #[test]
+    fn an_admitted_cookie_lives_as_long_as_its_session_a_queued_one_a_day() {
+        use waitroom_common::room::{RoomConfig, RoomId};
+        let now = UnixMillis(1_800_000_000_000);
+        let room = RoomConfig {
+            session_duration: 10,
+            ..RoomConfig::with_limits(10, 10)
+        }
+        .validate()
+        .unwrap();
+        let mut t = Ticket::new_visitor(RoomId(1), now, 20);
+        assert_eq!(cookie_max_age(&t, &room, now), QUEUED_COOKIE_MAX_AGE_SECS);
+        t.accepted_at = Some(now);
+        assert_eq!(cookie_max_age(&t, &room, now), 600 + 30);
+        // Sealed 20 s after the last request: 20 s less.
+        assert_eq!(
+            cookie_max_age(&t, &room, UnixMillis(now.0 + 20_000)),
+            580 + 30
+        );
+        let fixed = RoomConfig {
+            disable_session_renewal: true,
+            ..room.config().clone()
+        }
+        .validate()
+        .unwrap();
+        t.last_check_in = UnixMillis(now.0 + 300_000);
+        assert_eq!(
+            cookie_max_age(&t, &fixed, UnixMillis(now.0 + 300_000)),
+            300 + 30,
+            "without renewal the session counts from admission"
         );
     }
 

@@ -523,7 +523,8 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let conn = builder.serve_connection(TokioIo::new(io), service);
+    // With upgrades: an admitted WebSocket becomes a tunnel (`crate::upgrade`).
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let mut draining = false;
     loop {
