@@ -37,8 +37,13 @@ use crate::{cmd, setup};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Measured seconds per run.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Saturation rounds per scenario and generator, waitroom and nginx in
+    /// turn (the order alternating); the ratio reported is the median
+    /// round's. The fixed-rate runs are one round.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Connections of the load generator.
     #[arg(long, default_value_t = 32)]
     connections: usize,
@@ -406,6 +411,7 @@ pub fn run(args: &Args) -> Result<()> {
         "machine": machine,
         "connections": args.connections,
         "seconds": args.seconds,
+        "rounds": args.rounds,
         "generators": args.generators,
         "placements": placements,
         "wall_seconds": started.elapsed().as_secs_f64(),
@@ -526,13 +532,33 @@ fn run_set(
         let n = Endpoint::new(nginx_port, s.nginx_path, &headers);
         let mut saturation = serde_json::Map::new();
         for g in &args.generators {
-            let ws = saturate(g, bin, placement, &w, args)?;
-            let ns = saturate(g, bin, placement, &n, args)?;
-            let ratio = ratio(rps(&ws), rps(&ns));
-            println!("    {g}: waitroom ÷ nginx = {ratio:.2}");
+            let mut rounds = Vec::new();
+            for round in 0..args.rounds.max(1) {
+                // Alternate who goes first, so a drift of the machine's load
+                // during a round does not always favour the same server.
+                let (ws, ns) = if round % 2 == 0 {
+                    let ws = saturate(g, bin, placement, &w, args)?;
+                    (ws, saturate(g, bin, placement, &n, args)?)
+                } else {
+                    let ns = saturate(g, bin, placement, &n, args)?;
+                    (saturate(g, bin, placement, &w, args)?, ns)
+                };
+                rounds.push((ratio(rps(&ws), rps(&ns)), ws, ns));
+            }
+            let ratios: Vec<f64> = rounds.iter().map(|r| r.0).collect();
+            rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (median, ws, ns) = rounds.swap_remove(rounds.len() / 2);
+            println!(
+                "    {g}: waitroom ÷ nginx = {median:.2} (median of {})",
+                ratios
+                    .iter()
+                    .map(|r| format!("{r:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
             saturation.insert(
                 g.clone(),
-                json!({"waitroom": ws, "nginx": ns, "ratio": ratio}),
+                json!({"waitroom": ws, "nginx": ns, "ratio": median, "round_ratios": ratios}),
             );
         }
         // Half the slower server's saturation, as our generator measured it
@@ -750,10 +776,12 @@ fn targets(results: &[Value], workers: &[usize]) -> Vec<Value> {
 fn markdown(report: &Value) -> String {
     let mut s = String::new();
     s.push_str(&format!(
-        "Machine: {}. {} connections, {} s per run; wall time {:.0} s.\n\n",
+        "Machine: {}. {} connections, {} s per run, saturation ratios the median of {} rounds \
+         (req/s: that round's); wall time {:.0} s.\n\n",
         report["machine"]["description"].as_str().unwrap_or("?"),
         report["connections"],
         report["seconds"],
+        report["rounds"],
         report["wall_seconds"].as_f64().unwrap_or(0.0),
     ));
     for p in report["placements"].as_array().into_iter().flatten() {
@@ -1147,11 +1175,20 @@ fn xdp_overhead(bin: &Path, out: &Path, origin_port: u16, args: &Args) -> Result
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        // The node may accept connections before its program is verified
+        // and attached (seconds on a busy machine): wait for the link to say so.
+        let deadline = Instant::now() + Duration::from_secs(30);
         if attached {
-            let link = cmd::output(Command::new("ip").args(["link", "show", "dev", HOST_IF]))
-                .unwrap_or_default();
-            if !link.contains("xdp") {
-                bail!("the node did not attach its XDP program to {HOST_IF}");
+            loop {
+                let link = cmd::output(Command::new("ip").args(["link", "show", "dev", HOST_IF]))
+                    .unwrap_or_default();
+                if link.contains("xdp") {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("the node did not attach its XDP program to {HOST_IF} within 30 s");
+                }
+                std::thread::sleep(Duration::from_millis(100));
             }
         }
         let url = format!("http://{HOST_ADDR}:{port}/queue/page");
