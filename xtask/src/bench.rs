@@ -1040,17 +1040,26 @@ http {{
     )
 }
 
+/// With several workers, nginx listens with `reuseport` as waitroom does
+/// (one socket per worker, connections spread by the kernel). Without it the
+/// workers share one socket and one of them may take most of the 32
+/// connections, which would measure nginx with one busy worker.
+fn reuseport(workers: usize) -> &'static str {
+    if workers > 1 { " reuseport" } else { "" }
+}
+
 /// The fast origin: nginx answering every request with `200 ok`, nothing read.
 fn fast_origin_config(dir: &Path, port: u16, workers: usize) -> String {
     format!(
         r#"# cargo xtask bench: the fast origin.
 {common}    server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{reuseport};
         location / {{ default_type text/plain; return 200 "ok\n"; }}
     }}
 }}
 "#,
-        common = nginx_common(dir, "origin-nginx", workers)
+        common = nginx_common(dir, "origin-nginx", workers),
+        reuseport = reuseport(workers),
     )
 }
 
@@ -1067,7 +1076,7 @@ fn nginx_config(dir: &Path, port: u16, fast: u16, demo: u16, workers: usize) -> 
 {common}    upstream fast {{ server 127.0.0.1:{fast}; keepalive 256; }}
     upstream demo {{ server 127.0.0.1:{demo}; keepalive 256; }}
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{reuseport};
         location / {{
             proxy_pass http://fast;
             {proxy}
@@ -1081,7 +1090,8 @@ fn nginx_config(dir: &Path, port: u16, fast: u16, demo: u16, workers: usize) -> 
     }}
 }}
 "#,
-        common = nginx_common(dir, "nginx", workers)
+        common = nginx_common(dir, "nginx", workers),
+        reuseport = reuseport(workers),
     )
 }
 
