@@ -32,7 +32,7 @@ use crate::{cmd, setup};
 /// `cargo xtask bench`. The default run measures scenarios a, b, c, d on the
 /// fast origin and (a) on the demo origin, with both load generators, for 1
 /// and 2 workers, then the XDP runs (as root) and the access log's cost:
-/// about 12 minutes. `--workers 1 --generators loadgen` takes about a quarter
+/// about 11 minutes. `--workers 1 --generators loadgen` takes about a quarter
 /// of that.
 #[derive(Debug, clap::Args)]
 pub struct Args {

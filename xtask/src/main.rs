@@ -43,7 +43,7 @@ enum Verb {
     ///
     /// The default run is a subset of the full matrix: scenarios a, b, c, d
     /// (fast origin) and a-demo, both generators (loadgen, wrk), 1 and 2
-    /// workers, the XDP runs as root and the access log's cost: about 12
+    /// workers, the XDP runs as root and the access log's cost: about 11
     /// minutes. Add `--scenarios a,b,c,d,a-demo,b-demo` for the full matrix;
     /// narrow it with `--workers 1`, `--generators loadgen`, `--no-xdp`.
     Bench(bench::Args),
