@@ -40,6 +40,12 @@ enum Verb {
     /// Package, boot a minimal Debian with systemd-nspawn, install and drive the units (root).
     BootTest(boot_test::Args),
     /// Admission latency and throughput under load, side by side with nginx.
+    ///
+    /// The default run is a subset of the full matrix: scenarios a, b, c, d
+    /// (fast origin) and a-demo, both generators (loadgen, wrk), 1 and 2
+    /// workers, the XDP runs as root and the access log's cost: about 11
+    /// minutes. Add `--scenarios a,b,c,d,a-demo,b-demo` for the full matrix;
+    /// narrow it with `--workers 1`, `--generators loadgen`, `--no-xdp`.
     Bench(bench::Args),
     /// Install the toolchain pieces and Debian packages the build and tests need.
     Setup,
