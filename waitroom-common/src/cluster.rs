@@ -639,7 +639,10 @@ impl Cluster {
             );
             let mut granted = any_alone.min(room_left.saturating_sub(colo_alone));
             let mut colo_granted = colo_alone.min(room_left);
-            if asks {
+            // Small promises in FIFO rooms only: in a random room a visitor
+            // queued anywhere sends every new visitor to the lottery, so a
+            // node running dry early would queue the whole room.
+            if asks && def.room.queueing_method() == QueueingMethod::Fifo {
                 let need = self.promises.need(
                     admitted_since(leases, state.used, minute).max(visitors_since(
                         &previous_visitors,

@@ -31,7 +31,11 @@
 //! no more than the pool minus what every other node holds.
 //!
 //! A node that does not ask (an older node, or `lease_wait_ms = 0`) is
-//! promised its fair part as before.
+//! promised its fair part as before, and so is every node in a random
+//! room: there a visitor queued anywhere sends every new visitor to the
+//! lottery (seed 001), so one node running dry early would queue the whole
+//! room (the `gossip` integration test, a random room, admitted 9 of its 20
+//! slots instead of 20 with small promises there).
 
 /// How much the aggregator promises a node that asks on demand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

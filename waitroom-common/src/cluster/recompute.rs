@@ -117,7 +117,7 @@ impl Recomputing {
                 [&memory.colo_leases, &memory.leases],
                 minute,
             );
-            if asks {
+            if asks && def.room.queueing_method() == crate::room::QueueingMethod::Fifo {
                 let (total, _) = clamp_shared(
                     (u64::MAX, 0),
                     &states,

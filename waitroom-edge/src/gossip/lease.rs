@@ -162,6 +162,32 @@ impl LeaseAsk {
     }
 }
 
+impl LeaseAsk {
+    /// The `waitroom_lease_*` metrics.
+    pub fn encode(&self, f: &mut waitroom_runtime::metrics::Families<'_>) -> std::fmt::Result {
+        f.counter(
+            "waitroom_lease_asks_total",
+            "Out-of-cycle lease reports sent (for held visitors and prefetches).",
+            self.asks_total.load(Relaxed),
+        )?;
+        f.counter(
+            "waitroom_lease_holds_total",
+            "New visitors held while the node asked the aggregator for more slots.",
+            self.holds_total.load(Relaxed),
+        )?;
+        f.counter(
+            "waitroom_lease_holds_timed_out_total",
+            "Holds that ended after lease_wait_ms without an answer (holding then stops until the next answer).",
+            self.holds_timed_out_total.load(Relaxed),
+        )?;
+        f.gauge(
+            "waitroom_lease_holding",
+            "1 while a visitor short of slots may be held (lease_wait_ms > 0, the aggregator answering and taking lease reports).",
+            i64::from(self.holding()),
+        )
+    }
+}
+
 /// Whether `remaining` shared slots run out within `interval_ms` at the rate
 /// of `admitted` admits in the last `elapsed_ms`: the prefetch rule.
 #[must_use]
