@@ -65,6 +65,18 @@ impl InProcCluster {
     /// limits, method, session) and one node per `(name, colo)`, each
     /// reporting every `interval_ms` of real time, the clock at [`START`].
     pub fn start(tag: &str, room: &str, nodes: &[(&str, &str)], interval_ms: u64) -> Result<Self> {
+        Self::start_with(tag, room, nodes, interval_ms, "")
+    }
+
+    /// [`InProcCluster::start`] with `gossip` added to every node's
+    /// `[aggregator]` table (e.g. `lease_wait_ms = 0\n`).
+    pub fn start_with(
+        tag: &str,
+        room: &str,
+        nodes: &[(&str, &str)],
+        interval_ms: u64,
+        gossip: &str,
+    ) -> Result<Self> {
         let dir = TempDir::new(tag);
         let names: Vec<&str> = nodes.iter().map(|&(n, _)| n).collect();
         let certs = Certs::generate(&dir.path().join("certs"), &names)?;
@@ -114,7 +126,7 @@ impl InProcCluster {
                     false,
                     &table,
                     origin_addr,
-                    &node_gossip_table(quic, &certs, &certs, name, interval_ms),
+                    &(node_gossip_table(quic, &certs, &certs, name, interval_ms) + gossip),
                 ),
             )?;
             let config = waitroom_edge::config::load(&path)?;
@@ -212,6 +224,13 @@ impl InProcCluster {
             .load()
             .as_ref()
             .clone()
+    }
+
+    /// Stops the aggregator (the nodes go on with what they last heard).
+    pub fn stop_aggregator(&mut self) {
+        if let (Some(runtime), Some(aggregator)) = (self.runtime.as_ref(), self.aggregator.take()) {
+            runtime.block_on(aggregator.stop());
+        }
     }
 
     /// The aggregator's view at the cluster's time.

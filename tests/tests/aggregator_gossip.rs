@@ -64,6 +64,8 @@ fn node(
         interval_ms: 100,
         stale_after_ms: 1_000,
         expected_nodes: None,
+        // These tests hold the limits with fair parts, as before the lease.
+        lease_wait_ms: 0,
     };
     let identity = NodeIdentity {
         node: name.into(),

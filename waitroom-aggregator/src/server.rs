@@ -235,6 +235,12 @@ async fn serve_stream(
             return;
         }
     };
+    // A lease report is a report from a node that asks on demand: merged
+    // the same way, promised by its need (`cluster::promise`).
+    let (message, asks) = match message {
+        Message::LeaseReport(frame) => (Message::Report(frame), true),
+        other => (other, false),
+    };
     let answer = match message {
         Message::Report(frame) if !tls::peer_is(connection, &frame.report.node) => {
             shared.metrics.identity_refused_total.fetch_add(1, Relaxed);
@@ -276,7 +282,11 @@ async fn serve_stream(
                     pools: frame.pools,
                 },
             );
-            let rooms = shared.cluster().apply(frame.report, now);
+            let rooms = if asks {
+                shared.cluster().apply_asking(frame.report, now)
+            } else {
+                shared.cluster().apply(frame.report, now)
+            };
             shared.metrics.reports_total.fetch_add(1, Relaxed);
             Message::Answer(wire::AnswerFrame {
                 seq,
@@ -285,7 +295,7 @@ async fn serve_stream(
                 settings,
             })
         }
-        Message::Answer(_) | Message::Refused(_) => {
+        Message::Answer(_) | Message::Refused(_) | Message::LeaseReport(_) => {
             shared.metrics.frames_refused_total.fetch_add(1, Relaxed);
             if let Some(suppressed) = shared.metrics.logs.frames.pass(shared.now_secs()) {
                 tracing::warn!(

@@ -46,9 +46,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::wire::RoomAnswer;
 
+pub mod promise;
 #[cfg(test)]
 mod recompute;
 mod running;
+
+pub use promise::PromisePolicy;
 
 use running::{Live, NodeKey, RoomSums};
 
@@ -148,6 +151,66 @@ pub struct Cluster {
     /// Every departed node has been stripped of what no longer counts at
     /// this second (expiry slot) or a later one.
     stripped: Option<ExpirySlot>,
+    /// What a node that asks on demand is promised (see [`promise`]).
+    promises: PromisePolicy,
+}
+
+/// A node's shared-pool admits (colo share and Anywhere) since its leases
+/// were granted, by its admits `used` this minute: all of this minute's when
+/// the leases are of an earlier one (or there are none).
+pub(crate) fn admitted_since(
+    (colo_lease, lease): (Option<&Lease>, Option<&Lease>),
+    used: PoolCounts,
+    minute: Minute,
+) -> u64 {
+    let since = |lease: Option<&Lease>, used: u64| {
+        lease
+            .filter(|l| l.minute == minute)
+            .map_or(used, |l| used.saturating_sub(l.used_at_grant))
+    };
+    since(colo_lease, used.colo_share).saturating_add(since(lease, used.anywhere))
+}
+
+/// Each room's distinct visitors this minute in `report` (the node's
+/// previous report), to tell how many came since.
+pub(crate) fn visitors_now(report: Option<&NodeReport>, minute: Minute) -> Vec<(RoomId, u64)> {
+    report.map_or_else(Vec::new, |r| {
+        r.rooms
+            .iter()
+            .map(|room| (room.room, distinct_in(room, minute)))
+            .collect()
+    })
+}
+
+fn distinct_in(room: &RoomReport, minute: Minute) -> u64 {
+    room.distinct_visitors
+        .iter()
+        .find(|&&(m, _)| m == minute)
+        .map_or(0, |&(_, n)| n)
+}
+
+/// New visitors (distinct this minute) since the previous report: unlike
+/// admits, not cut short by a promise that ran out, so a burst shows at its
+/// full rate in the first request for more.
+pub(crate) fn visitors_since(
+    previous: &[(RoomId, u64)],
+    report: &RoomReport,
+    minute: Minute,
+) -> u64 {
+    let before = previous
+        .iter()
+        .find(|&&(room, _)| room == report.room)
+        .map_or(0, |&(_, n)| n);
+    distinct_in(report, minute).saturating_sub(before)
+}
+
+/// Milliseconds the admits of [`admitted_since`] were made in: since the
+/// node's previous report, and no further back than this minute's start.
+pub(crate) fn elapsed_since(previous_seen: Option<UnixMillis>, now: UnixMillis) -> u64 {
+    let into_minute = now.0 % crate::time::MILLIS_PER_MINUTE;
+    previous_seen.map_or(into_minute, |seen| {
+        now.0.saturating_sub(seen.0).min(into_minute)
+    })
 }
 
 /// Status of one room, for `/status`.
@@ -249,9 +312,17 @@ impl Cluster {
             by_last_seen: BTreeSet::new(),
             departed: BTreeSet::new(),
             stripped: None,
+            promises: PromisePolicy::default(),
         };
         cluster.rebuild(None);
         cluster
+    }
+
+    /// The same cluster promising nodes that ask on demand by `policy`.
+    #[must_use]
+    pub fn with_promises(mut self, policy: PromisePolicy) -> Self {
+        self.promises = policy;
+        self
     }
 
     /// The running sums and indexes recomputed from `reports`, `meta` and
@@ -425,7 +496,20 @@ impl Cluster {
     /// the node (then clamped by the ledger), but computed from the running
     /// sums: the node's previous report is taken away and this one added,
     /// so a merge costs this report's entries, not every node's.
-    pub fn apply(&mut self, mut report: NodeReport, now: UnixMillis) -> Vec<RoomAnswer> {
+    pub fn apply(&mut self, report: NodeReport, now: UnixMillis) -> Vec<RoomAnswer> {
+        self.apply_as(report, now, false)
+    }
+
+    /// [`Cluster::apply`] for a node that asks on demand when its promise
+    /// runs out (`Message::LeaseReport`): its shared grants are what its
+    /// recent admits need, not its fair part, so the rest stays in reserve
+    /// for whoever asks next ([`promise`]). Out-of-cycle reports are the
+    /// asking; they are merged like any other.
+    pub fn apply_asking(&mut self, report: NodeReport, now: UnixMillis) -> Vec<RoomAnswer> {
+        self.apply_as(report, now, true)
+    }
+
+    fn apply_as(&mut self, mut report: NodeReport, now: UnixMillis, asks: bool) -> Vec<RoomAnswer> {
         self.expire(now);
         report.rooms.retain(|r| {
             let known = self.memory.contains_key(&r.room);
@@ -436,6 +520,12 @@ impl Cluster {
         });
         self.check_plausible(&mut report, now);
         let node = report.node.clone();
+        let previous_seen = self.index_of(&node).map(|i| self.meta[i].last_seen);
+        let previous_visitors = if asks {
+            visitors_now(self.index_of(&node).map(|i| &self.reports[i]), now.minute())
+        } else {
+            Vec::new()
+        };
         let index = match self.index_of(&node) {
             Some(i) => {
                 self.account(i, -1, true);
@@ -552,8 +642,28 @@ impl Cluster {
                     .colo_held_by_others
                     .saturating_add(shares.held_by_others),
             );
-            let granted = any_alone.min(room_left.saturating_sub(colo_alone));
-            let colo_granted = colo_alone.min(room_left);
+            let mut granted = any_alone.min(room_left.saturating_sub(colo_alone));
+            let mut colo_granted = colo_alone.min(room_left);
+            // Small promises in FIFO rooms only: in a random room a visitor
+            // queued anywhere sends every new visitor to the lottery, so a
+            // node running dry early would queue the whole room.
+            if asks && def.room.queueing_method() == QueueingMethod::Fifo {
+                let need = self.promises.need(
+                    admitted_since(leases, state.used, minute).max(visitors_since(
+                        &previous_visitors,
+                        room_report,
+                        minute,
+                    )),
+                    elapsed_since(previous_seen, now),
+                );
+                let free = promise::Free {
+                    colo: shares.colo_pool.saturating_sub(shares.colo_held_in_colo),
+                    anywhere: shares.pool.saturating_sub(shares.held_by_others),
+                    total: room_left,
+                };
+                (colo_granted, granted) =
+                    self.promises.promise((colo_granted, granted), free, need);
+            }
             tracing::debug!(
                 %node,
                 room = %def.name,
@@ -1184,6 +1294,122 @@ mod tests {
         );
     }
 
+    /// A report of node `node` in colo "x" for the asking tests: `used` this
+    /// minute, the same history two minutes back, `current` visitors now.
+    fn asking_report(node: &str, now: UnixMillis, used: PoolCounts, current: u64) -> NodeReport {
+        let m = now.minute();
+        report(
+            node,
+            "x",
+            now,
+            RoomReport {
+                room: RoomId::from_name("shop"),
+                expiries: vec![(crate::time::ExpirySlot::end_of_minute(m.plus(3)), 1)],
+                admits: vec![MinuteAdmits {
+                    minute: m,
+                    admits: used,
+                }],
+                waiting: vec![],
+                distinct_visitors: vec![(m.minus(2), 10), (m, current)],
+            },
+        )
+    }
+
+    fn shared_cap(state: &GlobalState) -> u64 {
+        state.used.colo_share
+            + state.allowance.colo_share
+            + state.used.anywhere
+            + state.allowance.anywhere
+    }
+
+    /// The 7:1 burst at the aggregator: with fair parts, the quiet node
+    /// holds half the colo and the bursting node's out-of-cycle report finds
+    /// nothing free; with small promises the quiet node holds a little and
+    /// the asking node is granted the reserve at once.
+    #[test]
+    fn an_asking_node_is_granted_the_reserve_a_quiet_node_was_not_promised() {
+        let burst = |asking: bool| {
+            let mut cluster = Cluster::new(vec![room(10_000, 100)], 5_000);
+            let apply = |c: &mut Cluster, r, now| {
+                if asking {
+                    c.apply_asking(r, now)
+                } else {
+                    c.apply(r, now)
+                }
+            };
+            let quiet = PoolCounts::default();
+            // Two rounds of the usual pace, every node reporting each second.
+            let mut caps = [0; 2];
+            for round in 0..2 {
+                let t = T0.plus_millis(1_000 * round);
+                let a = apply(&mut cluster, asking_report("a", t, quiet, 1), t);
+                caps[0] = shared_cap(&a[0].state);
+                let t = t.plus_millis(500);
+                let b = apply(&mut cluster, asking_report("b", t, quiet, 1), t);
+                caps[1] = shared_cap(&b[0].state);
+            }
+            // The burst at a: it spends what it holds and asks out of cycle.
+            let spent = PoolCounts {
+                colo_share: caps[0],
+                ..PoolCounts::default()
+            };
+            let t = T0.plus_millis(1_600);
+            let a = apply(&mut cluster, asking_report("a", t, spent, 40), t);
+            let a_cap = shared_cap(&a[0].state);
+            assert!(a_cap + caps[1] <= 100, "{a_cap} + {}", caps[1]);
+            (caps[0], caps[1], a_cap)
+        };
+        let (_, b_fair, a_fair) = burst(false);
+        assert!(b_fair >= 40, "a quiet node holds its fair half: {b_fair}");
+        assert!(a_fair <= 60, "and the busy node cannot get it: {a_fair}");
+        let (a_first, b_small, a_asked) = burst(true);
+        assert!(
+            a_first <= 2,
+            "an idle node's first promise is small: {a_first}"
+        );
+        assert!(
+            b_small <= 2,
+            "the quiet node is promised a little: {b_small}"
+        );
+        assert!(
+            a_asked > a_fair,
+            "the asking node gets the reserve: {a_asked} against {a_fair} with fair parts"
+        );
+    }
+
+    /// The attacker (or a runaway node): it asks every millisecond, each
+    /// time claiming to have spent everything it holds. Its grants grow,
+    /// but what every node holds never passes the minute's limit, and an
+    /// honest node's lease is never taken from it.
+    #[test]
+    fn a_node_asking_again_and_again_never_holds_more_than_the_pool() {
+        let mut cluster = Cluster::new(vec![room(10_000, 100)], 5_000);
+        let honest =
+            cluster.apply_asking(asking_report("honest", T0, PoolCounts::default(), 30), T0);
+        let mut now = T0.plus_millis(400);
+        let honest = cluster.apply_asking(
+            asking_report("honest", now, honest[0].state.allowance, 30),
+            now,
+        );
+        let honest_cap = shared_cap(&honest[0].state);
+        assert!(honest_cap > 0);
+        let mut used = PoolCounts::default();
+        let mut evil_cap = 0;
+        for _ in 0..1_000 {
+            now = now.plus_millis(1);
+            let answer = cluster.apply_asking(asking_report("evil", now, used, 10_000), now);
+            let state = &answer[0].state;
+            evil_cap = shared_cap(state);
+            assert!(
+                evil_cap + honest_cap <= 100,
+                "evil {evil_cap} + honest {honest_cap} over the minute's limit"
+            );
+            used.colo_share = state.used.colo_share + state.allowance.colo_share;
+            used.anywhere = state.used.anywhere + state.allowance.anywhere;
+        }
+        assert!(evil_cap > 50, "it did get what nobody held: {evil_cap}");
+    }
+
     #[test]
     fn a_lease_from_the_previous_minute_counts_until_replaced() {
         let lease = Lease {
@@ -1473,8 +1699,10 @@ mod tests {
                             at: now,
                             rooms,
                         };
-                        let got = cluster.apply(report.clone(), now);
-                        let want = reference.apply(report, now);
+                        // Even nodes ask on demand (small promises), odd ones do not.
+                        let asks = node % 2 == 0;
+                        let got = cluster.apply_as(report.clone(), now, asks);
+                        let want = reference.apply_as(report, now, asks);
                         proptest::prop_assert_eq!(got, want);
                     }
                     Step::Expire { advance_ms, back } => {

@@ -509,6 +509,39 @@ fn pools_for(
     }
 }
 
+/// Whether a new visitor deciding now would be queued only because every
+/// shared pool it may use is spent on this node ([`QueueReason::NoSlotLeft`]),
+/// moving no count. The edge asks before deciding: that is the one visitor a
+/// bigger promise from the aggregator would admit, so it may hold the
+/// decision for a bounded wait while the node asks for one (the on-demand
+/// lease, issue 15). `false` whenever something else decides: a method that
+/// does not queue, `queue_all`, a random queue with visitors waiting, or FIFO
+/// buckets older than the visitor's (holding would not admit them sooner).
+#[must_use]
+pub fn short_of_slots(
+    room: &Room,
+    global: &GlobalState,
+    counters: &RoomCounters,
+    now: UnixMillis,
+) -> bool {
+    match room.queueing_method() {
+        QueueingMethod::Passthrough | QueueingMethod::Reject => return false,
+        QueueingMethod::Random if global.total_waiting > 0 => return false,
+        QueueingMethod::Fifo | QueueingMethod::Random => {}
+    }
+    if room.queue_all() {
+        return false;
+    }
+    let minute = now.minute();
+    let Ok(pools) = pools_for(room, global, minute, Visitor::New) else {
+        return false;
+    };
+    let used = counters.admits(minute);
+    pools
+        .iter()
+        .all(|&pool| used.get(pool) >= global.cap(pool, now, false))
+}
+
 /// Takes one ticket from the first pool with room under its cap.
 fn take_slot(
     room: &Room,
@@ -884,6 +917,49 @@ mod tests {
         assert_eq!(counters.active_users(now.expiry_slot()), 1);
         assert_eq!(counters.admits(now.minute()).colo_share, 1);
         assert_eq!(counters.distinct_visitors(now.minute()), 1);
+    }
+
+    /// The on-demand lease's question: exactly the visitor the engine would
+    /// queue for want of a slot, asked without moving a count.
+    #[test]
+    fn short_of_slots_is_the_visitor_queued_for_want_of_a_slot() {
+        let room = room(200, 200);
+        let counters = RoomCounters::new_boxed(ROOM);
+        let now = at(11, 45, 54);
+        let global = open(now, 2);
+        for i in 0..2 {
+            assert!(!short_of_slots(&room, &global, &counters, now));
+            assert!(matches!(
+                decide(&room, &global, &counters, None, now, i),
+                Decision::Admit { .. }
+            ));
+        }
+        let before = counters.admits(now.minute());
+        assert!(short_of_slots(&room, &global, &counters, now));
+        assert_eq!(counters.admits(now.minute()), before, "nothing moved");
+        let Decision::Queue { reason, .. } = decide(&room, &global, &counters, None, now, 9) else {
+            panic!("queued")
+        };
+        assert_eq!(reason, QueueReason::NoSlotLeft);
+        // Where something else decides, holding would not help.
+        let all = crate::room::RoomConfig {
+            queue_all: true,
+            ..config(200, 200)
+        }
+        .validate()
+        .unwrap()
+        .with_id(ROOM);
+        assert!(!short_of_slots(&all, &global, &counters, now));
+        let pass = with_method(&room, QueueingMethod::Passthrough);
+        assert!(!short_of_slots(&pass, &global, &counters, now));
+        let behind = state(
+            now,
+            &[(now.minute().minus(1), 5)],
+            2,
+            PoolCounts::default(),
+            false,
+        );
+        assert!(!short_of_slots(&room, &behind, &counters, now));
     }
 
     /// Seed 000: San Jose may send 15 of its own and Anywhere holds 113, so

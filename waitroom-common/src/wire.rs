@@ -60,6 +60,15 @@ pub enum Message {
     Answer(AnswerFrame),
     /// Either way: the other side's frame was not accepted.
     Refused(Refusal),
+    /// Node → aggregator: a report from a node that asks on demand when its
+    /// promise runs out (its `lease_wait_ms` is not 0), on its interval or
+    /// out of cycle. Answered like a report, but the node is promised what
+    /// its recent admits need rather than its fair part, so the rest stays
+    /// in reserve for whoever asks ([`crate::cluster::promise`]). Appended
+    /// without a version change: every earlier frame keeps its bytes, and an
+    /// aggregator that predates it refuses it as malformed, on which the
+    /// node goes back to plain reports and stops asking.
+    LeaseReport(ReportFrame),
 }
 
 /// A node's report: its counts for every room it serves.
@@ -391,6 +400,22 @@ mod tests {
         assert_eq!(decode(&answer).unwrap(), sample_answer());
     }
 
+    /// The lease report is appended: the report's bytes under the next
+    /// variant tag (3), so every earlier frame keeps its bytes and an older
+    /// aggregator refuses it as malformed (its tags end at 2).
+    #[test]
+    fn a_lease_report_is_a_report_under_an_appended_tag() {
+        let Message::Report(frame) = sample_report() else {
+            unreachable!()
+        };
+        let report = encode(&sample_report()).unwrap();
+        let lease = encode(&Message::LeaseReport(frame.clone())).unwrap();
+        assert_eq!(report[HEADER_LEN], 0);
+        assert_eq!(lease[HEADER_LEN], 3);
+        assert_eq!(report[HEADER_LEN + 1..], lease[HEADER_LEN + 1..]);
+        assert_eq!(decode(&lease).unwrap(), Message::LeaseReport(frame));
+    }
+
     #[test]
     fn bad_frames_are_refused_with_a_reason() {
         let good = encode(&sample_report()).unwrap();
@@ -453,9 +478,13 @@ mod tests {
     #[test]
     fn arbitrary_bytes_never_panic() {
         // A cheap deterministic fuzz: every prefix and many bit flips of valid frames.
+        let Message::Report(frame) = sample_report() else {
+            unreachable!()
+        };
         let frames = [
             encode(&sample_report()).unwrap(),
             encode(&sample_answer()).unwrap(),
+            encode(&Message::LeaseReport(frame)).unwrap(),
         ];
         let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
         for frame in &frames {

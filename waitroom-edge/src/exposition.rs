@@ -37,6 +37,7 @@ fn scrape(node: &Node, f: &mut Families<'_>) -> fmt::Result {
     crate::upstream::status::encode(f, node.rooms.iter().map(|r| &*r.upstream))?;
     if let Some(gossip) = node.gossip.as_ref() {
         gossip.status.encode(f, &gossip.world, node.clock.now())?;
+        gossip.lease.encode(f)?;
     }
     Ok(())
 }

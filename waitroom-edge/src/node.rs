@@ -8,10 +8,11 @@ use std::{sync::Arc, time::Duration};
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use waitroom_common::{
-    counters::RoomCounters,
+    counters::{Pool, RoomCounters},
     room::Room,
     share::{ColdStart, cold_start_state, local_only_state},
     state::{AdmitRate, GlobalState},
+    time::UnixMillis,
 };
 use waitroom_runtime::{clock::Clock, tls::CertSwap};
 
@@ -372,6 +373,40 @@ impl Node {
                 },
             };
             room.state.store(state);
+        }
+    }
+
+    /// The on-demand lease's prefetch, on the refresh tick: asks the
+    /// aggregator out of cycle when a room's remaining shared slots will run
+    /// out within the next report interval at the rate since the last tick
+    /// (`samples` keeps each room's last (time, shared admits)).
+    pub fn prefetch_lease(&self, samples: &mut [Option<(UnixMillis, u64)>]) {
+        let Some(gossip) = &self.gossip else { return };
+        if !gossip.lease.holding() {
+            return;
+        }
+        let now = self.clock.now();
+        let interval_ms = gossip.interval_ms;
+        for (i, room) in self.rooms.iter().enumerate() {
+            let state = room.state.load();
+            let minute = now.minute();
+            let admits = self.room_counters(i).admits(minute);
+            let used = admits.colo_share.saturating_add(admits.anywhere);
+            let cap = state
+                .cap(Pool::ColoShare, now, false)
+                .saturating_add(state.cap(Pool::Anywhere, now, false));
+            let before = samples[i].replace((now, used));
+            let Some((then, used_then)) = before.filter(|(t, _)| t.minute() == minute) else {
+                continue;
+            };
+            if gossip::lease::runs_out_within(
+                cap.saturating_sub(used),
+                used.saturating_sub(used_then),
+                now.0.saturating_sub(then.0),
+                interval_ms,
+            ) {
+                gossip.lease.ask();
+            }
         }
     }
 

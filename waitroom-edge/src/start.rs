@@ -537,6 +537,7 @@ fn spawn_state_refresh(
     let now = Arc::clone(now);
     let mut shutdown = shutdown.clone();
     let mut rates = vec![AdmitRate::default(); node.rooms.len()];
+    let mut prefetch = vec![None; node.rooms.len()];
     node.refresh_states(&mut rates);
     control.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
@@ -554,6 +555,7 @@ fn spawn_state_refresh(
             tokio::select! {
                 _ = tick.tick() => {
                     node.refresh_states(&mut rates);
+                    node.prefetch_lease(&mut prefetch);
                     if !truncation_told && node.counters.truncated() {
                         truncation_told = true;
                         tracing::error!(
@@ -574,6 +576,10 @@ fn spawn_state_refresh(
                         node.take_push(&push);
                     }
                     node.refresh_states(&mut rates);
+                    // Held visitors decide again with the new promise.
+                    if let Some(gossip) = &node.gossip {
+                        gossip.lease.answered();
+                    }
                 }
                 () = now.notified() => node.refresh_states(&mut rates),
                 _ = keep_shares.tick(), if world

@@ -25,6 +25,7 @@ pub(crate) struct Recomputing {
     pub(crate) reports: Vec<NodeReport>,
     pub(crate) meta: Vec<NodeMeta>,
     node_timeout_ms: u64,
+    promises: super::PromisePolicy,
 }
 
 impl Recomputing {
@@ -39,11 +40,19 @@ impl Recomputing {
             reports: Vec::new(),
             meta: Vec::new(),
             node_timeout_ms,
+            promises: super::PromisePolicy::default(),
         }
     }
 
     /// `Cluster::apply` before the running sums.
-    pub(crate) fn apply(&mut self, mut report: NodeReport, now: UnixMillis) -> Vec<RoomAnswer> {
+    /// `Cluster::apply_as` before the running sums: the promise of a node
+    /// that asks on demand from the same rule and the same free parts.
+    pub(crate) fn apply_as(
+        &mut self,
+        mut report: NodeReport,
+        now: UnixMillis,
+        asks: bool,
+    ) -> Vec<RoomAnswer> {
         self.expire(now);
         report.rooms.retain(|r| self.memory.contains_key(&r.room));
         for room_report in &mut report.rooms {
@@ -52,6 +61,13 @@ impl Recomputing {
             }
         }
         let node = report.node.clone();
+        let previous_seen = self
+            .reports
+            .iter()
+            .position(|r| r.node == node)
+            .map(|i| self.meta[i].last_seen);
+        let previous_visitors =
+            super::visitors_now(self.reports.iter().find(|r| r.node == node), now.minute());
         let index = match self.reports.iter().position(|r| r.node == node) {
             Some(i) => {
                 self.reports[i] = report;
@@ -91,16 +107,45 @@ impl Recomputing {
             else {
                 continue;
             };
-            let (colo_granted, granted) = clamp_shared(
-                (
-                    clamp_colo_share(&states, &node, &self.reports, &memory.colo_leases, minute),
-                    clamp_anywhere(&states, &node, &memory.leases, minute),
-                ),
+            let colo_alone =
+                clamp_colo_share(&states, &node, &self.reports, &memory.colo_leases, minute);
+            let any_alone = clamp_anywhere(&states, &node, &memory.leases, minute);
+            let (mut colo_granted, mut granted) = clamp_shared(
+                (colo_alone, any_alone),
                 &states,
                 &node,
                 [&memory.colo_leases, &memory.leases],
                 minute,
             );
+            if asks && def.room.queueing_method() == crate::room::QueueingMethod::Fifo {
+                let (total, _) = clamp_shared(
+                    (u64::MAX, 0),
+                    &states,
+                    &node,
+                    [&memory.colo_leases, &memory.leases],
+                    minute,
+                );
+                let free = super::promise::Free {
+                    colo: colo_free(&states, &node, &self.reports, &memory.colo_leases, minute),
+                    anywhere: anywhere_free(&states, &node, &memory.leases, minute),
+                    total,
+                };
+                let leases = (memory.colo_leases.get(&node), memory.leases.get(&node));
+                let room_report = self.reports[index]
+                    .rooms
+                    .iter()
+                    .find(|r| r.room == def.room.id())
+                    .expect("the room is in the report (checked above)");
+                let need =
+                    self.promises.need(
+                        super::admitted_since(leases, state.used, minute).max(
+                            super::visitors_since(&previous_visitors, room_report, minute),
+                        ),
+                        super::elapsed_since(previous_seen, now),
+                    );
+                (colo_granted, granted) =
+                    self.promises.promise((colo_granted, granted), free, need);
+            }
             state.allowance.anywhere = granted;
             state.allowance.colo_share = colo_granted;
             memory.colo_leases.insert(
@@ -170,6 +215,20 @@ fn clamp_anywhere(
     leases: &BTreeMap<String, Lease>,
     minute: Minute,
 ) -> u64 {
+    let engine = states
+        .iter()
+        .find(|(name, _)| name == node)
+        .map_or(0, |(_, s)| s.allowance.anywhere);
+    engine.min(anywhere_free(states, node, leases, minute))
+}
+
+/// The round's Anywhere pool minus what other nodes still hold unused.
+fn anywhere_free(
+    states: &[(String, GlobalState)],
+    node: &str,
+    leases: &BTreeMap<String, Lease>,
+    minute: Minute,
+) -> u64 {
     let pool: u64 = states
         .iter()
         .fold(0_u64, |t, (_, s)| t.saturating_add(s.allowance.anywhere));
@@ -182,11 +241,7 @@ fn clamp_anywhere(
                 .map(|l| l.outstanding(minute, s.used.anywhere))
         })
         .fold(0_u64, u64::saturating_add);
-    let engine = states
-        .iter()
-        .find(|(name, _)| name == node)
-        .map_or(0, |(_, s)| s.allowance.anywhere);
-    engine.min(pool.saturating_sub(held))
+    pool.saturating_sub(held)
 }
 
 /// Both shared grants of `node` together, `(colo_share, anywhere)`, cut to
@@ -237,6 +292,21 @@ fn clamp_colo_share(
     leases: &BTreeMap<String, Lease>,
     minute: Minute,
 ) -> u64 {
+    let engine = states
+        .iter()
+        .find(|(name, _)| name == node)
+        .map_or(0, |(_, s)| s.allowance.colo_share);
+    engine.min(colo_free(states, node, reports, leases, minute))
+}
+
+/// `node`'s colo's slots this round minus what its other nodes still hold.
+fn colo_free(
+    states: &[(String, GlobalState)],
+    node: &str,
+    reports: &[NodeReport],
+    leases: &BTreeMap<String, Lease>,
+    minute: Minute,
+) -> u64 {
     let colos: BTreeMap<&str, &str> = reports
         .iter()
         .map(|r| (r.node.as_str(), r.colo.as_str()))
@@ -245,17 +315,17 @@ fn clamp_colo_share(
     let Some(colo) = colo_of(node) else {
         return 0;
     };
-    let (mut pool, mut held, mut engine) = (0_u64, 0_u64, 0_u64);
+    let (mut pool, mut held) = (0_u64, 0_u64);
     for (name, state) in states
         .iter()
         .filter(|(name, _)| colo_of(name) == Some(colo))
     {
         pool = pool.saturating_add(state.allowance.colo_share);
-        if name == node {
-            engine = state.allowance.colo_share;
-        } else if let Some(lease) = leases.get(name) {
+        if name != node
+            && let Some(lease) = leases.get(name)
+        {
             held = held.saturating_add(lease.outstanding(minute, state.used.colo_share));
         }
     }
-    engine.min(pool.saturating_sub(held))
+    pool.saturating_sub(held)
 }

@@ -15,7 +15,7 @@ use waitroom_runtime::{
 };
 
 use super::{
-    GossipConfig, NodeIdentity, Reporter,
+    GossipConfig, LeaseAsk, NodeIdentity, Reporter,
     status::GossipStatus,
     world::{RoomView, World, WorldView},
 };
@@ -100,6 +100,8 @@ pub(super) struct Client {
     pub endpoint: quinn::Endpoint,
     /// The node's clock: report times and answer ages.
     pub clock: Clock,
+    /// The on-demand lease: asks for out-of-cycle reports, told of failures.
+    pub lease: Arc<LeaseAsk>,
 }
 
 impl Client {
@@ -127,6 +129,7 @@ impl Client {
                 match connected {
                     Ok(connection) => {
                         failed_attempts = 0;
+                        self.lease.connected();
                         self.status.connects_total.fetch_add(1, Relaxed);
                         tracing::info!("connected to the aggregator");
                         let ended = tokio::select! {
@@ -138,6 +141,7 @@ impl Client {
                             }
                         };
                         self.status.connected.store(false, Relaxed);
+                        self.lease.failed();
                         tracing::warn!(reason = %ended, "gossip connection ended; reconnecting");
                         connection.close(wire::close::DONE.into(), b"reconnecting");
                     }
@@ -188,7 +192,15 @@ impl Client {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut missed = 0;
         loop {
-            tick.tick().await;
+            // On the interval, or at once for visitors held on the lease
+            // (and prefetches): one report answers them all.
+            let out_of_cycle = tokio::select! {
+                _ = tick.tick() => false,
+                () = self.lease.wanted() => true,
+            };
+            if out_of_cycle {
+                self.lease.asks_total.fetch_add(1, Relaxed);
+            }
             *seq += 1;
             let now = self.clock.now();
             let rooms = self.reporter.report(now);
@@ -199,6 +211,7 @@ impl Client {
                 rooms,
             };
             let timeout = self.answer_timeout();
+            let lease_report = self.lease.sends_lease_reports();
             let result = match tokio::time::timeout(
                 timeout,
                 exchange(
@@ -210,6 +223,7 @@ impl Client {
                         0 => None,
                         v => Some(v),
                     },
+                    lease_report,
                 ),
             )
             .await
@@ -229,6 +243,22 @@ impl Client {
                 }
                 Err(err) => {
                     self.status.errors_total.fetch_add(1, Relaxed);
+                    if lease_report
+                        && matches!(
+                            err,
+                            ExchangeError::Refused {
+                                reason: RefusalReason::Malformed,
+                                ..
+                            }
+                        )
+                    {
+                        // An aggregator from before lease reports: plain
+                        // reports again, at once.
+                        self.lease.unsupported();
+                        tick.reset_immediately();
+                        continue;
+                    }
+                    self.lease.failed();
                     match err {
                         ExchangeError::Timeout { .. } => {
                             missed += 1;
@@ -288,17 +318,23 @@ async fn exchange(
     report: &NodeReport,
     pools: Vec<wire::PoolOpinion>,
     settings_version: Option<u64>,
+    lease_report: bool,
 ) -> Result<AnswerFrame, ExchangeError> {
     let (mut send, mut recv) = connection
         .open_bi()
         .await
         .map_err(|source| ExchangeError::Connection { source })?;
-    let message = Message::Report(ReportFrame {
+    let frame = ReportFrame {
         seq,
         report: report.clone(),
         pools,
         settings_version,
-    });
+    };
+    let message = if lease_report {
+        Message::LeaseReport(frame)
+    } else {
+        Message::Report(frame)
+    };
     frames::write(&mut send, &message)
         .await
         .map_err(|source| ExchangeError::Wire { source })?;
@@ -312,7 +348,7 @@ async fn exchange(
             reason: refusal.reason,
             detail: refusal.detail,
         }),
-        Ok(Message::Report(_)) => Err(ExchangeError::Unexpected),
+        Ok(Message::Report(_) | Message::LeaseReport(_)) => Err(ExchangeError::Unexpected),
         // A stream reset or connection loss shows up as a read error; surface
         // the connection's own reason when there is one.
         Err(source) => Err(match connection.close_reason() {

@@ -40,9 +40,11 @@ use waitroom_common::{
 use waitroom_runtime::{clock::Clock, shutdown::Shutdown, tls};
 
 pub mod client;
+pub mod lease;
 pub mod status;
 pub mod world;
 
+pub use lease::LeaseAsk;
 pub use status::GossipStatus;
 pub use world::{Freshness, RoomView, World, WorldView};
 
@@ -75,6 +77,13 @@ pub struct GossipConfig {
     /// whole room: N nodes started during an outage would admit N times it.
     #[serde(default)]
     pub expected_nodes: Option<std::num::NonZeroU32>,
+    /// The on-demand lease (`gossip::lease`): how long a new visitor who
+    /// would be queued only because this node's promise ran out is held
+    /// while the node asks the aggregator for more, out of cycle. 0: never
+    /// held, and the aggregator promises this node its fair part each round
+    /// instead of what its traffic needs (the behaviour before the lease).
+    #[serde(default = "default_lease_wait_ms")]
+    pub lease_wait_ms: u64,
 }
 
 /// The name in the development aggregator certificate (`cargo xtask certs`).
@@ -86,6 +95,9 @@ fn default_interval_ms() -> u64 {
 }
 fn default_stale_after_ms() -> u64 {
     10_000
+}
+fn default_lease_wait_ms() -> u64 {
+    50
 }
 
 /// What is wrong with an `[aggregator]` table: the field and the problem.
@@ -127,6 +139,15 @@ impl GossipConfig {
                     "{} is less than two intervals ({} ms): one late answer would make the view stale",
                     self.stale_after_ms,
                     2 * self.interval_ms
+                ),
+            });
+        }
+        if self.lease_wait_ms > 1_000 || self.lease_wait_ms >= self.interval_ms {
+            return Err(GossipConfigError {
+                field: "lease_wait_ms",
+                problem: format!(
+                    "{} is over 1000 or not below interval_ms ({}): a visitor would wait longer than the next report",
+                    self.lease_wait_ms, self.interval_ms
                 ),
             });
         }
@@ -238,6 +259,10 @@ pub struct GossipHandle {
     pub world: Arc<WorldView>,
     /// What `/metrics` renders.
     pub status: Arc<GossipStatus>,
+    /// The on-demand lease: the request path holds and asks through it.
+    pub lease: Arc<LeaseAsk>,
+    /// Milliseconds between reports (the prefetch's horizon).
+    pub interval_ms: u64,
     /// The task; it ends after shutdown is requested.
     pub task: tokio::task::JoinHandle<()>,
 }
@@ -268,7 +293,10 @@ pub fn spawn(
     endpoint.set_default_client_config(client_config);
     let world = Arc::new(WorldView::new(config.stale_after_ms));
     let status = Arc::new(GossipStatus::default());
+    let lease = Arc::new(LeaseAsk::new(config.lease_wait_ms));
+    let interval_ms = config.interval_ms;
     let client = client::Client {
+        lease: Arc::clone(&lease),
         config,
         identity,
         reporter,
@@ -281,6 +309,8 @@ pub fn spawn(
     Ok(GossipHandle {
         world,
         status,
+        lease,
+        interval_ms,
         task,
     })
 }
@@ -305,6 +335,14 @@ key = "n.key"
     fn defaults_and_validation_name_the_field() {
         let c = config();
         assert_eq!((c.interval_ms, c.stale_after_ms), (1_000, 10_000));
+        assert_eq!(c.lease_wait_ms, 50);
+        let err = GossipConfig {
+            lease_wait_ms: 1_000,
+            ..config()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.field, "lease_wait_ms");
         assert_eq!(c.server_name, "aggregator.waitroom.internal");
         c.validate().unwrap();
         let err = GossipConfig {

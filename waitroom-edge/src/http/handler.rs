@@ -3,7 +3,10 @@
 //!
 //! Nothing here waits on anything but the origin: the global state is an
 //! `ArcSwap` load, the counters are atomics in shared memory, and the cookie
-//! is sealed and opened in place.
+//! is sealed and opened in place. The one exception is bounded: a new
+//! visitor who would be queued only because this node's promise ran out is
+//! held for at most `lease_wait_ms` while the node asks for more (step 3,
+//! `crate::gossip::lease`).
 use std::{sync::atomic::Ordering::Relaxed, time::Instant};
 
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, header};
@@ -248,6 +251,24 @@ async fn answer(
     }
 
     // 3. The decision; counts move by the ticket ledger, not the cookie alone.
+    //    A new visitor short of slots only because this node's promise ran
+    //    out is first held (at most `lease_wait_ms`, one ask for every held
+    //    visitor) while the node asks the aggregator for more; the engine
+    //    then decides with whatever state there is.
+    let mut now = now;
+    if let Some(lease) = node.gossip.as_ref().map(|g| &g.lease)
+        && lease.holding()
+        && engine::is_new_visitor(engine_room, ticket.as_ref(), now)
+        && engine::short_of_slots(
+            engine_room,
+            &room.state.load(),
+            node.room_counters(index),
+            now,
+        )
+    {
+        lease.hold().await;
+        now = node.clock.now();
+    }
     let state = room.state.load();
     let (mut decision, noted) = engine::decide_noting(
         engine_room,

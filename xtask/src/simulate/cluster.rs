@@ -64,9 +64,9 @@ use rand::{Rng, RngExt as _, SeedableRng, rngs::ChaCha8Rng};
 use serde::Serialize;
 use waitroom_common::{
     aggregate::{NodeReport, aggregate},
-    cluster::{Cluster, Lease, RoomDef},
+    cluster::{Cluster, Lease, PromisePolicy, RoomDef},
     counters::RoomCounters,
-    engine::{AdmitReason, Decision, QueueReason, decide},
+    engine::{AdmitReason, Decision, QueueReason, decide, is_new_visitor, short_of_slots},
     ledger::TicketLedger,
     room::Room,
     share::{local_only_state, observed_share, own_counts, smooth_share},
@@ -120,6 +120,16 @@ pub struct Conditions {
     /// Check the Anywhere ledger after every report (O(nodes) per report:
     /// off for the scale run).
     pub check_ledger: bool,
+    /// The on-demand lease (`aggregator.lease_wait_ms` of the nodes): a new
+    /// visitor short of slots is held this long at most while the node asks
+    /// out of cycle; 0: off, and the aggregator promises fair parts.
+    pub lease_wait_ms: u64,
+    /// Round trip of an out-of-cycle ask (over the open connection; the
+    /// gossip delay is the age of the periodic answers, not a round trip).
+    pub lease_rtt_ms: u64,
+    /// How far ahead the aggregator's promise to an asking node covers its
+    /// recent rate (`PromisePolicy::horizon_ms`).
+    pub promise_horizon_ms: u64,
 }
 
 impl Conditions {
@@ -136,6 +146,9 @@ impl Conditions {
         give_up_pct: 0,
         give_up_after_ms: 0,
         check_ledger: true,
+        lease_wait_ms: 0,
+        lease_rtt_ms: 0,
+        promise_horizon_ms: 2_000,
     };
 }
 
@@ -328,6 +341,12 @@ pub struct GossipCounts {
     pub timeouts: u64,
     /// Connections dropped after [`MAX_MISSED_ANSWERS`] timeouts in a row.
     pub reconnects: u64,
+    /// Out-of-cycle asks of the on-demand lease, visitors held on them, and
+    /// holds that ended without an answer (the node then holds nobody until
+    /// its next answer).
+    pub lease_asks: u64,
+    pub lease_holds: u64,
+    pub lease_holds_timed_out: u64,
     /// Largest |report time − true time| over all reports, in ms (the skew).
     pub max_report_skew_ms: u64,
     /// Answers taken in that were computed before the one the node held:
@@ -414,6 +433,8 @@ enum Event {
     Arrive(usize),
     Request(usize),
     SessionEnd(usize),
+    /// Visitor `.0`'s hold at node `.1` ends (`lease_wait_ms` passed).
+    HoldEnd(usize, usize),
 }
 
 /// The last answer a node took in: the node's `World` for this one room.
@@ -451,6 +472,13 @@ struct Node {
     missed: u32,
     /// Reconnect attempts since the last answer (the backoff's exponent).
     reconnect_attempt: u32,
+    /// Visitors held on the on-demand lease.
+    held: Vec<usize>,
+    /// An out-of-cycle ask is outstanding until this instant (its answer,
+    /// or the answer timeout when it is lost).
+    asking_until: Option<u64>,
+    /// A hold ended without an answer: nobody is held until the next one.
+    degraded: bool,
 }
 
 /// One report on its way to the aggregator, then its answer on the way back.
@@ -462,6 +490,9 @@ struct Exchange {
     answers: Vec<RoomAnswer>,
     /// When the answer reaches the node, if it does.
     answer_ms: Option<u64>,
+    /// An out-of-cycle ask of the on-demand lease (beside the periodic
+    /// exchange, which it neither waits for nor replaces).
+    on_demand: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -556,6 +587,9 @@ impl Sim {
                 in_flight: None,
                 missed: 0,
                 reconnect_attempt: 0,
+                held: Vec::new(),
+                asking_until: None,
+                degraded: false,
             })
             .collect::<Vec<_>>();
         let cluster = Cluster::new(
@@ -565,7 +599,11 @@ impl Sim {
                 room: room.clone(),
             }],
             topology.node_timeout_ms,
-        );
+        )
+        .with_promises(PromisePolicy {
+            horizon_ms: topology.conditions.promise_horizon_ms,
+            ..PromisePolicy::default()
+        });
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         // A stream of its own, so traffic made from the same seed is independent of it.
         rng.set_stream(2);
@@ -724,6 +762,15 @@ impl Sim {
             Event::Timeout(exchange) => self.time_out(exchange, now_ms),
             Event::Sample => self.sample(now_ms),
             Event::Arrive(v) | Event::Request(v) => self.request(v, now_ms),
+            Event::HoldEnd(v, i) => {
+                let node = &mut self.nodes[i];
+                if let Some(at) = node.held.iter().position(|&h| h == v) {
+                    node.held.swap_remove(at);
+                    node.degraded = true;
+                    self.gossip.lease_holds_timed_out += 1;
+                    self.decide_at(v, i, now_ms, false);
+                }
+            }
             Event::SessionEnd(v) => {
                 if self.visitors[v].session_end_ms == Some(now_ms) {
                     self.visitors[v].session_end_ms = None;
@@ -803,6 +850,7 @@ impl Sim {
                 report,
                 answers: Vec::new(),
                 answer_ms,
+                on_demand: false,
             },
         );
         if !report_lost {
@@ -823,7 +871,11 @@ impl Sim {
     fn apply(&mut self, id: u64, now_ms: u64) {
         let now = at(now_ms);
         let exchange = self.exchanges.get_mut(&id).expect("applied once");
-        let mut answers = self.cluster.apply(exchange.report.clone(), now);
+        let mut answers = if self.topology.conditions.lease_wait_ms > 0 {
+            self.cluster.apply_asking(exchange.report.clone(), now)
+        } else {
+            self.cluster.apply(exchange.report.clone(), now)
+        };
         let node = exchange.report.node.clone();
         if let Some(deliver_ms) = exchange.answer_ms {
             self.schedule(deliver_ms, Event::Deliver(id));
@@ -950,6 +1002,14 @@ impl Sim {
     /// answer to the report it waits for (on that report's own stream).
     fn deliver(&mut self, id: u64, now_ms: u64) {
         let exchange = self.exchanges.remove(&id).expect("delivered once");
+        if exchange.on_demand {
+            self.gossip.answers_taken += 1;
+            let i = exchange.node;
+            self.nodes[i].asking_until = None;
+            self.take_answer(exchange, now_ms);
+            self.release_held(i, now_ms);
+            return;
+        }
         if self.nodes[exchange.node].in_flight != Some(id) {
             self.gossip.late_ignored += 1;
             return;
@@ -958,6 +1018,70 @@ impl Sim {
         if now_ms > exchange.sent_ms + self.topology.gossip_delay_ms {
             self.gossip.late_taken += 1;
         }
+        let i = exchange.node;
+        self.take_answer(exchange, now_ms);
+        let node = &mut self.nodes[i];
+        node.in_flight = None;
+        node.missed = 0;
+        node.reconnect_attempt = 0;
+        self.next_tick(i, now_ms);
+        self.release_held(i, now_ms);
+    }
+
+    /// The node's held visitors decide again with its new answer (the
+    /// refresh loop's `LeaseAsk::answered`), and it may hold again.
+    fn release_held(&mut self, i: usize, now_ms: u64) {
+        self.nodes[i].degraded = false;
+        for v in std::mem::take(&mut self.nodes[i].held) {
+            self.decide_at(v, i, now_ms, false);
+        }
+    }
+
+    /// The node asks the aggregator out of cycle: a report on the open
+    /// connection, answered one `lease_rtt_ms` later (or lost as answers are).
+    fn ask(&mut self, i: usize, now_ms: u64) {
+        let now = self.node_at(i, now_ms);
+        let node = &self.nodes[i];
+        let report = NodeReport {
+            node: node.name.clone(),
+            colo: node.colo.clone(),
+            at: now,
+            rooms: vec![node.counters.report(now)],
+        };
+        self.gossip.lease_asks += 1;
+        let id = self.next_exchange;
+        self.next_exchange += 1;
+        let rtt = self.topology.conditions.lease_rtt_ms;
+        let report_lost = self
+            .outage
+            .is_some_and(|(from, to)| (from..to).contains(&now_ms));
+        let lost = report_lost || self.chance(self.topology.conditions.lost_answers_pct);
+        let answer_ms = (!lost).then_some(now_ms + rtt);
+        if lost {
+            self.gossip.lost += 1;
+        }
+        self.nodes[i].asking_until =
+            Some(answer_ms.unwrap_or(now_ms + self.topology.answer_timeout_ms()));
+        self.exchanges.insert(
+            id,
+            Exchange {
+                node: i,
+                sent_ms: now_ms,
+                report,
+                answers: Vec::new(),
+                answer_ms,
+                on_demand: true,
+            },
+        );
+        if report_lost {
+            self.exchanges.remove(&id);
+        } else {
+            self.schedule(now_ms + rtt / 2, Event::Apply(id));
+        }
+    }
+
+    /// The node takes an answer in (`Client::store`) and decides with it.
+    fn take_answer(&mut self, exchange: Exchange, now_ms: u64) {
         let room = self.room.id();
         let node = &mut self.nodes[exchange.node];
         let answer = exchange.answers.into_iter().find(|a| a.room == room);
@@ -969,13 +1093,21 @@ impl Sim {
                     observed_share(&answer.state, active, admitted)
                 });
                 let before = node.heard.as_ref().and_then(|h| h.share);
-                if node.heard.as_ref().is_some_and(|h| h.answered)
+                let older = node.heard.as_ref().is_some_and(|h| h.answered)
                     && node.local_since_ms.is_none()
-                    && answer.state.as_of < node.state.as_of
-                {
+                    && answer.state.as_of < node.state.as_of;
+                if older && self.topology.conditions.lease_wait_ms == 0 {
                     self.gossip.went_back += 1;
                 }
-                node.state = answer.state;
+                // A periodic answer computed before the answer to an ask
+                // that overtook it (the gossip delay is an answer's age, the
+                // ask's round trip is short) is not taken: the real client's
+                // exchanges are one after the other, so its answers come in
+                // the order they were computed, and the ledger holds the
+                // later lease.
+                if !older {
+                    node.state = answer.state;
+                }
                 Heard {
                     received_ms: now_ms,
                     answered: true,
@@ -991,10 +1123,6 @@ impl Sim {
         };
         node.heard = Some(heard);
         node.local_since_ms = None;
-        node.in_flight = None;
-        node.missed = 0;
-        node.reconnect_attempt = 0;
-        self.next_tick(exchange.node, now_ms);
     }
 
     /// `Node::refresh_from_world` for node `i` at `now_ms`: the answer while
@@ -1085,10 +1213,37 @@ impl Sim {
 
     /// One request of visitor `v` at their node: the engine decides.
     fn request(&mut self, v: usize, now_ms: u64) {
-        let visitor = self.visitors[v];
         let i = self.node_for(v);
+        self.decide_at(v, i, now_ms, true);
+    }
+
+    /// Visitor `v`'s request at node `i`: held on the on-demand lease when
+    /// `may_hold` and the node would queue this new visitor only for want
+    /// of a slot (`engine::short_of_slots`, as the edge's handler), else
+    /// decided by the engine.
+    fn decide_at(&mut self, v: usize, i: usize, now_ms: u64, may_hold: bool) {
+        let visitor = self.visitors[v];
         let now = self.node_at(i, now_ms);
-        if self.refresh(i, now_ms) {
+        let local_only = self.refresh(i, now_ms);
+        let wait = self.topology.conditions.lease_wait_ms;
+        let node = &self.nodes[i];
+        if may_hold
+            && wait > 0
+            && !local_only
+            && !node.degraded
+            && node.heard.is_some()
+            && is_new_visitor(&self.room, visitor.ticket.as_ref(), now)
+            && short_of_slots(&self.room, &node.state, &node.counters, now)
+        {
+            self.gossip.lease_holds += 1;
+            self.nodes[i].held.push(v);
+            if self.nodes[i].asking_until.is_none_or(|t| now_ms >= t) {
+                self.ask(i, now_ms);
+            }
+            self.schedule(now_ms + wait, Event::HoldEnd(v, i));
+            return;
+        }
+        if local_only {
             self.local_only_decisions += 1;
         }
         let node = &self.nodes[i];

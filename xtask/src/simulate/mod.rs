@@ -85,6 +85,16 @@ pub struct Args {
     /// How long a visitor who gives up waits first (from arrival).
     #[arg(long, default_value_t = 60)]
     give_up_after_s: u64,
+    /// The nodes' `aggregator.lease_wait_ms` (the on-demand lease; 0: off,
+    /// and the aggregator promises fair parts as before the lease).
+    #[arg(long, default_value_t = 50)]
+    lease_wait_ms: u64,
+    /// Round trip of an out-of-cycle lease ask over the open connection.
+    #[arg(long, default_value_t = 20)]
+    lease_rtt_ms: u64,
+    /// How far ahead the aggregator promises an asking node its recent rate.
+    #[arg(long, default_value_t = 2_000)]
+    promise_horizon_ms: u64,
     /// Run under a preset of conditions (added to the flags above) instead
     /// of the run as given followed by the hostile run's targets.
     #[arg(long, value_enum)]
@@ -173,6 +183,9 @@ pub fn run(args: &Args) -> Result<()> {
             give_up_pct: args.give_up_pct,
             give_up_after_ms: args.give_up_after_s * 1_000,
             check_ledger: !args.no_ledger_check,
+            lease_wait_ms: args.lease_wait_ms,
+            lease_rtt_ms: args.lease_rtt_ms,
+            promise_horizon_ms: args.promise_horizon_ms,
         },
     };
     let topology = args.preset.map_or(given, |p| p.apply(given));
@@ -258,6 +271,13 @@ fn describe(t: &Topology) -> String {
         "visitors roam over the nodes of their colo".to_owned(),
     );
     add(
+        c.lease_wait_ms > 0,
+        format!(
+            "on-demand lease: new visitors short of slots held up to {} ms, asks answered in {} ms",
+            c.lease_wait_ms, c.lease_rtt_ms
+        ),
+    );
+    add(
         c.give_up_pct > 0,
         format!(
             "{} % of visitors give up after {} s",
@@ -321,6 +341,24 @@ fn run_scenarios(
     println!("{}", targets::header(topology.gossip_delay_ms));
     for result in &results {
         println!("{}", targets::row(&result.title, &result.targets));
+    }
+    if topology.conditions.lease_wait_ms > 0 {
+        println!();
+        println!(
+            "On-demand lease (held up to {} ms, asks answered in {} ms):",
+            topology.conditions.lease_wait_ms, topology.conditions.lease_rtt_ms
+        );
+        println!();
+        println!(
+            "| scenario | out-of-cycle asks | visitors held | holds that ended without an answer |"
+        );
+        println!("|---|---:|---:|---:|");
+        for r in &results {
+            println!(
+                "| {} | {} | {} | {} |",
+                r.title, r.gossip.lease_asks, r.gossip.lease_holds, r.gossip.lease_holds_timed_out
+            );
+        }
     }
     println!();
     let walls: Vec<String> = results

@@ -1,0 +1,155 @@
+//! Small promises and the on-demand lease (issue 15).
+//!
+//! # Why
+//! Every shared slot promised to a node is counted as spent until that node
+//! reports again (the ledgers of [`Cluster`](super::Cluster)). Promising each
+//! node its whole fair part therefore locks a quiet node's part away for a
+//! whole round while a busy node beside it queues visitors: the 7:1 burst of
+//! seed 000, and at 1,200 nodes an Anywhere pool spread at under one slot a
+//! node. Cloudflare's answer is to promise each data center what it will
+//! need and keep the rest at the centre, handed out when a data center asks.
+//!
+//! # The rule
+//! A node that can ask on demand (it sends `Message::LeaseReport`, see
+//! [`crate::wire`]) is promised what its own recent admits say it will use
+//! before it reports again, not its fair part:
+//!
+//! - *need* = its shared-pool admits since its last answer, as a rate, over
+//!   [`PromisePolicy::horizon_ms`] (twice the default report interval, so a
+//!   steady node never runs dry between its reports);
+//! - an idle node's need is [`PromisePolicy::min_promise`], but never more
+//!   than its fair part (at 1,200 nodes a fair part is under a slot);
+//! - the promise is the need, taken from what the node's colo has not
+//!   promised first, then from the Anywhere pool, within what the ledgers
+//!   leave ([`Free`]): a node that asks may take more than its fair part
+//!   when others hold less than theirs, never more than nobody holds.
+//!
+//! What is not promised is the reserve: it stays unspent in the ledgers, so
+//! the next node to ask, out of cycle because its promise ran out, is
+//! granted it at once. Everything granted is still a lease in the ledgers,
+//! so the limits hold exactly as before: a node asking again and again gets
+//! no more than the pool minus what every other node holds.
+//!
+//! A node that does not ask (an older node, or `lease_wait_ms = 0`) is
+//! promised its fair part as before, and so is every node in a random
+//! room: there a visitor queued anywhere sends every new visitor to the
+//! lottery (seed 001), so one node running dry early would queue the whole
+//! room (the `gossip` integration test, a random room, admitted 9 of its 20
+//! slots instead of 20 with small promises there).
+
+/// How much the aggregator promises a node that asks on demand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromisePolicy {
+    /// What an idle node is promised (at most its fair part): enough for its
+    /// first visitors without a round trip.
+    pub min_promise: u64,
+    /// How far ahead a promise covers the node's recent rate of admits.
+    pub horizon_ms: u64,
+}
+
+impl Default for PromisePolicy {
+    fn default() -> Self {
+        Self {
+            min_promise: 2,
+            horizon_ms: 2_000,
+        }
+    }
+}
+
+/// The shortest time a rate is measured over: an out-of-cycle report right
+/// after an answer does not make a handful of admits look like thousands a
+/// second.
+const MIN_ELAPSED_MS: u64 = 100;
+
+/// What the ledgers leave for one node this round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Free {
+    /// The node's colo's slots this round minus what its other nodes hold.
+    pub colo: u64,
+    /// The Anywhere pool this round minus what the other nodes hold.
+    pub anywhere: u64,
+    /// The round's shared slots minus what the other nodes hold of both.
+    pub total: u64,
+}
+
+impl PromisePolicy {
+    /// What a node will use before it reports again: `admitted` shared-pool
+    /// admits in the last `elapsed_ms`, as a rate over the horizon.
+    #[must_use]
+    pub fn need(&self, admitted: u64, elapsed_ms: u64) -> u64 {
+        let elapsed = u128::from(elapsed_ms.max(MIN_ELAPSED_MS));
+        let n = u128::from(admitted) * u128::from(self.horizon_ms);
+        u64::try_from(n.div_ceil(elapsed)).unwrap_or(u64::MAX)
+    }
+
+    /// The grants `(colo_share, anywhere)` for a node that asks on demand,
+    /// given its fair grants (already within the ledgers) and `need`.
+    #[must_use]
+    pub fn promise(&self, (fair_colo, fair_any): (u64, u64), free: Free, need: u64) -> (u64, u64) {
+        let fair = fair_colo.saturating_add(fair_any);
+        let want = need.max(self.min_promise.min(fair));
+        let colo = want.min(free.colo).min(free.total);
+        let anywhere = want
+            .saturating_sub(colo)
+            .min(free.anywhere)
+            .min(free.total.saturating_sub(colo));
+        (colo, anywhere)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FREE: Free = Free {
+        colo: 100,
+        anywhere: 30,
+        total: 120,
+    };
+
+    #[test]
+    fn an_idle_node_is_promised_a_little_of_its_fair_part_and_the_rest_stays_in_reserve() {
+        let p = PromisePolicy::default();
+        assert_eq!(p.need(0, 1_000), 0);
+        assert_eq!(p.promise((50, 5), FREE, 0), (2, 0));
+        // Never more than its fair part: at scale that is under a slot.
+        assert_eq!(p.promise((0, 1), FREE, 0), (1, 0));
+        assert_eq!(p.promise((0, 0), FREE, 0), (0, 0));
+    }
+
+    #[test]
+    fn a_busy_node_is_promised_its_rate_over_the_horizon_beyond_its_fair_part() {
+        let p = PromisePolicy::default();
+        // 10 admits in 500 ms: 40 over two seconds.
+        assert_eq!(p.need(10, 500), 40);
+        // A report right after an answer: measured over 100 ms at least.
+        assert_eq!(p.need(3, 5), 60);
+        assert_eq!(p.promise((20, 0), FREE, 40), (40, 0));
+        // Colo first, then Anywhere, within what each leaves and the total.
+        assert_eq!(p.promise((20, 0), FREE, 110), (100, 10));
+        assert_eq!(p.promise((20, 0), FREE, 1_000), (100, 20));
+    }
+
+    #[test]
+    fn a_node_asking_again_and_again_never_gets_more_than_nobody_holds() {
+        // The attacker (or a tired operator's runaway node): every request
+        // claims a huge rate. Whatever it asks, the grant is within each
+        // pool's free part and the total; the ledgers then count it held.
+        let p = PromisePolicy {
+            min_promise: 1_000,
+            horizon_ms: u64::MAX,
+        };
+        for need in [0, 1, 1_000, u64::MAX] {
+            let (colo, any) = p.promise((u64::MAX, u64::MAX), FREE, need);
+            assert!(colo <= FREE.colo && any <= FREE.anywhere, "{need}");
+            assert!(colo + any <= FREE.total, "{need}");
+        }
+        assert_eq!(p.need(u64::MAX, 0), u64::MAX);
+        let nothing = Free {
+            colo: 0,
+            anywhere: 0,
+            total: 0,
+        };
+        assert_eq!(p.promise((5, 5), nothing, u64::MAX), (0, 0));
+    }
+}

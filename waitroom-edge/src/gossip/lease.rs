@@ -1,0 +1,269 @@
+//! The on-demand lease: a node whose promise runs out asks the aggregator
+//! for more, out of cycle, and holds the marginal visitor's decision for at
+//! most `lease_wait_ms` while it does (issue 15).
+//!
+//! # Why
+//! The aggregator promises a node that asks on demand only what its recent
+//! traffic needs (`waitroom_common::cluster::promise`), keeping the rest in
+//! reserve. When a burst outruns that promise, the visitor the node would
+//! queue for want of a slot (`engine::short_of_slots`) waits instead, for a
+//! few milliseconds, on a report sent at once over the open connection; the
+//! answer carries a bigger promise and the engine decides again with it.
+//! Cloudflare holds 60–70 ms for its Anywhere pool; the default here is 50.
+//!
+//! # Rules
+//! - **One request for all.** However many visitors are held, one
+//!   out-of-cycle report is outstanding ([`LeaseAsk::ask`]); every held
+//!   visitor wakes on the same answer ([`LeaseAsk::answered`]).
+//! - **Bounded.** A hold ends after `lease_wait_ms` whatever happens; the
+//!   visitor is then decided with what the node has (queued, as today).
+//! - **Degrade, never stop.** After one hold that timed out, a connection
+//!   lost, or an aggregator that does not take lease reports, the node holds
+//!   nobody until an answer arrives again ([`LeaseAsk::holding`]): a dead
+//!   aggregator costs one `lease_wait_ms`, once.
+//! - **Prefetch.** The node's refresh tick asks early when its remaining
+//!   shared slots will run out within the next interval at its current
+//!   rate ([`runs_out_within`]), so a steady climb never holds anyone.
+//! - `lease_wait_ms = 0`: nothing is held and plain reports are sent, so the
+//!   aggregator promises the node its fair part, as before.
+use std::{
+    sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+    time::Duration,
+};
+
+use tokio::sync::{Notify, watch};
+
+/// The node's side of the on-demand lease, shared by the gossip client, the
+/// refresh loop and the request path.
+#[derive(Debug)]
+pub struct LeaseAsk {
+    /// The longest a visitor's decision is held; zero: never.
+    wait: Duration,
+    /// Wakes the gossip client for an out-of-cycle report.
+    wanted: Notify,
+    /// A report for the held visitors is asked for or on its way.
+    outstanding: AtomicBool,
+    /// A hold timed out or the exchange failed, and no answer came since.
+    degraded: AtomicBool,
+    /// The aggregator takes lease reports (cleared when one is refused as
+    /// malformed: an aggregator that predates them).
+    supported: AtomicBool,
+    /// Bumped after the rooms' states were refreshed from a new answer.
+    answers: watch::Sender<u64>,
+    /// Visitors held, and those whose hold ended without an answer.
+    pub holds_total: AtomicU64,
+    pub holds_timed_out_total: AtomicU64,
+    /// Out-of-cycle reports sent (held visitors' asks and prefetches).
+    pub asks_total: AtomicU64,
+}
+
+impl LeaseAsk {
+    #[must_use]
+    pub fn new(lease_wait_ms: u64) -> Self {
+        Self {
+            wait: Duration::from_millis(lease_wait_ms),
+            wanted: Notify::new(),
+            outstanding: AtomicBool::new(false),
+            degraded: AtomicBool::new(false),
+            supported: AtomicBool::new(true),
+            answers: watch::Sender::new(0),
+            holds_total: AtomicU64::new(0),
+            holds_timed_out_total: AtomicU64::new(0),
+            asks_total: AtomicU64::new(0),
+        }
+    }
+
+    /// The node asks on demand at all (`lease_wait_ms` > 0): its reports
+    /// are lease reports while the aggregator takes them.
+    #[must_use]
+    pub fn enabled(&self) -> bool {
+        !self.wait.is_zero()
+    }
+
+    /// Reports go as `Message::LeaseReport`.
+    #[must_use]
+    pub fn sends_lease_reports(&self) -> bool {
+        self.enabled() && self.supported.load(Relaxed)
+    }
+
+    /// A visitor short of slots may be held now: enabled, the aggregator
+    /// takes lease reports, and no hold has timed out since its last answer.
+    #[must_use]
+    pub fn holding(&self) -> bool {
+        self.sends_lease_reports() && !self.degraded.load(Relaxed)
+    }
+
+    /// Asks for an out-of-cycle report, unless one is already outstanding.
+    pub fn ask(&self) {
+        if !self.outstanding.swap(true, Relaxed) {
+            self.wanted.notify_one();
+        }
+    }
+
+    /// Holds the caller until the rooms' states were refreshed from a new
+    /// answer, at most `lease_wait_ms`; asks for the answer. `true` when one
+    /// came. A hold that times out stops further holds until an answer.
+    pub async fn hold(&self) -> bool {
+        let mut answers = self.answers.subscribe();
+        self.holds_total.fetch_add(1, Relaxed);
+        self.ask();
+        match tokio::time::timeout(self.wait, answers.changed()).await {
+            Ok(Ok(())) => true,
+            _ => {
+                self.holds_timed_out_total.fetch_add(1, Relaxed);
+                if !self.degraded.swap(true, Relaxed) {
+                    tracing::warn!(
+                        wait_ms = self.wait.as_millis() as u64,
+                        "no answer to an on-demand lease request in time; holding no visitor until the aggregator answers again"
+                    );
+                }
+                false
+            }
+        }
+    }
+
+    /// Called after the rooms' states were refreshed from a new answer:
+    /// wakes every held visitor and allows holding again.
+    pub fn answered(&self) {
+        self.outstanding.store(false, Relaxed);
+        if self.degraded.swap(false, Relaxed) {
+            tracing::info!("aggregator answering again; on-demand lease requests resume");
+        }
+        self.answers.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// The gossip client: an exchange failed or the connection is gone.
+    pub(super) fn failed(&self) {
+        self.outstanding.store(false, Relaxed);
+        self.degraded.store(true, Relaxed);
+    }
+
+    /// The gossip client: a fresh connection, whose aggregator may take
+    /// lease reports even if the last one did not.
+    pub(super) fn connected(&self) {
+        self.supported.store(true, Relaxed);
+    }
+
+    /// The gossip client: the aggregator refused a lease report as
+    /// malformed (it predates them): plain reports, and no holds, from now
+    /// until the next connection.
+    pub(super) fn unsupported(&self) {
+        if self.supported.swap(false, Relaxed) {
+            tracing::warn!(
+                "the aggregator does not take lease reports (older version): sending plain reports and holding no visitor"
+            );
+        }
+        self.outstanding.store(false, Relaxed);
+    }
+
+    /// Resolves when an out-of-cycle report is wanted.
+    pub(super) async fn wanted(&self) {
+        self.wanted.notified().await;
+    }
+}
+
+impl LeaseAsk {
+    /// The `waitroom_lease_*` metrics.
+    pub fn encode(&self, f: &mut waitroom_runtime::metrics::Families<'_>) -> std::fmt::Result {
+        f.counter(
+            "waitroom_lease_asks_total",
+            "Out-of-cycle lease reports sent (for held visitors and prefetches).",
+            self.asks_total.load(Relaxed),
+        )?;
+        f.counter(
+            "waitroom_lease_holds_total",
+            "New visitors held while the node asked the aggregator for more slots.",
+            self.holds_total.load(Relaxed),
+        )?;
+        f.counter(
+            "waitroom_lease_holds_timed_out_total",
+            "Holds that ended after lease_wait_ms without an answer (holding then stops until the next answer).",
+            self.holds_timed_out_total.load(Relaxed),
+        )?;
+        f.gauge(
+            "waitroom_lease_holding",
+            "1 while a visitor short of slots may be held (lease_wait_ms > 0, the aggregator answering and taking lease reports).",
+            i64::from(self.holding()),
+        )
+    }
+}
+
+/// Whether `remaining` shared slots run out within `interval_ms` at the rate
+/// of `admitted` admits in the last `elapsed_ms`: the prefetch rule.
+#[must_use]
+pub fn runs_out_within(remaining: u64, admitted: u64, elapsed_ms: u64, interval_ms: u64) -> bool {
+    if admitted == 0 || elapsed_ms == 0 {
+        return false;
+    }
+    u128::from(admitted) * u128::from(interval_ms) >= u128::from(remaining) * u128::from(elapsed_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefetch_when_the_rate_spends_the_rest_within_an_interval() {
+        // 10 admits in 200 ms: 50 in a second.
+        assert!(runs_out_within(50, 10, 200, 1_000));
+        assert!(!runs_out_within(51, 10, 200, 1_000));
+        assert!(!runs_out_within(5, 0, 200, 1_000), "idle: never");
+        assert!(runs_out_within(0, 1, 200, 1_000));
+    }
+
+    #[tokio::test]
+    async fn held_visitors_share_one_ask_and_wake_on_the_answer() {
+        let lease = std::sync::Arc::new(LeaseAsk::new(50));
+        assert!(lease.holding());
+        let held: Vec<_> = (0..5)
+            .map(|_| {
+                let lease = std::sync::Arc::clone(&lease);
+                tokio::spawn(async move { lease.hold().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        // One permit for the client, however many are held.
+        tokio::time::timeout(Duration::from_millis(1), lease.wanted())
+            .await
+            .expect("asked");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(1), lease.wanted())
+                .await
+                .is_err(),
+            "asked once"
+        );
+        lease.answered();
+        for h in held {
+            assert!(h.await.unwrap());
+        }
+        assert!(lease.holding());
+    }
+
+    #[tokio::test]
+    async fn a_dead_aggregator_costs_one_wait_then_nobody_is_held_until_it_answers() {
+        let lease = LeaseAsk::new(50);
+        let started = std::time::Instant::now();
+        assert!(!lease.hold().await);
+        let held = started.elapsed();
+        assert!(
+            held >= Duration::from_millis(50) && held < Duration::from_secs(2),
+            "{held:?}"
+        );
+        assert!(!lease.holding(), "degraded after one timeout");
+        lease.answered();
+        assert!(lease.holding(), "back with the next answer");
+        lease.failed();
+        assert!(!lease.holding(), "and off again when the connection fails");
+    }
+
+    #[test]
+    fn zero_wait_holds_nobody_and_sends_plain_reports() {
+        let lease = LeaseAsk::new(0);
+        assert!(!lease.enabled() && !lease.holding() && !lease.sends_lease_reports());
+        let lease = LeaseAsk::new(50);
+        lease.unsupported();
+        assert!(!lease.holding() && !lease.sends_lease_reports());
+        lease.connected();
+        assert!(lease.holding());
+    }
+}
