@@ -33,8 +33,8 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{EventTable, EventsError, validate_events};
 use crate::bypass::{self, BypassError, BypassRule};
+use crate::event::{EventTable, EventsError, validate_events};
 use crate::room::{
     CookieSameSite, CookieSecure, DEFAULT_REFRESH_SECS, DEFAULT_SESSION_MINUTES,
     DEFAULT_TICKET_CONNECTION_BUDGET, DEFAULT_TICKET_CONNECTION_WINDOW_SECS, QueueingMethod, Room,
