@@ -310,9 +310,12 @@ fn hostile_sockets_are_closed_by_their_deadlines_and_visitors_stay_fast() {
     // 22-43 ms with `cargo build --release -p waitroom-edge` and
     // WAITROOM_BIN_DIR pointing at it). An unoptimized node on a loaded
     // 2-core machine takes a few hundred ms while it accepts the 2,200
-    // sockets; that is still far from the hang this test guards against.
+    // sockets (548 ms once, with the machine's load average at 13); the
+    // hang this test guards against is visitors waiting until the hostile
+    // sockets' header deadline frees the node, so that deadline is the
+    // unoptimized node's bound.
     let optimized_node = std::env::var_os("WAITROOM_BIN_DIR").is_some() || !cfg!(debug_assertions);
-    let p99_bound = Duration::from_millis(if optimized_node { 100 } else { 500 });
+    let p99_bound = Duration::from_millis(if optimized_node { 100 } else { HEADER_MS });
     assert!(
         percentile(&latencies, 99) < p99_bound,
         "visitor p99 {:?} over {p99_bound:?} (p50 {:?}, {} samples)",
