@@ -1223,25 +1223,6 @@ mod tests {
     #[test]
     fn colo_shares_follow_a_burst_and_never_promise_more_than_the_colo() {
         let mut cluster = Cluster::new(vec![room(10_000, 100)], 5_000);
-        let colo_report = |node: &str, now: UnixMillis, used: PoolCounts, current: u64| {
-            let m = now.minute();
-            report(
-                node,
-                "x",
-                now,
-                RoomReport {
-                    room: RoomId::from_name("shop"),
-                    expiries: vec![(crate::time::ExpirySlot::end_of_minute(m.plus(3)), 1)],
-                    admits: vec![MinuteAdmits {
-                        minute: m,
-                        admits: used,
-                    }],
-                    waiting: vec![],
-                    // The same history two minutes back: an even split to begin with.
-                    distinct_visitors: vec![(m.minus(2), 10), (m, current)],
-                },
-            )
-        };
         let nodes = ["a", "b"];
         let mut used = [PoolCounts::default(); 2];
         let mut caps = [0_u64; 2];
@@ -1250,7 +1231,7 @@ mod tests {
             for (i, node) in nodes.iter().enumerate() {
                 // Node a sees a burst, b stays at its usual pace.
                 let current = if i == 0 { 10 + 20 * round } else { 2 };
-                let answer = cluster.apply(colo_report(node, now, used[i], current), now);
+                let answer = cluster.apply(asking_report(node, now, used[i], current), now);
                 let state = &answer[0].state;
                 let engine = aggregate(
                     &room(10_000, 100).room,
@@ -1294,8 +1275,9 @@ mod tests {
         );
     }
 
-    /// A report of node `node` in colo "x" for the asking tests: `used` this
-    /// minute, the same history two minutes back, `current` visitors now.
+    /// A report of node `node` in colo "x" (for the burst and asking tests):
+    /// `used` this minute, the same history two minutes back, `current`
+    /// visitors now.
     fn asking_report(node: &str, now: UnixMillis, used: PoolCounts, current: u64) -> NodeReport {
         let m = now.minute();
         report(
