@@ -808,19 +808,24 @@ impl Sim {
         self.schedule(next + jitter, Event::Report(i));
     }
 
+    /// What node `i` reports at its own clock's `now`.
+    fn node_report(&self, i: usize, now: UnixMillis) -> NodeReport {
+        let node = &self.nodes[i];
+        NodeReport {
+            node: node.name.clone(),
+            colo: node.colo.clone(),
+            at: now,
+            rooms: vec![node.counters.report(now)],
+        }
+    }
+
     /// The node's gossip tick: one report. What becomes of its answer is
     /// drawn here: on time, held back (`reordered_answers_pct`) or lost
     /// (`lost_answers_pct`; during an outage the report itself is lost).
     fn report(&mut self, i: usize, now_ms: u64) {
         let now = self.node_at(i, now_ms);
         let skew = now.0.abs_diff(at(now_ms).0);
-        let node = &self.nodes[i];
-        let report = NodeReport {
-            node: node.name.clone(),
-            colo: node.colo.clone(),
-            at: now,
-            rooms: vec![node.counters.report(now)],
-        };
+        let report = self.node_report(i, now);
         self.gossip.reports += 1;
         self.gossip.max_report_skew_ms = self.gossip.max_report_skew_ms.max(skew);
         let id = self.next_exchange;
@@ -1041,13 +1046,7 @@ impl Sim {
     /// connection, answered one `lease_rtt_ms` later (or lost as answers are).
     fn ask(&mut self, i: usize, now_ms: u64) {
         let now = self.node_at(i, now_ms);
-        let node = &self.nodes[i];
-        let report = NodeReport {
-            node: node.name.clone(),
-            colo: node.colo.clone(),
-            at: now,
-            rooms: vec![node.counters.report(now)],
-        };
+        let report = self.node_report(i, now);
         self.gossip.lease_asks += 1;
         let id = self.next_exchange;
         self.next_exchange += 1;
