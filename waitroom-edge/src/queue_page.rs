@@ -223,13 +223,23 @@ pub fn json(view: &QueueView) -> String {
 /// The JSON answer under the room's `json_envelope` (`cfWaitingRoom` for
 /// apps written for Cloudflare's).
 pub fn json_in(view: &QueueView, envelope: &str) -> String {
-    let mut map = serde_json::Map::new();
-    match serde_json::to_value(view) {
-        Ok(value) => {
-            map.insert(envelope.to_owned(), value);
-            serde_json::Value::Object(map).to_string()
-        }
-        Err(_) => "{}".into(),
+    // Written straight from the view into one buffer: going through a
+    // `serde_json::Value` allocated every field into a map per request, and
+    // scenario (d) of `cargo xtask bench` fell to 0.71 of nginx (0.96 so).
+    let mut out = Vec::with_capacity(1024);
+    out.push(b'{');
+    // The envelope is letters, digits and '_' (validated in `room_table`);
+    // serialized as a JSON string all the same.
+    let written = serde_json::to_writer(&mut out, envelope)
+        .and_then(|()| {
+            out.push(b':');
+            serde_json::to_writer(&mut out, view)
+        })
+        .is_ok();
+    out.push(b'}');
+    match String::from_utf8(out) {
+        Ok(json) if written => json,
+        _ => "{}".into(),
     }
 }
 
