@@ -444,10 +444,9 @@ impl Node {
         if shares.is_empty() {
             return;
         }
-        let write = || -> std::io::Result<()> {
-            let tmp = self.shares_path.with_extension("shares.tmp");
-            std::fs::write(&tmp, serde_json::to_vec(&shares)?)?;
-            std::fs::rename(&tmp, &self.shares_path)
+        let write = || -> anyhow::Result<()> {
+            crate::state_dir::replace(&self.shares_path, &serde_json::to_vec(&shares)?)?;
+            Ok(())
         };
         if let Err(err) = write() {
             tracing::warn!(%err, path = %self.shares_path.display(), "could not keep the rooms' shares");

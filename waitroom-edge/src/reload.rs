@@ -344,11 +344,11 @@ fn pushed_file(config: &EdgeConfig) -> PathBuf {
     config.node.state_dir().join("pushed-settings.json")
 }
 
-/// Writes `settings` to `path` atomically (temp file + rename).
-fn write_settings(path: &Path, settings: &RoomSettings) -> std::io::Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(settings)?)?;
-    std::fs::rename(&tmp, path)
+/// Writes `settings` to `path` the way every state file is replaced
+/// (`state_dir::replace`: private, synced, renamed into place).
+fn write_settings(path: &Path, settings: &RoomSettings) -> anyhow::Result<()> {
+    crate::state_dir::replace(path, &serde_json::to_vec_pretty(settings)?)?;
+    Ok(())
 }
 
 /// Each room's reloadable part from `config`'s tables, with `settings`
