@@ -4,10 +4,7 @@
 //!
 //! JSON rather than postcard: a snapshot is read by operators during an
 //! incident far more often than its size matters.
-use std::{
-    io::Write as _,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use waitroom_common::cluster::Snapshot;
 
@@ -28,27 +25,12 @@ pub enum SnapshotError {
 
 /// Writes `snapshot` to `path` atomically (temp file + fsync + rename).
 pub fn write(path: &Path, snapshot: &Snapshot) -> Result<(), SnapshotError> {
-    let io = |path: &Path| {
-        let path = path.to_owned();
-        move |source| SnapshotError::Io { path, source }
-    };
-    if let Some(dir) = path.parent()
-        && !dir.as_os_str().is_empty()
-    {
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-    }
     let bytes = serde_json::to_vec(snapshot).map_err(|source| SnapshotError::Decode {
         path: path.to_owned(),
         source,
     })?;
-    let mut temp = path.as_os_str().to_owned();
-    temp.push(".tmp");
-    let temp = PathBuf::from(temp);
-    let mut file = std::fs::File::create(&temp).map_err(io(&temp))?;
-    file.write_all(&bytes).map_err(io(&temp))?;
-    file.sync_all().map_err(io(&temp))?;
-    drop(file);
-    std::fs::rename(&temp, path).map_err(io(path))
+    waitroom_runtime::file::replace(path, &bytes)
+        .map_err(|(path, source)| SnapshotError::Io { path, source })
 }
 
 /// Reads the snapshot at `path`; `Ok(None)` when there is none yet.

@@ -536,29 +536,14 @@ impl SettingsStore {
     }
 
     fn persist(&self, settings: &RoomSettings) -> Result<(), StoreError> {
-        let io = |path: &Path| {
-            let path = path.to_owned();
-            move |source| StoreError::Io { path, source }
-        };
-        if let Some(dir) = self.path.parent()
-            && !dir.as_os_str().is_empty()
-        {
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
-        }
         let bytes = serde_json::to_vec_pretty(&Persisted {
             version: settings.version,
             basis: self.basis.clone(),
             rooms: settings.rooms.clone(),
         })
         .unwrap_or_default();
-        let mut temp = self.path.as_os_str().to_owned();
-        temp.push(".tmp");
-        let temp = PathBuf::from(temp);
-        let mut file = std::fs::File::create(&temp).map_err(io(&temp))?;
-        file.write_all(&bytes).map_err(io(&temp))?;
-        file.sync_all().map_err(io(&temp))?;
-        drop(file);
-        std::fs::rename(&temp, &self.path).map_err(io(&self.path))
+        crate::file::replace(&self.path, &bytes)
+            .map_err(|(path, source)| StoreError::Io { path, source })
     }
 
     fn audit(

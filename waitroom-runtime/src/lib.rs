@@ -36,6 +36,7 @@ pub mod dashboard;
 #[cfg(any(test, feature = "devcerts"))]
 pub mod devcerts;
 pub mod docs;
+pub mod file;
 pub mod frames;
 pub mod logging;
 pub mod metrics;
