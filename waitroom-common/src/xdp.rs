@@ -23,6 +23,12 @@
 /// Name of the XDP program inside the object file.
 pub const PROGRAM_NAME: &str = "waitroom";
 
+/// Name of the object's second program, which passes every packet and does
+/// nothing else: the peer the per-packet cost is measured against (what the
+/// kernel's accounting and the hook cost without any of our work). Never
+/// attached by the node.
+pub const PASS_PROGRAM_NAME: &str = "waitroom_pass";
+
 /// Per-CPU array of [`XdpStats`], one slot.
 pub const MAP_STATS: &str = "STATS";
 /// Array from destination port to its slot in [`MAP_PORTS`] (0: not a

@@ -83,6 +83,15 @@ pub fn waitroom(ctx: XdpContext) -> u32 {
     }
 }
 
+/// Passes every packet, touching nothing: the peer `waitroom-xdp-cost`
+/// measures in the same run, so the program's own cost per packet is the
+/// difference (the hook and the kernel's accounting are in both). The node
+/// never attaches it.
+#[xdp]
+pub fn waitroom_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
 fn try_waitroom(ctx: &XdpContext) -> Result<u32, ()> {
     let len = (ctx.data_end() - ctx.data()) as u64;
     count(|stats| {

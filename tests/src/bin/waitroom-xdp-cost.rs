@@ -9,6 +9,10 @@
 //! reads the accounting itself adds, as the kernel's figure always does).
 //!
 //! Cases, each on a freshly loaded program (so the SYN budget's LRU is empty):
+//! - `pass`: the peer, measured the same way in the same run: the object's
+//!   `waitroom_pass` program, which returns `XDP_PASS` and does nothing else,
+//!   sent the same ACKs. What it costs is the hook and the accounting, which
+//!   every other case pays too; a case's own cost is its figure minus this;
 //! - `non_syn`: ACKs to the service port (what an established connection sends);
 //! - `syn_no_budget`: SYNs from 4,096 sources, no SYN budget configured;
 //! - `syn_budget_new_sources`: SYNs from 4,096 sources never seen before, with
@@ -60,6 +64,7 @@ const ACK: u8 = 0x10;
 
 #[derive(Debug, Clone, Copy)]
 enum Case {
+    Pass,
     NonSyn,
     SynNoBudget,
     SynBudgetNewSources,
@@ -68,7 +73,8 @@ enum Case {
 }
 
 impl Case {
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 6] = [
+        Self::Pass,
         Self::NonSyn,
         Self::SynNoBudget,
         Self::SynBudgetNewSources,
@@ -78,6 +84,7 @@ impl Case {
 
     fn key(self) -> &'static str {
         match self {
+            Self::Pass => "pass",
             Self::NonSyn => "non_syn",
             Self::SynNoBudget => "syn_no_budget",
             Self::SynBudgetNewSources => "syn_budget_new_sources",
@@ -88,7 +95,7 @@ impl Case {
 
     fn budget(self) -> Option<SynBudget> {
         match self {
-            Self::NonSyn | Self::SynNoBudget => None,
+            Self::Pass | Self::NonSyn | Self::SynNoBudget => None,
             // Far above what is sent: every SYN passes, so the figure is the
             // cost of accounting, not of dropping.
             _ => Some(SynBudget {
@@ -167,11 +174,15 @@ fn measure(
     let mut config = XdpConfig::new(ns.host_if(), [PORT]);
     config.mode = mode;
     config.syn_budget = case.budget();
-    let guard = XdpGuard::attach(&config).context("attaching the XDP program")?;
+    let guard = if matches!(case, Case::Pass) {
+        XdpGuard::attach_pass(&config).context("attaching the pass-only peer")?
+    } else {
+        XdpGuard::attach(&config).context("attaching the XDP program")?
+    };
     let dst = ns.host_addr();
     let packet = |i: u32| -> Vec<u8> {
         let (source, flags) = match case {
-            Case::NonSyn => (ns.spoofed_source(i % 64), ACK),
+            Case::Pass | Case::NonSyn => (ns.spoofed_source(i % 64), ACK),
             Case::SynBudgetOneSource => (ns.spoofed_source(7), SYN),
             _ => (ns.spoofed_source(i % SOURCES), SYN),
         };

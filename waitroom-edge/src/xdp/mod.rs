@@ -41,7 +41,8 @@ use aya::{
 use aya_log::EbpfLogger;
 use waitroom_common::xdp::{
     MAP_DENY_V4, MAP_DENY_V6, MAP_PORT_SLOTS, MAP_PORTS, MAP_SETTINGS, MAP_SOURCES, MAP_STATS,
-    MAX_SERVICE_PORTS, PROGRAM_NAME, PortCounters, SourceSketch, XdpSettings, XdpStats,
+    MAX_SERVICE_PORTS, PASS_PROGRAM_NAME, PROGRAM_NAME, PortCounters, SourceSketch, XdpSettings,
+    XdpStats,
 };
 
 pub use self::{
@@ -212,6 +213,9 @@ fn missing_capabilities_hint(status: &str) -> String {
 pub struct XdpGuard {
     /// The object: owns the program (and so the attachment).
     ebpf: Mutex<Ebpf>,
+    /// The object's program this guard loaded: [`PROGRAM_NAME`], or the
+    /// measuring peer [`PASS_PROGRAM_NAME`].
+    program: &'static str,
     /// Where the program is attached, if it is.
     attachment: Option<Attachment>,
     /// Whole-program counters.
@@ -275,12 +279,23 @@ impl XdpGuard {
     /// Loads the embedded program, configures it from `config` and attaches it
     /// to `config.interface` in `config.mode`.
     pub fn attach(config: &XdpConfig) -> Result<Self, XdpError> {
-        let mut guard = Self::load(config)?;
+        Self::attach_program(config, PROGRAM_NAME)
+    }
+
+    /// Attaches the object's pass-everything program instead, with the same
+    /// maps configured from `config`: the peer the program's cost per packet
+    /// is measured against (`waitroom-xdp-cost`). The node never uses it.
+    pub fn attach_pass(config: &XdpConfig) -> Result<Self, XdpError> {
+        Self::attach_program(config, PASS_PROGRAM_NAME)
+    }
+
+    fn attach_program(config: &XdpConfig, name: &'static str) -> Result<Self, XdpError> {
+        let mut guard = Self::load_object(EBPF_OBJECT, config, name)?;
         let mode = config.mode;
         let action = || format!("attach to {} ({mode:?} mode)", config.interface);
         let link = {
             let mut ebpf = lock(&guard.ebpf);
-            program_mut(&mut ebpf)?
+            program_mut(&mut ebpf, name)?
                 .attach(&config.interface, mode.into())
                 .map_err(|source| XdpError::Program {
                     action: action(),
@@ -300,10 +315,14 @@ impl XdpGuard {
     /// [`Self::test_run`] and benchmarks. `config.interface` and `config.mode`
     /// are not used.
     pub fn load(config: &XdpConfig) -> Result<Self, XdpError> {
-        Self::load_object(EBPF_OBJECT, config)
+        Self::load_object(EBPF_OBJECT, config, PROGRAM_NAME)
     }
 
-    fn load_object(object: &[u8], config: &XdpConfig) -> Result<Self, XdpError> {
+    fn load_object(
+        object: &[u8],
+        config: &XdpConfig,
+        name: &'static str,
+    ) -> Result<Self, XdpError> {
         if object.is_empty() {
             return Err(XdpError::NotBuilt);
         }
@@ -327,7 +346,7 @@ impl XdpGuard {
             }
         };
         {
-            let program = program_mut(&mut ebpf)?;
+            let program = program_mut(&mut ebpf, name)?;
             program.load().map_err(|source| XdpError::Program {
                 action: "load (verify)".to_owned(),
                 source,
@@ -361,6 +380,7 @@ impl XdpGuard {
 
         let guard = Self {
             ebpf: Mutex::new(ebpf),
+            program: name,
             attachment: None,
             stats,
             service_ports,
@@ -539,13 +559,7 @@ impl XdpGuard {
         repeat: u32,
     ) -> Result<(XdpVerdict, Duration), XdpError> {
         let ebpf = lock(&self.ebpf);
-        let program: &Xdp = ebpf
-            .program(PROGRAM_NAME)
-            .and_then(|p| p.try_into().ok())
-            .ok_or(XdpError::Missing {
-                kind: "program",
-                name: PROGRAM_NAME,
-            })?;
+        let program = program(&ebpf, self.program)?;
         let result = program
             .test_run(TestRunOptions {
                 data_in: Some(frame),
@@ -563,13 +577,7 @@ impl XdpGuard {
     /// while statistics are enabled: [`enable_run_stats`]).
     pub fn run_stats(&self) -> Result<RunStats, XdpError> {
         let ebpf = lock(&self.ebpf);
-        let program: &Xdp = ebpf
-            .program(PROGRAM_NAME)
-            .and_then(|p| p.try_into().ok())
-            .ok_or(XdpError::Missing {
-                kind: "program",
-                name: PROGRAM_NAME,
-            })?;
+        let program = program(&ebpf, self.program)?;
         let info = program.info().map_err(|source| XdpError::Program {
             action: "read program info".to_owned(),
             source,
@@ -590,7 +598,7 @@ impl Drop for XdpGuard {
             .ebpf
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let result = program_mut(ebpf).and_then(|program| {
+        let result = program_mut(ebpf, self.program).and_then(|program| {
             program
                 .detach(attachment.link)
                 .map_err(|source| XdpError::Program {
@@ -623,12 +631,21 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn program_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, XdpError> {
-    ebpf.program_mut(PROGRAM_NAME)
+fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, XdpError> {
+    ebpf.program_mut(name)
         .and_then(|p| p.try_into().ok())
         .ok_or(XdpError::Missing {
             kind: "program",
-            name: PROGRAM_NAME,
+            name,
+        })
+}
+
+fn program<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<&'a Xdp, XdpError> {
+    ebpf.program(name)
+        .and_then(|p| p.try_into().ok())
+        .ok_or(XdpError::Missing {
+            kind: "program",
+            name,
         })
 }
 
@@ -681,12 +698,13 @@ mod tests {
     #[test]
     fn refuses_before_touching_the_kernel() {
         let config = XdpConfig::new("eth9", [443]);
-        let err = XdpGuard::load_object(&[], &config).unwrap_err();
+        let err = XdpGuard::load_object(&[], &config, PROGRAM_NAME).unwrap_err();
         assert!(matches!(err, XdpError::NotBuilt));
         assert!(err.to_string().contains("AYA_BUILD_SKIP"), "{err}");
 
         let ports: Vec<u16> = (1..=65).chain([1, 2]).collect();
-        let err = XdpGuard::load_object(b"not empty", &XdpConfig::new("eth9", ports)).unwrap_err();
+        let err = XdpGuard::load_object(b"not empty", &XdpConfig::new("eth9", ports), PROGRAM_NAME)
+            .unwrap_err();
         assert!(
             matches!(err, XdpError::TooManyPorts { count: 65, max: 64 }),
             "{err}"
@@ -695,8 +713,12 @@ mod tests {
 
     #[test]
     fn garbage_object_is_a_load_error() {
-        let err =
-            XdpGuard::load_object(b"not an ELF file", &XdpConfig::new("eth9", [443])).unwrap_err();
+        let err = XdpGuard::load_object(
+            b"not an ELF file",
+            &XdpConfig::new("eth9", [443]),
+            PROGRAM_NAME,
+        )
+        .unwrap_err();
         assert!(matches!(err, XdpError::Load { .. }), "{err}");
         assert!(
             err.to_string().starts_with("loading the XDP object failed"),
