@@ -875,8 +875,13 @@ rise = 1
         pushed.queue_all = true;
         pushed.suspended = true;
         pushed.host = "elsewhere.example".into();
+        pushed.additional_routes = vec![RouteTable {
+            host: "elsewhere.example".into(),
+            path: "/".into(),
+        }];
         let merged = node.with_settings(&pushed);
         assert_eq!(merged.host, "shop.example", "the node's route");
+        assert!(merged.additional_routes.is_empty(), "the node's routes");
         assert_eq!(merged.path, "/drop");
         assert_eq!(merged.origin_pools(), node.origin_pools());
         assert_eq!(merged.health, node.health);
@@ -885,6 +890,21 @@ rise = 1
         assert!(merged.queue_all && merged.suspended);
         assert_eq!(merged.queue_page, None, "the pushed page choice");
         assert!(merged.validate().is_ok());
+    }
+
+    #[test]
+    fn an_additional_route_needs_a_host_and_an_absolute_path() {
+        let t = table(&format!(
+            "{MINIMAL}additional_routes = [{{ host = \"m.example\" }}, {{ host = \"x\", path = \"drop\" }}]"
+        ));
+        assert_eq!(t.additional_routes[0].path, "/", "the default path");
+        let err = t.validate().unwrap_err();
+        assert_eq!(err.field(), "additional_routes[1].path");
+        let err = toml::from_str::<RoomTable>(&format!(
+            "{MINIMAL}additional_routes = [{{ path = \"/x\" }}]"
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("missing field `host`"), "{err}");
     }
 
     #[test]

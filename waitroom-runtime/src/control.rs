@@ -1189,6 +1189,11 @@ mod tests {
             ),
             (json!({"id": "other"}), "id", "keeps its id"),
             (
+                json!({"additional_routes": [{"host": "m.shop.example"}]}),
+                "additional_routes",
+                "belongs to each node's own config",
+            ),
+            (
                 json!({"total_active_users": 18_446_744_073_709_551_615_u64}),
                 "total_active_users",
                 "out of range",
