@@ -19,7 +19,11 @@
 //! - `waitroom-aggregator ctl` against the real aggregator;
 //! - a node without an aggregator serves the API for itself (a suspended room
 //!   lets visitors through without a ticket, and stays so after a restart),
-//!   and without a token file the API says how to turn it on.
+//!   and without a token file the API says how to turn it on;
+//! - a bypass rule's partner key is never shown (GET, a PATCH's answer, the
+//!   audit log) by the aggregator or a standalone node, yet pushed and in
+//!   force; the masked list sent back keeps it; a mask with nothing behind
+//!   it is refused naming the key.
 use std::{
     net::SocketAddr,
     path::Path,
@@ -540,5 +544,161 @@ fn a_node_without_an_aggregator_serves_the_api_for_itself() {
     assert!(
         body["error"].as_str().unwrap().contains("admin_token_file"),
         "{body}"
+    );
+}
+
+/// The partner key of a bypass rule (in `room`'s settings as the file gave
+/// them, `api_url` the room's control URL): never shown by a GET or a
+/// PATCH's answer, kept when the list read is sent back with the mask, and
+/// still in force where visitors arrive (`visit_api(with_key)`: the site
+/// was reached). A mask with nothing behind it is refused naming the key;
+/// the audit log never holds a key.
+fn check_the_partner_key_is_masked(
+    api_url: &str,
+    rooms_url: &str,
+    audit: &Path,
+    visit_api: &dyn Fn(&str, bool) -> bool,
+) {
+    const KEY: &str = "k-partner-6c1e0b9d";
+    assert!(
+        eventually(Duration::from_secs(10), || visit_api("/api/orders", true)),
+        "the key bypasses the queue"
+    );
+    assert!(!visit_api("/api/orders", false), "without it: the queue");
+    for url in [api_url, rooms_url] {
+        let (status, body, _) = api("GET", url, Some(ALICE), None, None);
+        assert_eq!(status, 200, "{body}");
+        assert!(!body.to_string().contains(KEY), "{url}: {body}");
+        assert!(body.to_string().contains("\"***\""), "{url}: {body}");
+    }
+    let (_, read, _) = api("GET", api_url, Some(ALICE), None, None);
+    let mut rules = read["room"]["bypass"].clone();
+    assert_eq!(rules[0]["header"]["value"], "***");
+    rules[0]["path_prefix"] = json!("/partner/");
+    let (status, body, _) = api(
+        "PATCH",
+        api_url,
+        Some(ALICE),
+        None,
+        Some(&json!({ "bypass": rules }).to_string()),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.to_string().contains(KEY), "{body}");
+    assert!(
+        eventually(Duration::from_secs(10), || visit_api("/partner/x", true)),
+        "the kept key bypasses on the new path"
+    );
+    assert!(!visit_api("/partner/x", false));
+    assert!(!visit_api("/api/orders", true), "the old path is gone");
+
+    // A mask on a rule that has no value behind it: refused, named.
+    let (status, body, _) = api(
+        "PATCH",
+        api_url,
+        Some(ALICE),
+        None,
+        Some(
+            r#"{"bypass": [{"name": "other", "path_prefix": "/x/", "header": {"name": "x-partner-key", "value": "***"}}]}"#,
+        ),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], "bypass[0].header.value", "{body}");
+    // A new key through the API: in force, never in the audit log.
+    let (status, body, _) = api(
+        "PATCH",
+        api_url,
+        Some(ALICE),
+        None,
+        Some(
+            r#"{"bypass": [{"name": "partner", "path_prefix": "/partner/", "header": {"name": "x-partner-key", "value": "k-rotated-3f8a"}}]}"#,
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    let log = std::fs::read_to_string(audit).unwrap();
+    assert!(
+        !log.contains(KEY) && !log.contains("k-rotated-3f8a"),
+        "{log}"
+    );
+    assert!(log.contains("\"***\""), "{log}");
+}
+
+const PARTNER_RULE: &str = "queue_all = true\n[[rooms.bypass]]\nname = \"partner\"\n\
+    path_prefix = \"/api/\"\nheader = { name = \"x-partner-key\", value = \"k-partner-6c1e0b9d\" }\n";
+
+/// Reached the site at `path` on `http` (with the partner key or not)?
+fn partner_visit(http: &str, path: &str, with_key: bool) -> bool {
+    let mut req = client().get(format!("{http}{path}"));
+    if with_key {
+        req = req.header("x-partner-key", "k-partner-6c1e0b9d");
+    }
+    let mut resp = req.call().expect("visitor");
+    resp.body_mut()
+        .read_to_string()
+        .unwrap_or_default()
+        .contains(SITE)
+}
+
+#[test]
+fn the_aggregator_never_shows_a_partner_key_but_pushes_it() {
+    let dir = TempDir::new("control-mask");
+    let certs = Certs::generate(&dir.path().join("certs"), &["n1"]).unwrap();
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let tokens = dir.path().join("control.tokens");
+    write_tokens(&tokens, &format!("alice {ALICE}\n"));
+    let listen: SocketAddr = format!("127.0.0.1:{}", free_udp_port().unwrap())
+        .parse()
+        .unwrap();
+    let config = format!(
+        "control_token_file = \"{}\"\n{}",
+        tokens.display(),
+        aggregator_config(
+            listen,
+            &certs,
+            &dir.path().join("aggregator.json"),
+            &format!(
+                "[[rooms]]\nid = \"shop\"\ntotal_active_users = 40\nnew_users_per_minute = 20\n{PARTNER_RULE}"
+            ),
+        )
+    );
+    let aggregator = Aggregator::start(dir.path(), "aggregator", &config).unwrap();
+    let gossip = node_gossip_table(listen, &certs, &certs, "n1", INTERVAL_MS);
+    let edge = Edge::start(
+        dir.path(),
+        "n1",
+        &node_config(dir.path(), "n1", origin, &gossip),
+    )
+    .unwrap();
+    let http = edge.url("");
+    check_the_partner_key_is_masked(
+        &aggregator.admin_url("/api/rooms/shop"),
+        &aggregator.admin_url("/api/rooms"),
+        &dir.path().join("audit.jsonl"),
+        &|path, key| partner_visit(&http, path, key),
+    );
+}
+
+#[test]
+fn a_node_without_an_aggregator_never_shows_a_partner_key() {
+    let dir = TempDir::new("control-node-mask");
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let tokens = dir.path().join("admin.token");
+    write_tokens(&tokens, &format!("{ALICE}\n"));
+    let state = dir.path().join("solo");
+    std::fs::create_dir_all(&state).unwrap();
+    let config = format!(
+        "[node]\nid = \"solo\"\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+         workers = 1\nstate_dir = \"{state}\"\nadmin_token_file = \"{tokens}\"\n\
+         [[rooms]]\nid = \"shop\"\norigin = \"{origin}\"\ntotal_active_users = 40\n\
+         new_users_per_minute = 20\n{PARTNER_RULE}",
+        state = state.display(),
+        tokens = tokens.display(),
+    );
+    let node = Edge::start(dir.path(), "solo", &config).unwrap();
+    let http = node.url("");
+    check_the_partner_key_is_masked(
+        &node.admin_url("/api/rooms/shop"),
+        &node.admin_url("/api/rooms"),
+        &state.join("audit.jsonl"),
+        &|path, key| partner_visit(&http, path, key),
     );
 }

@@ -56,6 +56,7 @@ const NODE_FAMILIES: &[(&str, &[&str])] = &[
     ("waitroom_connections", &[]),
     ("waitroom_connections_closed", &["reason"]),
     ("waitroom_requests_unmatched", &[]),
+    ("waitroom_unrouted_requests", &["outcome"]),
     ("waitroom_active_users", &["room", "scope"]),
     ("waitroom_waiting", &["room", "scope"]),
     ("waitroom_admitted_this_minute", &["room"]),

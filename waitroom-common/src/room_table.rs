@@ -65,6 +65,11 @@ pub struct RoomTable {
     /// as nginx's `merge_slashes on`. On by default.
     #[serde(default = "yes")]
     pub merge_slashes: bool,
+    /// More `{ host, path }` pairs this room covers besides `host` + `path`
+    /// (Cloudflare's `additional_routes`): one room, one set of limits and
+    /// one cookie, reached by several routes. A node's own key, like `host`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub additional_routes: Vec<RouteTable>,
     /// Shorthand for one pool named `default` with this one origin.
     #[serde(default)]
     pub origin: Option<String>,
@@ -190,12 +195,24 @@ pub const NODE_KEYS: &[&str] = &[
     "path",
     "path_case_sensitive",
     "merge_slashes",
+    "additional_routes",
     "origin",
     "pools",
     "steering",
     "health",
     "origin_timeout_ms",
 ];
+
+/// One of a room's `additional_routes`: a host and a path prefix.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteTable {
+    /// Host this route covers (`*` for any), without port.
+    pub host: String,
+    /// Path prefix this route covers.
+    #[serde(default = "root_path")]
+    pub path: String,
+}
 
 /// How a request picks a pool among the healthy ones.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
@@ -317,6 +334,8 @@ pub enum RoomTableError {
     DuplicateId { id: String, first: usize },
     #[error("{path:?} must start with '/'")]
     PathNotAbsolute { path: String },
+    #[error("{path:?} must start with '/'")]
+    RoutePathNotAbsolute { route: usize, path: String },
     #[error("give either `origin` or `[[rooms.pools]]`, not both")]
     OriginAndPools,
     #[error("at least one pool is required")]
@@ -367,6 +386,7 @@ impl RoomTableError {
         match self {
             Self::EmptyId | Self::DuplicateId { .. } => "id".into(),
             Self::PathNotAbsolute { .. } => "path".into(),
+            Self::RoutePathNotAbsolute { route, .. } => format!("additional_routes[{route}].path"),
             Self::OriginAndPools | Self::NoPools => "pools".into(),
             Self::EmptyPoolName { pool: p } | Self::DuplicatePoolName { pool: p, .. } => {
                 pool(p, "name")
@@ -443,6 +463,7 @@ impl RoomTable {
             path: self.path.clone(),
             path_case_sensitive: self.path_case_sensitive,
             merge_slashes: self.merge_slashes,
+            additional_routes: self.additional_routes.clone(),
             origin: self.origin.clone(),
             pools: self.pools.clone(),
             steering: self.steering,
@@ -462,6 +483,7 @@ impl RoomTable {
             path: root_path(),
             path_case_sensitive: false,
             merge_slashes: true,
+            additional_routes: Vec::new(),
             origin: None,
             pools: None,
             steering: Steering::default(),
@@ -537,6 +559,14 @@ impl RoomTable {
         if !self.path.starts_with('/') {
             return Err(RoomTableError::PathNotAbsolute {
                 path: self.path.clone(),
+            });
+        }
+        if let Some((route, r)) =
+            (self.additional_routes.iter().enumerate()).find(|(_, r)| !r.path.starts_with('/'))
+        {
+            return Err(RoomTableError::RoutePathNotAbsolute {
+                route,
+                path: r.path.clone(),
             });
         }
         match (&self.origin, &self.pools) {
@@ -845,8 +875,13 @@ rise = 1
         pushed.queue_all = true;
         pushed.suspended = true;
         pushed.host = "elsewhere.example".into();
+        pushed.additional_routes = vec![RouteTable {
+            host: "elsewhere.example".into(),
+            path: "/".into(),
+        }];
         let merged = node.with_settings(&pushed);
         assert_eq!(merged.host, "shop.example", "the node's route");
+        assert!(merged.additional_routes.is_empty(), "the node's routes");
         assert_eq!(merged.path, "/drop");
         assert_eq!(merged.origin_pools(), node.origin_pools());
         assert_eq!(merged.health, node.health);
@@ -855,6 +890,21 @@ rise = 1
         assert!(merged.queue_all && merged.suspended);
         assert_eq!(merged.queue_page, None, "the pushed page choice");
         assert!(merged.validate().is_ok());
+    }
+
+    #[test]
+    fn an_additional_route_needs_a_host_and_an_absolute_path() {
+        let t = table(&format!(
+            "{MINIMAL}additional_routes = [{{ host = \"m.example\" }}, {{ host = \"x\", path = \"drop\" }}]"
+        ));
+        assert_eq!(t.additional_routes[0].path, "/", "the default path");
+        let err = t.validate().unwrap_err();
+        assert_eq!(err.field(), "additional_routes[1].path");
+        let err = toml::from_str::<RoomTable>(&format!(
+            "{MINIMAL}additional_routes = [{{ path = \"/x\" }}]"
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("missing field `host`"), "{err}");
     }
 
     #[test]

@@ -159,6 +159,9 @@ pub enum Outcome {
     /// No room covers the host and path: 404.
     #[default]
     NotARoom,
+    /// No room covers the host and path; proxied to the default origin
+    /// (`[node.unrouted]`): no ticket, nothing counted.
+    DefaultOrigin,
     /// The request target could not be normalized: 400.
     BadTarget,
     /// The request already passed this node: 508.
@@ -176,6 +179,7 @@ impl Outcome {
             Self::Rejected => "rejected",
             Self::TooManyNewTickets => "too_many_new_tickets",
             Self::NotARoom => "not_a_room",
+            Self::DefaultOrigin => "default_origin",
             Self::BadTarget => "bad_target",
             Self::Loop => "loop",
         }

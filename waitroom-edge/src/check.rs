@@ -78,7 +78,7 @@ pub fn check(config: &EdgeConfig, path: &Path) -> Result<(), CheckError> {
             err("node.access_log.path", problem)
         })?;
     }
-    crate::upstream::tls::OriginTls::new(config.rooms.iter().map(|r| (r.id.as_str(), &r.upstream)))
+    crate::upstream::tls::OriginTls::new(crate::node::origin_specs(config))
         .map_err(|e| err("rooms", e.to_string()))?;
     Ok(())
 }

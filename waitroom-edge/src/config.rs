@@ -146,6 +146,10 @@ pub struct NodeSection {
     /// `[node.access_log]`: one line per request (off unless `enabled`).
     #[serde(default)]
     pub access_log: Option<crate::access_log::AccessLogConfig>,
+    /// `[node.unrouted]`: what requests no room covers get, 404 (the
+    /// default) or a default origin (see [`crate::unrouted`]).
+    #[serde(default)]
+    pub unrouted: Option<crate::unrouted::UnroutedConfig>,
 }
 
 impl NodeSection {
@@ -373,6 +377,8 @@ pub fn load(path: &Path) -> Result<EdgeConfig, ConfigError> {
 #[derive(Debug, Clone)]
 pub struct EdgeConfig {
     pub node: NodeSection,
+    /// `[node.unrouted]` validated: the default origin, or `None` for 404.
+    pub default_origin: Option<crate::unrouted::DefaultOrigin>,
     pub rooms: Vec<crate::rooms::RoomSpec>,
     /// The `[[rooms]]` tables as written, in the same order as `rooms`:
     /// what pushed room settings are merged into
@@ -428,6 +434,13 @@ impl EdgeConfig {
                     .map_err(|e| file.invalid(format!("rooms[{index}].{}", e.field), e.problem))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        crate::rooms::check_routes(&rooms).map_err(|e| file.invalid(e.key, e.problem))?;
+        let default_origin = match &raw.node.unrouted {
+            Some(unrouted) => unrouted
+                .validate()
+                .map_err(|e| file.invalid(format!("node.unrouted.{}", e.field), e.problem))?,
+            None => None,
+        };
         crate::admin::check_listen(&raw.node)
             .map_err(|problem| file.invalid("node.admin_listen", problem))?;
         if let Some(gossip) = &raw.aggregator {
@@ -437,6 +450,7 @@ impl EdgeConfig {
         }
         Ok(Self {
             node: raw.node,
+            default_origin,
             rooms,
             tables: raw.rooms,
             aggregator: raw.aggregator,

@@ -34,7 +34,14 @@ fn scrape(node: &Node, f: &mut Families<'_>) -> fmt::Result {
     node.refused_targets.encode(f)?;
     node.defences.encode(f)?;
     node.access_log.encode(f)?;
-    crate::upstream::status::encode(f, node.rooms.iter().map(|r| &*r.upstream))?;
+    node.unrouted.encode(f)?;
+    crate::upstream::status::encode(
+        f,
+        node.rooms
+            .iter()
+            .map(|r| &*r.upstream)
+            .chain(node.unrouted.origin.as_deref()),
+    )?;
     if let Some(gossip) = node.gossip.as_ref() {
         gossip.status.encode(f, &gossip.world, node.clock.now())?;
         gossip.lease.encode(f)?;

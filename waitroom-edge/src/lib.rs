@@ -73,6 +73,7 @@ pub mod start;
 pub mod state_dir;
 pub mod stats;
 pub mod target;
+pub mod unrouted;
 pub mod upgrade;
 pub mod upstream;
 pub mod xdp;

@@ -195,6 +195,21 @@ impl RoomLive {
     }
 }
 
+/// Every origin spec of `config` with the name it is reported under: each
+/// room's, and the default origin's (`[node.unrouted]`).
+pub fn origin_specs(config: &EdgeConfig) -> impl Iterator<Item = (&str, &upstream::UpstreamSpec)> {
+    config
+        .rooms
+        .iter()
+        .map(|r| (r.id.as_str(), &r.upstream))
+        .chain(
+            config
+                .default_origin
+                .as_ref()
+                .map(|d| (crate::unrouted::LABEL, &d.upstream)),
+        )
+}
+
 /// The attached XDP program and what it tells.
 #[derive(Debug)]
 pub struct NodeXdp {
@@ -230,6 +245,8 @@ pub struct Node {
     pub gossip: Option<GossipHandle>,
     /// The XDP program, if `[xdp]` is configured and it attached.
     pub xdp: Option<NodeXdp>,
+    /// Requests no room covers: 404 or the default origin, and their counts.
+    pub unrouted: crate::unrouted::Unrouted,
     /// Trust and server names for `tls = true` origin pools.
     pub origin_tls: upstream::tls::OriginTls,
     /// The configuration in force and what reloads did.
@@ -291,9 +308,8 @@ impl Node {
             clock: parts.clock,
             gossip: parts.gossip,
             xdp: parts.xdp,
-            origin_tls: upstream::tls::OriginTls::new(
-                config.rooms.iter().map(|r| (r.id.as_str(), &r.upstream)),
-            )?,
+            unrouted: crate::unrouted::Unrouted::new(config.default_origin.as_ref()),
+            origin_tls: upstream::tls::OriginTls::new(origin_specs(config))?,
             reloads: reload::ReloadState::new(config, parts.https_cert, parts.settings_store, now),
             refused_targets: crate::target::RefusedTargets::default(),
             defences: crate::metrics::Defences::default(),

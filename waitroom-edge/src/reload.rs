@@ -401,6 +401,10 @@ fn restart_needed(old: &EdgeConfig, new: &EdgeConfig) -> Vec<String> {
             ("id", o.id != n.id),
             ("host", o.host != n.host),
             ("path", o.path != n.path),
+            (
+                "additional_routes",
+                o.additional_routes != n.additional_routes,
+            ),
             ("origins", o.upstream != n.upstream),
         ] {
             if changed {

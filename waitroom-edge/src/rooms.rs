@@ -21,6 +21,12 @@ pub struct RoomSpec {
     pub path_case_sensitive: bool,
     /// Runs of `/` are merged before routing and forwarding.
     pub merge_slashes: bool,
+    /// `additional_routes`: more (host, path) pairs, host lower-cased.
+    pub additional_routes: Vec<(String, String)>,
+    /// The cookie's `Path`: the longest whole-segment prefix of every path
+    /// the room covers, so a visitor admitted on one route of the room
+    /// presents the cookie on another route of it on the same host.
+    pub cookie_path: String,
     /// Where admitted visitors go: origin pools, steering, health checks.
     pub upstream: UpstreamSpec,
     /// How long the origin may take to send its response head.
@@ -52,6 +58,15 @@ impl RoomSpec {
             path: table.path.clone(),
             path_case_sensitive: table.path_case_sensitive,
             merge_slashes: table.merge_slashes,
+            additional_routes: table
+                .additional_routes
+                .iter()
+                .map(|r| (r.host.to_ascii_lowercase(), r.path.clone()))
+                .collect(),
+            cookie_path: cookie_path(
+                std::iter::once(table.path.as_str())
+                    .chain(table.additional_routes.iter().map(|r| r.path.as_str())),
+            ),
             upstream: UpstreamSpec::from_table(table)?,
             origin_timeout: Duration::from_millis(table.origin_timeout_ms.get()),
             queue_status: table.queue_status,
@@ -68,6 +83,84 @@ impl RoomSpec {
     }
 }
 
+impl RoomSpec {
+    /// Every (host, path) the room covers, each with the key it was
+    /// written under: `host` + `path`, then each of `additional_routes`.
+    pub fn routes(&self) -> impl Iterator<Item = (String, &str, &str)> {
+        std::iter::once(("path".to_owned(), self.host.as_str(), self.path.as_str())).chain(
+            self.additional_routes
+                .iter()
+                .enumerate()
+                .map(|(i, (h, p))| (format!("additional_routes[{i}]"), h.as_str(), p.as_str())),
+        )
+    }
+}
+
+/// The longest prefix of whole segments shared by `paths` (`/` at least):
+/// `/shop` and `/shop/drop` share `/shop`, `/shop` and `/drop` only `/`.
+fn cookie_path<'a>(paths: impl Iterator<Item = &'a str>) -> String {
+    let mut common: Option<Vec<&str>> = None;
+    for path in paths {
+        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        common = Some(match common {
+            None => segments,
+            Some(c) => c
+                .iter()
+                .zip(&segments)
+                .take_while(|(a, b)| a == b)
+                .map(|(a, _)| *a)
+                .collect(),
+        });
+    }
+    format!("/{}", common.unwrap_or_default().join("/"))
+}
+
+/// Two routes that claim the same host and path: which room wrote the
+/// second, and under which key (`rooms[1].additional_routes[0]`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct RouteClash {
+    /// The key path of the second claim, from the top of the file.
+    pub key: String,
+    pub problem: String,
+}
+
+/// Refuses a (host, path) pair claimed twice, by two rooms or twice by one:
+/// which room a request would get would then hang on the order of the
+/// tables. Hosts compare without case or trailing dot; paths as routing
+/// compares them (parameters cut, a trailing `/` ignored, case folded unless
+/// both rooms are case-sensitive).
+pub fn check_routes(rooms: &[RoomSpec]) -> Result<(), RouteClash> {
+    let key = |host: &str, path: &str, fold: bool| {
+        let path = crate::target::match_key(path, !fold);
+        let path = match path.trim_end_matches('/') {
+            "" => "/".to_owned(),
+            p => p.to_owned(),
+        };
+        (host.trim_end_matches('.').to_ascii_lowercase(), path)
+    };
+    let mut seen: Vec<(usize, String, &str, &str)> = Vec::new();
+    for (index, room) in rooms.iter().enumerate() {
+        for (field, host, path) in room.routes() {
+            for (first, first_field, first_host, first_path) in &seen {
+                let fold = !(room.path_case_sensitive && rooms[*first].path_case_sensitive);
+                if key(host, path, fold) == key(first_host, first_path, fold) {
+                    let first_key = format!("rooms[{first}].{first_field}");
+                    return Err(RouteClash {
+                        key: format!("rooms[{index}].{field}"),
+                        problem: format!(
+                            "host {host:?} path {path:?} is already a route of room {:?} ({first_key}); \
+                             each host and path may belong to one room only",
+                            rooms[*first].id
+                        ),
+                    });
+                }
+            }
+            seen.push((index, field, host, path));
+        }
+    }
+    Ok(())
+}
+
 /// The rooms of a node, ordered for matching.
 #[derive(Debug)]
 pub struct RoomTable {
@@ -81,12 +174,14 @@ impl RoomTable {
         let mut routes: Vec<Route> = rooms
             .iter()
             .enumerate()
-            .map(|(i, r)| Route {
-                host: r.host.trim_end_matches('.').to_owned(),
-                prefix: crate::target::match_key(&r.path, r.path_case_sensitive).into_owned(),
-                case_sensitive: r.path_case_sensitive,
-                merge_slashes: r.merge_slashes,
-                room: i,
+            .flat_map(|(i, r)| {
+                r.routes().map(move |(_, host, path)| Route {
+                    host: host.trim_end_matches('.').to_owned(),
+                    prefix: crate::target::match_key(path, r.path_case_sensitive).into_owned(),
+                    case_sensitive: r.path_case_sensitive,
+                    merge_slashes: r.merge_slashes,
+                    room: i,
+                })
             })
             .collect();
         routes.sort_by(|a, b| {
@@ -171,6 +266,86 @@ mod tests {
         assert_eq!(id("shop.example:8080", "/drop"), Some("drop"));
         assert_eq!(id("SHOP.example", "/dropped"), Some("shop"));
         assert_eq!(id("other.example", "/drop"), Some("all"));
+    }
+
+    fn with_routes(mut spec: RoomSpec, routes: &[(&str, &str)]) -> RoomSpec {
+        spec.additional_routes = routes
+            .iter()
+            .map(|(h, p)| ((*h).to_owned(), (*p).to_owned()))
+            .collect();
+        spec
+    }
+
+    #[test]
+    fn additional_routes_lead_to_their_room_by_the_longest_prefix() {
+        let t = RoomTable::new(&[
+            spec("site", "shop.example", "/"),
+            with_routes(
+                spec("drop", "shop.example", "/drop"),
+                &[("drop.example", "/"), ("shop.example", "/launch/now")],
+            ),
+        ]);
+        let id = |h, p| t.find(h, p).map(|i| t.rooms[i].id.as_str());
+        assert_eq!(id("shop.example", "/drop/x"), Some("drop"));
+        assert_eq!(id("drop.example", "/anything"), Some("drop"));
+        assert_eq!(id("DROP.example.", "/"), Some("drop"));
+        assert_eq!(id("shop.example", "/launch/now/1"), Some("drop"));
+        assert_eq!(id("shop.example", "/launch"), Some("site"));
+        assert_eq!(id("other.example", "/drop"), None);
+    }
+
+    #[test]
+    fn a_route_claimed_twice_is_refused_naming_both_claims() {
+        let clash = |rooms: &[RoomSpec]| check_routes(rooms).unwrap_err();
+        let err = clash(&[
+            spec("a", "shop.example", "/drop"),
+            with_routes(spec("b", "b.example", "/"), &[("Shop.Example.", "/drop/")]),
+        ]);
+        assert_eq!(err.key, "rooms[1].additional_routes[0]");
+        assert!(
+            err.problem.contains("room \"a\" (rooms[0].path)"),
+            "{}",
+            err.problem
+        );
+        let err = clash(&[with_routes(
+            spec("a", "shop.example", "/drop"),
+            &[("x.example", "/"), ("x.example", "/;v=1")],
+        )]);
+        assert_eq!(err.key, "rooms[0].additional_routes[1]");
+        assert!(err.problem.contains("rooms[0].additional_routes[0]"));
+        let err = clash(&[
+            spec("a", "shop.example", "/drop"),
+            spec("b", "shop.example", "/DROP"),
+        ]);
+        assert_eq!(err.key, "rooms[1].path");
+        let mut sensitive = [
+            spec("a", "shop.example", "/drop"),
+            spec("b", "shop.example", "/DROP"),
+        ];
+        for s in &mut sensitive {
+            s.path_case_sensitive = true;
+        }
+        assert_eq!(
+            check_routes(&sensitive),
+            Ok(()),
+            "two spellings, both case-sensitive"
+        );
+        assert_eq!(
+            check_routes(&[
+                spec("a", "shop.example", "/drop"),
+                spec("b", "*", "/drop"),
+                spec("c", "shop.example", "/drop/x"),
+            ]),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_cookie_path_covers_every_route_of_the_room() {
+        assert_eq!(cookie_path(["/shop"].into_iter()), "/shop");
+        assert_eq!(cookie_path(["/shop/", "/shop/drop"].into_iter()), "/shop");
+        assert_eq!(cookie_path(["/shop", "/shopping"].into_iter()), "/");
+        assert_eq!(cookie_path(["/shop", "/"].into_iter()), "/");
     }
 
     #[test]

@@ -256,6 +256,7 @@ pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
             .rooms
             .iter()
             .map(|r| Arc::clone(&r.upstream))
+            .chain(node.unrouted.origin.clone())
             .collect::<Vec<_>>(),
         node.origin_tls.connector(Duration::from_secs(3)),
         &shutdown,

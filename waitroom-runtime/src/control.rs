@@ -32,6 +32,17 @@
 //! the node serving the room ([`NODE_KEYS`]: host, path, origins...) cannot
 //! be changed here: no node would follow.
 //!
+//! # Secrets
+//! A bypass rule may match a header or cookie *value*, typically a
+//! partner's API key. The API never returns one: every room it answers with
+//! has such values replaced by [`MASKED`], and the audit log records a
+//! change with them masked too. A patch may send [`MASKED`] back (an
+//! operator who edits the `bypass` list they read): it stands for the
+//! value the room already has for the rule of that `name` and the same
+//! header or cookie, and is refused, naming the key, when there is none.
+//! Only the pushed settings (aggregator to node) and the settings file carry
+//! the values.
+//!
 //! # Events
 //! A room's scheduled events are the `events` key of its settings: the
 //! event routes are a patch of that one list, keyed by each event's `name`,
@@ -51,6 +62,93 @@ use serde_json::{Value, json};
 use waitroom_common::room_table::{NODE_KEYS, RoomTable};
 
 use crate::{admin::text, body::Body, clock::Clock, config_file::ConfigText};
+
+/// What the API shows instead of a bypass rule's header or cookie value.
+pub const MASKED: &str = "***";
+
+/// `room` as JSON with every bypass rule's header and cookie value
+/// replaced by [`MASKED`].
+#[must_use]
+pub fn masked_room(room: &RoomTable) -> Value {
+    let mut value = serde_json::to_value(room).unwrap_or(Value::Null);
+    mask_bypass_values(&mut value);
+    value
+}
+
+/// Replaces the `value` of each `bypass[].header` and `bypass[].cookie` in
+/// `table` (a room table or a patch of one, as JSON) by [`MASKED`].
+fn mask_bypass_values(table: &mut Value) {
+    let Some(Value::Array(rules)) = table.get_mut("bypass") else {
+        return;
+    };
+    for rule in rules {
+        for field in ["header", "cookie"] {
+            if let Some(Value::Object(m)) = rule.get_mut(field)
+                && let Some(value) = m.get_mut("value")
+                && value.is_string()
+            {
+                *value = Value::String(MASKED.into());
+            }
+        }
+    }
+}
+
+/// `patch` with each [`MASKED`] bypass value put back to the value `room`
+/// has for the rule of that `name` and the same header (any case) or
+/// cookie; refused, naming the key, where `room` has none.
+fn unmask_patch(room: &RoomTable, patch: &Value) -> Result<Value, ControlError> {
+    let mut patch = patch.clone();
+    let Some(Value::Array(rules)) = patch.get_mut("bypass") else {
+        return Ok(patch);
+    };
+    for (i, rule) in rules.iter_mut().enumerate() {
+        let name = rule.get("name").and_then(Value::as_str).map(str::to_owned);
+        for field in ["header", "cookie"] {
+            let Some(Value::Object(m)) = rule.get_mut(field) else {
+                continue;
+            };
+            if m.get("value").and_then(Value::as_str) != Some(MASKED) {
+                continue;
+            }
+            let wanted = m.get("name").and_then(Value::as_str).unwrap_or("");
+            let kept = room
+                .bypass
+                .iter()
+                .find(|r| Some(&r.name) == name.as_ref())
+                .and_then(|r| {
+                    if field == "header" {
+                        &r.header
+                    } else {
+                        &r.cookie
+                    }
+                    .as_ref()
+                })
+                .filter(|f| {
+                    if field == "header" {
+                        f.name.eq_ignore_ascii_case(wanted)
+                    } else {
+                        f.name == wanted
+                    }
+                })
+                .and_then(|f| f.value.clone());
+            match kept {
+                Some(value) => {
+                    m.insert("value".into(), Value::String(value));
+                }
+                None => {
+                    return Err(ControlError::Invalid {
+                        field: format!("bypass[{i}].{field}.value"),
+                        problem: format!(
+                            "{MASKED:?} stands for the value already set for this rule's {field} \
+                             (same rule name and {field} name), and there is none: send the value itself"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    Ok(patch)
+}
 
 /// Largest request body accepted, bytes: a room's settings are a few KiB.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -555,6 +653,9 @@ impl SettingsStore {
         change: &Value,
         now_ms: u64,
     ) -> Result<(), StoreError> {
+        // The log says that a partner's key changed, never what it is.
+        let mut change = change.clone();
+        mask_bypass_values(&mut change);
         let line = AuditLine {
             at_ms: now_ms,
             who,
@@ -562,7 +663,7 @@ impl SettingsStore {
             room,
             version: self.current.version,
             previous_version,
-            change,
+            change: &change,
         };
         let mut text = serde_json::to_string(&line).unwrap_or_default();
         text.push('\n');
@@ -672,6 +773,7 @@ fn merge_patch(target: &mut Value, patch: &Value) {
 
 /// `room` with `patch` applied, read as the config file would be.
 pub fn patch_room(room: &RoomTable, patch: &Value) -> Result<RoomTable, ControlError> {
+    let patch = &unmask_patch(room, patch)?;
     let Value::Object(keys) = patch else {
         return Err(ControlError::Malformed {
             problem: "a patch is a JSON object of the keys to change".into(),
@@ -818,14 +920,17 @@ async fn answer(
         (&Method::GET, ["rooms"]) => Ok((
             StatusCode::OK,
             current.version,
-            json!({ "version": current.version, "rooms": current.rooms }),
+            json!({
+                "version": current.version,
+                "rooms": current.rooms.iter().map(masked_room).collect::<Vec<_>>(),
+            }),
         )),
         (&Method::GET, ["rooms", id]) => {
             let room = find(id)?;
             Ok((
                 StatusCode::OK,
                 current.version,
-                json!({ "version": current.version, "room": room }),
+                json!({ "version": current.version, "room": masked_room(&room) }),
             ))
         }
         (&Method::PATCH, ["rooms", id]) => {
@@ -841,7 +946,7 @@ async fn answer(
                 |rooms| Ok(replace(rooms, table)),
                 &control.apply,
             )?;
-            let room = done.room(id).cloned();
+            let room = done.room(id).map(masked_room);
             Ok((
                 StatusCode::OK,
                 done.version,
@@ -984,6 +1089,59 @@ mod tests {
     }
 
     #[test]
+    fn bypass_values_are_masked_and_a_masked_value_sent_back_keeps_the_secret() {
+        let room = patch_room(
+            &shop(),
+            &json!({"bypass": [
+                {"name": "partner", "path_prefix": "/api/",
+                 "header": {"name": "X-Partner-Key", "value": "s3cret-partner-key"}},
+                {"name": "app", "cookie": {"name": "app_session"}},
+            ]}),
+        )
+        .unwrap();
+        let shown = masked_room(&room);
+        assert!(!shown.to_string().contains("s3cret"), "{shown}");
+        assert_eq!(shown["bypass"][0]["header"]["value"], MASKED);
+        assert_eq!(shown["bypass"][1]["cookie"], json!({"name": "app_session"}));
+
+        // The list as read, one rule changed, sent back: the key is kept.
+        let mut rules = shown["bypass"].clone();
+        rules[0]["path_prefix"] = json!("/partner/");
+        rules[0]["header"]["name"] = json!("x-partner-key");
+        let kept = patch_room(&room, &json!({ "bypass": rules })).unwrap();
+        let header = kept.bypass[0].header.as_ref().unwrap();
+        assert_eq!(header.value.as_deref(), Some("s3cret-partner-key"));
+        assert_eq!(kept.bypass[0].path_prefix.as_deref(), Some("/partner/"));
+
+        // A mask with nothing behind it (a new rule, another header, a
+        // renamed rule) is refused, naming the key; nothing is guessed.
+        for (i, rule) in [
+            json!({"name": "new", "header": {"name": "X-Partner-Key", "value": MASKED}}),
+            json!({"name": "partner", "header": {"name": "X-Other", "value": MASKED}}),
+            json!({"name": "partner", "cookie": {"name": "X-Partner-Key", "value": MASKED}}),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let err = patch_room(&room, &json!({ "bypass": [rule] })).unwrap_err();
+            assert!(
+                matches!(&err, ControlError::Invalid { field, .. } if field.starts_with("bypass[0].")),
+                "case {i}: {err}"
+            );
+        }
+        // A new value replaces it.
+        let changed = patch_room(
+            &room,
+            &json!({"bypass": [{"name": "partner", "header": {"name": "X-Partner-Key", "value": "new-key"}}]}),
+        )
+        .unwrap();
+        assert_eq!(
+            changed.bypass[0].header.as_ref().unwrap().value.as_deref(),
+            Some("new-key")
+        );
+    }
+
+    #[test]
     fn a_patch_is_read_as_the_config_file_would_be() {
         let room = shop();
         let patched = patch_room(
@@ -1030,6 +1188,11 @@ mod tests {
                 "belongs to each node's own config",
             ),
             (json!({"id": "other"}), "id", "keeps its id"),
+            (
+                json!({"additional_routes": [{"host": "m.shop.example"}]}),
+                "additional_routes",
+                "belongs to each node's own config",
+            ),
             (
                 json!({"total_active_users": 18_446_744_073_709_551_615_u64}),
                 "total_active_users",

@@ -34,7 +34,9 @@ use crate::{
     node::{Node, RoomLive, RoomRuntime},
     proxy,
     queue_page::{self, QueueView},
-    target, upgrade,
+    target,
+    unrouted::UnroutedOutcome,
+    upgrade,
 };
 
 /// Per-worker state: the connection pool to origins (never shared across cores).
@@ -123,7 +125,11 @@ async fn answer(
         Ok(t) => {
             let Some(index) = node.routes.route(&t) else {
                 node.metrics.requests_unmatched.fetch_add(1, Relaxed);
-                return not_covered();
+                // Slashes as sent: no room says to merge them.
+                let spelling = (t.path_and_query(false), t.host_header());
+                let mut req = req;
+                respell(&mut req, spelling);
+                return unrouted(node, worker, req, conn, hop, scheme, trace).await;
             };
             let merge = node.rooms[index].spec.merge_slashes;
             let changed = req.uri().authority().is_some()
@@ -153,16 +159,8 @@ async fn answer(
         }
     };
     let mut req = req;
-    if let Some((path_and_query, host)) = rewrite {
-        if let Ok(uri) = Uri::try_from(path_and_query) {
-            *req.uri_mut() = uri;
-        }
-        match HeaderValue::try_from(host) {
-            Ok(h) if !h.is_empty() => {
-                req.headers_mut().insert(header::HOST, h);
-            }
-            _ => {}
-        }
+    if let Some(spelling) = rewrite {
+        respell(&mut req, spelling);
     }
     let room = &node.rooms[index];
     trace.room = Some(index as u16);
@@ -360,6 +358,97 @@ async fn answer(
     }
 }
 
+/// Gives `req` the normalized target: `(path and query, Host)`.
+fn respell(req: &mut Request<Incoming>, (path_and_query, host): (String, String)) {
+    if let Ok(uri) = Uri::try_from(path_and_query) {
+        *req.uri_mut() = uri;
+    }
+    match HeaderValue::try_from(host) {
+        Ok(h) if !h.is_empty() => {
+            req.headers_mut().insert(header::HOST, h);
+        }
+        _ => {}
+    }
+}
+
+/// A request no room covers: 404, or the default origin
+/// (`[node.unrouted]`, see `crate::unrouted`) as a bypassed request goes
+/// to its room's: no cookie opened, no ticket, nothing counted.
+async fn unrouted(
+    node: &Node,
+    worker: &Worker,
+    req: Request<Incoming>,
+    conn: ConnInfo,
+    hop: std::net::IpAddr,
+    scheme: &'static str,
+    trace: &mut Trace,
+) -> Response<Body> {
+    let Some(upstream) = &node.unrouted.origin else {
+        node.unrouted.count(UnroutedOutcome::NotFound);
+        return not_covered();
+    };
+    trace.outcome = Outcome::DefaultOrigin;
+    let started = Instant::now();
+    let result = forward(
+        node,
+        worker,
+        upstream,
+        node.unrouted.timeout,
+        req,
+        conn,
+        hop,
+        scheme,
+    )
+    .await;
+    trace.upstream_micros = Some(started.elapsed().as_micros() as u64);
+    match result {
+        Ok(resp) => {
+            node.unrouted.count(UnroutedOutcome::Proxied);
+            trace.upstream_status = Some(resp.status().as_u16());
+            resp
+        }
+        Err(err) => {
+            node.unrouted.count(UnroutedOutcome::OriginError);
+            proxy::error_page(&err)
+        }
+    }
+}
+
+/// Sends `req` to an origin of `upstream` with the forwarding headers of
+/// this hop: an upgrade through `crate::upgrade`, anything else through
+/// `proxy::forward`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the request's whole context, passed down once"
+)]
+async fn forward(
+    node: &Node,
+    worker: &Worker,
+    upstream: &std::sync::Arc<crate::upstream::Upstream>,
+    timeout: std::time::Duration,
+    req: Request<Incoming>,
+    conn: ConnInfo,
+    hop: std::net::IpAddr,
+    scheme: &'static str,
+) -> Result<Response<Body>, proxy::ProxyError> {
+    let origin_request = proxy::OriginRequest {
+        forwarding: Forwarding {
+            client: conn.client,
+            hop,
+            trusted: node.settings.trusted_proxies.contains(hop),
+            scheme,
+        },
+        via: &node.settings.via,
+        defences: &node.defences,
+        now_secs: node.clock.now().0 / 1_000,
+    };
+    if upgrade::is_upgrade(&req) {
+        upgrade::forward(&worker.client, upstream, timeout, req, &origin_request).await
+    } else {
+        proxy::forward(&worker.client, upstream, timeout, req, &origin_request).await
+    }
+}
+
 /// Forwards the request to one of the room's origins (`proxy::forward`),
 /// timing it; a failure becomes its error page. The room's origin-command
 /// header goes from the request and from the response; the allowed command
@@ -382,23 +471,8 @@ async fn to_origin(
     let mut req = req;
     commands.strip_request(req.headers_mut());
     let proxy_started = Instant::now();
-    let origin_request = proxy::OriginRequest {
-        forwarding: Forwarding {
-            client: conn.client,
-            hop,
-            trusted: node.settings.trusted_proxies.contains(hop),
-            scheme,
-        },
-        via: &node.settings.via,
-        defences: &node.defences,
-        now_secs: node.clock.now().0 / 1_000,
-    };
-    let (client, upstream, timeout) = (&worker.client, &room.upstream, room.spec.origin_timeout);
-    let result = if upgrade::is_upgrade(&req) {
-        upgrade::forward(client, upstream, timeout, req, &origin_request).await
-    } else {
-        proxy::forward(client, upstream, timeout, req, &origin_request).await
-    };
+    let (upstream, timeout) = (&room.upstream, room.spec.origin_timeout);
+    let result = forward(node, worker, upstream, timeout, req, conn, hop, scheme).await;
     let proxy_time = proxy_started.elapsed();
     room.metrics.observe(Latency::Proxy, proxy_time);
     trace.upstream_micros = Some(proxy_time.as_micros() as u64);
@@ -551,7 +625,7 @@ fn set_cookie_header(
     let max_age = cookie_max_age(ticket, engine_room, node.clock.now());
     let mut text = format!(
         "{}={value}; Path={}; Max-Age={max_age}; HttpOnly; SameSite={same_site}",
-        room.cookie_name, room.spec.path
+        room.cookie_name, room.spec.cookie_path
     );
     if secure {
         text.push_str("; Secure");
@@ -572,7 +646,7 @@ fn clear_cookie_header(
     };
     let mut text = format!(
         "{}=; Path={}; Max-Age=0; HttpOnly; SameSite=Lax",
-        room.cookie_name, room.spec.path
+        room.cookie_name, room.spec.cookie_path
     );
     if secure {
         text.push_str("; Secure");
