@@ -6,8 +6,14 @@
 //! another room or format does not open. The key id lets keys rotate: the first
 //! configured key seals, every configured key opens. Whatever fails to open makes
 //! a new visitor (the caller counts why); it is never an error page.
+use std::{
+    cell::RefCell,
+    sync::atomic::{AtomicU64, Ordering::Relaxed},
+};
+
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
+use waitroom_common::ticket::Ticket;
 
 use crate::metrics::CookieFailure;
 
@@ -25,7 +31,13 @@ const TAG: usize = 16;
 pub struct CookieKeys {
     /// `(id, key)`; the first seals.
     keys: Vec<(u8, LessSafeKey)>,
+    /// Unique to this set of keys in the process: what [`OPENED`] remembers
+    /// instead of a pointer, which the next set could be given again.
+    generation: u64,
 }
+
+/// The next [`CookieKeys::generation`].
+static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 impl std::fmt::Debug for CookieKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -64,7 +76,10 @@ impl CookieKeys {
                 .map_err(|_| KeyError::BadSecret { id: *id })?;
             out.push((*id, LessSafeKey::new(key)));
         }
-        Ok(Self { keys: out })
+        Ok(Self {
+            keys: out,
+            generation: GENERATION.fetch_add(1, Relaxed),
+        })
     }
 
     /// Parses `(id, hex)` pairs as found in the config.
@@ -134,6 +149,75 @@ impl CookieKeys {
         raw.drain(..HEADER);
         Ok(raw)
     }
+
+    /// The ticket in a cookie value sealed for `room`: [`CookieKeys::open`]
+    /// and decoded, a ticket that does not decode being `Malformed`.
+    ///
+    /// A browser sends the same cookie on every request of a connection
+    /// until the node sets a new one, and opening it (base64, the AEAD, the
+    /// decoding) was the largest piece of the admitted path after hyper's
+    /// own (issue 17). So the worker thread remembers, for each of
+    /// [`OPENED_SLOTS`] slots chosen by the connection id `conn`, the last
+    /// value that opened, with the room and the key set it opened under.
+    /// The very same bytes under the same keys for the same room open to the
+    /// same ticket, so a hit returns that ticket unopened; anything else (a
+    /// new value, another room, rotated keys) is opened in full. Failures
+    /// are never remembered: each is opened again and counted by the caller.
+    pub fn open_ticket(&self, room: &str, value: &str, conn: u64) -> Result<Ticket, CookieFailure> {
+        let slot = (conn % OPENED_SLOTS as u64) as usize;
+        let hit = OPENED.with_borrow(|opened| {
+            opened.get(slot).and_then(Option::as_ref).and_then(|o| {
+                (o.generation == self.generation && o.value == value && o.room == room)
+                    .then_some(o.ticket)
+            })
+        });
+        if let Some(ticket) = hit {
+            return Ok(ticket);
+        }
+        let bytes = self.open(room, value)?;
+        let ticket: Ticket = postcard::from_bytes(&bytes).map_err(|_| CookieFailure::Malformed)?;
+        OPENED.with_borrow_mut(|opened| {
+            if opened.len() < OPENED_SLOTS {
+                opened.resize_with(OPENED_SLOTS, || None);
+            }
+            match &mut opened[slot] {
+                // The strings' buffers are reused: no allocation once warm.
+                Some(o) => {
+                    o.generation = self.generation;
+                    o.ticket = ticket;
+                    o.room.clear();
+                    o.room.push_str(room);
+                    o.value.clear();
+                    o.value.push_str(value);
+                }
+                empty @ None => {
+                    *empty = Some(Opened {
+                        generation: self.generation,
+                        room: room.to_owned(),
+                        value: value.to_owned(),
+                        ticket,
+                    });
+                }
+            }
+        });
+        Ok(ticket)
+    }
+}
+
+/// Slots of a worker thread's [`OPENED`] cache.
+const OPENED_SLOTS: usize = 64;
+
+/// A cookie value that opened, what it opened to and under what.
+struct Opened {
+    generation: u64,
+    room: String,
+    value: String,
+    ticket: Ticket,
+}
+
+thread_local! {
+    /// Each worker thread's last opened cookie per slot ([`CookieKeys::open_ticket`]).
+    static OPENED: RefCell<Vec<Option<Opened>>> = const { RefCell::new(Vec::new()) };
 }
 
 fn aad(room: &str) -> Vec<u8> {
@@ -218,6 +302,45 @@ mod tests {
             k.open("shop", &"A".repeat(MAX_COOKIE_LEN + 1)),
             Err(CookieFailure::TooLarge)
         );
+    }
+
+    #[test]
+    fn a_remembered_cookie_opens_only_for_the_same_bytes_room_and_keys() {
+        use waitroom_common::{room::RoomId, time::UnixMillis};
+        let k = keys(&[1]);
+        let ticket = Ticket::new_visitor(RoomId(3), UnixMillis(1_800_000_000_000), 20);
+        let c = k.seal("shop", &postcard::to_allocvec(&ticket).unwrap());
+        let conn = 7;
+        assert_eq!(k.open_ticket("shop", &c, conn), Ok(ticket));
+        assert_eq!(k.open_ticket("shop", &c, conn), Ok(ticket), "remembered");
+        // Another room's AAD: not taken from the cache.
+        assert_eq!(
+            k.open_ticket("other", &c, conn),
+            Err(CookieFailure::Tampered)
+        );
+        // One byte changed: opened, and refused.
+        let mut bad = c.clone().into_bytes();
+        let last = bad.len() - 1;
+        bad[last] = if bad[last] == b'A' { b'B' } else { b'A' };
+        let bad = String::from_utf8(bad).unwrap();
+        assert_eq!(k.open_ticket("shop", &c, conn), Ok(ticket));
+        assert!(k.open_ticket("shop", &bad, conn).is_err());
+        // Keys rotated to a set without the sealing key: refused, though the
+        // very same value opened under the previous set on this connection.
+        assert_eq!(k.open_ticket("shop", &c, conn), Ok(ticket));
+        let rotated = keys(&[2]);
+        assert_eq!(
+            rotated.open_ticket("shop", &c, conn),
+            Err(CookieFailure::UnknownKey)
+        );
+        // Bytes that open but are no ticket.
+        let junk = k.seal("shop", b"\xff\xff\xff");
+        assert_eq!(
+            k.open_ticket("shop", &junk, conn),
+            Err(CookieFailure::Malformed)
+        );
+        // Another connection in another slot opens its own.
+        assert_eq!(k.open_ticket("shop", &c, conn + 1), Ok(ticket));
     }
 
     #[test]

@@ -194,7 +194,7 @@ async fn answer(
     let started = Instant::now();
     let now_secs = now.0 / 1_000;
     let config = engine_room.config();
-    let mut ticket = open_ticket(node, room, engine_room, req.headers(), now);
+    let mut ticket = open_ticket(node, room, engine_room, req.headers(), now, conn.id);
     // A ticket from another network (`ticket_binding`), or on more
     // connections than its budget (a copied cookie): a new visitor's.
     if let Some(t) = ticket {
@@ -427,19 +427,14 @@ fn open_ticket(
     engine_room: &Room,
     headers: &HeaderMap,
     now: UnixMillis,
+    conn_id: u64,
 ) -> Option<Ticket> {
     let value = cookie::find(headers, &room.cookie_name)?;
-    let bytes = match node.keys.load().open(&room.spec.id, value) {
-        Ok(b) => b,
+    // Opened once per connection while the value stays the same (`cookie`).
+    let ticket = match node.keys.load().open_ticket(&room.spec.id, value, conn_id) {
+        Ok(t) => t,
         Err(why) => {
             room.metrics.cookie_failure(why);
-            return None;
-        }
-    };
-    let ticket: Ticket = match postcard::from_bytes(&bytes) {
-        Ok(t) => t,
-        Err(_) => {
-            room.metrics.cookie_failure(CookieFailure::Malformed);
             return None;
         }
     };
