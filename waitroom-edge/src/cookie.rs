@@ -97,6 +97,14 @@ impl CookieKeys {
 
     /// Seals `plain` for `room`; returns the cookie value.
     pub fn seal(&self, room: &str, plain: &[u8]) -> String {
+        let mut value = String::new();
+        self.seal_into(room, plain, &mut value);
+        value
+    }
+
+    /// Seals `plain` for `room` and appends the cookie value to `out` (the
+    /// `Set-Cookie` line is written around it without another copy).
+    pub fn seal_into(&self, room: &str, plain: &[u8], out: &mut String) {
         let (id, key) = &self.keys[0];
         let nonce_bytes: [u8; 12] = rand::random();
         let mut raw = Vec::with_capacity(HEADER + plain.len() + TAG);
@@ -104,17 +112,30 @@ impl CookieKeys {
         raw.push(*id);
         raw.extend_from_slice(&nonce_bytes);
         raw.extend_from_slice(plain);
-        let tag = key.seal_in_place_separate_tag(
-            Nonce::assume_unique_for_key(nonce_bytes),
-            Aad::from(aad(room)),
-            &mut raw[HEADER..],
-        );
+        let tag = with_aad(room, |aad| {
+            key.seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce_bytes),
+                Aad::from(aad),
+                &mut raw[HEADER..],
+            )
+        });
         match tag {
             Ok(tag) => raw.extend_from_slice(tag.as_ref()),
             // Sealing fails only for messages of gigabytes; a ticket is not one.
-            Err(_) => return String::new(),
+            Err(_) => return,
         }
-        URL_SAFE_NO_PAD.encode(raw)
+        // Encoded on the stack and appended: `encode_string`'s chunked
+        // writer cost twice as much for a cookie's hundred bytes.
+        let mut encoded = [0u8; 512];
+        match URL_SAFE_NO_PAD.encode_slice(&raw, &mut encoded) {
+            Ok(n) => out.push_str(std::str::from_utf8(&encoded[..n]).unwrap_or_default()),
+            Err(_) => URL_SAFE_NO_PAD.encode_string(raw, out),
+        }
+    }
+
+    /// Length of the cookie value [`CookieKeys::seal`] makes of `plain_len` bytes.
+    pub fn sealed_len(plain_len: usize) -> usize {
+        (HEADER + plain_len + TAG).div_ceil(3) * 4
     }
 
     /// Opens a cookie value sealed for `room`.
@@ -137,14 +158,15 @@ impl CookieKeys {
             .map_err(|_| CookieFailure::Malformed)?;
         // A cookie that opens under another room's AAD is a stray, not an attack;
         // we cannot tell which room without trying them all, so call it tampered.
-        let plain_len = key
-            .open_in_place(
+        let plain_len = with_aad(room, |aad| {
+            key.open_in_place(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(aad(room)),
+                Aad::from(aad),
                 &mut raw[HEADER..],
             )
-            .map_err(|_| CookieFailure::Tampered)?
-            .len();
+            .map(|plain| plain.len())
+        })
+        .map_err(|_| CookieFailure::Tampered)?;
         raw.truncate(HEADER + plain_len);
         raw.drain(..HEADER);
         Ok(raw)
@@ -220,12 +242,27 @@ thread_local! {
     static OPENED: RefCell<Vec<Option<Opened>>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The associated data: `waitroom`, the format version, the room id.
 fn aad(room: &str) -> Vec<u8> {
     let mut aad = Vec::with_capacity(room.len() + 10);
     aad.extend_from_slice(b"waitroom");
     aad.push(FORMAT);
     aad.extend_from_slice(room.as_bytes());
     aad
+}
+
+/// Calls `f` with [`aad`]`(room)`, built on the stack for a room id of
+/// ordinary length (no allocation on the request path).
+fn with_aad<R>(room: &str, f: impl FnOnce(&[u8]) -> R) -> R {
+    const PREFIX: usize = b"waitroom".len() + 1;
+    let mut buf = [0u8; 128];
+    if room.len() > buf.len() - PREFIX {
+        return f(&aad(room));
+    }
+    buf[..PREFIX - 1].copy_from_slice(b"waitroom");
+    buf[PREFIX - 1] = FORMAT;
+    buf[PREFIX..PREFIX + room.len()].copy_from_slice(room.as_bytes());
+    f(&buf[..PREFIX + room.len()])
 }
 
 /// Name of the cookie for a room: one per room, so rooms never see each other's.
@@ -265,6 +302,27 @@ mod tests {
         let c = k.seal("shop", b"ticket");
         assert_eq!(k.open("shop", &c).unwrap(), b"ticket");
         assert_eq!(k.open("other", &c), Err(CookieFailure::Tampered));
+    }
+
+    #[test]
+    fn the_associated_data_is_the_same_on_the_stack_and_for_long_room_ids() {
+        for room in [
+            "",
+            "shop",
+            &"r".repeat(119),
+            &"r".repeat(120),
+            &"x".repeat(400),
+        ] {
+            assert_eq!(with_aad(room, <[u8]>::to_vec), aad(room), "{}", room.len());
+            let k = keys(&[1]);
+            let c = k.seal(room, b"ticket");
+            assert_eq!(c.len(), CookieKeys::sealed_len(6));
+            assert_eq!(k.open(room, &c).unwrap(), b"ticket");
+            assert_eq!(
+                k.open(&format!("{room}!"), &c),
+                Err(CookieFailure::Tampered)
+            );
+        }
     }
 
     #[test]
