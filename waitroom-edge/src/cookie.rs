@@ -6,8 +6,14 @@
 //! another room or format does not open. The key id lets keys rotate: the first
 //! configured key seals, every configured key opens. Whatever fails to open makes
 //! a new visitor (the caller counts why); it is never an error page.
+use std::{
+    cell::RefCell,
+    sync::atomic::{AtomicU64, Ordering::Relaxed},
+};
+
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
+use waitroom_common::ticket::Ticket;
 
 use crate::metrics::CookieFailure;
 
@@ -25,7 +31,13 @@ const TAG: usize = 16;
 pub struct CookieKeys {
     /// `(id, key)`; the first seals.
     keys: Vec<(u8, LessSafeKey)>,
+    /// Unique to this set of keys in the process: what [`OPENED`] remembers
+    /// instead of a pointer, which the next set could be given again.
+    generation: u64,
 }
+
+/// The next [`CookieKeys::generation`].
+static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 impl std::fmt::Debug for CookieKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -64,7 +76,10 @@ impl CookieKeys {
                 .map_err(|_| KeyError::BadSecret { id: *id })?;
             out.push((*id, LessSafeKey::new(key)));
         }
-        Ok(Self { keys: out })
+        Ok(Self {
+            keys: out,
+            generation: GENERATION.fetch_add(1, Relaxed),
+        })
     }
 
     /// Parses `(id, hex)` pairs as found in the config.
@@ -82,6 +97,14 @@ impl CookieKeys {
 
     /// Seals `plain` for `room`; returns the cookie value.
     pub fn seal(&self, room: &str, plain: &[u8]) -> String {
+        let mut value = String::new();
+        self.seal_into(room, plain, &mut value);
+        value
+    }
+
+    /// Seals `plain` for `room` and appends the cookie value to `out` (the
+    /// `Set-Cookie` line is written around it without another copy).
+    pub fn seal_into(&self, room: &str, plain: &[u8], out: &mut String) {
         let (id, key) = &self.keys[0];
         let nonce_bytes: [u8; 12] = rand::random();
         let mut raw = Vec::with_capacity(HEADER + plain.len() + TAG);
@@ -89,17 +112,30 @@ impl CookieKeys {
         raw.push(*id);
         raw.extend_from_slice(&nonce_bytes);
         raw.extend_from_slice(plain);
-        let tag = key.seal_in_place_separate_tag(
-            Nonce::assume_unique_for_key(nonce_bytes),
-            Aad::from(aad(room)),
-            &mut raw[HEADER..],
-        );
+        let tag = with_aad(room, |aad| {
+            key.seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce_bytes),
+                Aad::from(aad),
+                &mut raw[HEADER..],
+            )
+        });
         match tag {
             Ok(tag) => raw.extend_from_slice(tag.as_ref()),
             // Sealing fails only for messages of gigabytes; a ticket is not one.
-            Err(_) => return String::new(),
+            Err(_) => return,
         }
-        URL_SAFE_NO_PAD.encode(raw)
+        // Encoded on the stack and appended: `encode_string`'s chunked
+        // writer cost twice as much for a cookie's hundred bytes.
+        let mut encoded = [0u8; 512];
+        match URL_SAFE_NO_PAD.encode_slice(&raw, &mut encoded) {
+            Ok(n) => out.push_str(std::str::from_utf8(&encoded[..n]).unwrap_or_default()),
+            Err(_) => URL_SAFE_NO_PAD.encode_string(raw, out),
+        }
+    }
+
+    /// Length of the cookie value [`CookieKeys::seal`] makes of `plain_len` bytes.
+    pub fn sealed_len(plain_len: usize) -> usize {
+        (HEADER + plain_len + TAG).div_ceil(3) * 4
     }
 
     /// Opens a cookie value sealed for `room`.
@@ -122,26 +158,121 @@ impl CookieKeys {
             .map_err(|_| CookieFailure::Malformed)?;
         // A cookie that opens under another room's AAD is a stray, not an attack;
         // we cannot tell which room without trying them all, so call it tampered.
-        let plain_len = key
-            .open_in_place(
+        let plain_len = with_aad(room, |aad| {
+            key.open_in_place(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(aad(room)),
+                Aad::from(aad),
                 &mut raw[HEADER..],
             )
-            .map_err(|_| CookieFailure::Tampered)?
-            .len();
+            .map(|plain| plain.len())
+        })
+        .map_err(|_| CookieFailure::Tampered)?;
         raw.truncate(HEADER + plain_len);
         raw.drain(..HEADER);
         Ok(raw)
     }
+
+    /// The ticket in a cookie value sealed for `room`: [`CookieKeys::open`]
+    /// and decoded, a ticket that does not decode being `Malformed`.
+    ///
+    /// A browser sends the same cookie on every request of a connection
+    /// until the node sets a new one, and opening it (base64, the AEAD, the
+    /// decoding) was the largest piece of the admitted path after hyper's
+    /// own (issue 17). So the worker thread remembers, for each of
+    /// [`OPENED_SLOTS`] slots chosen by the connection id `conn`, the last
+    /// value that opened, with the room and the key set it opened under.
+    /// The very same bytes under the same keys for the same room open to the
+    /// same ticket, so a hit returns that ticket unopened; anything else (a
+    /// new value, another room, rotated keys) is opened in full. Failures
+    /// are never remembered: each is opened again and counted by the caller.
+    pub fn open_ticket(&self, room: &str, value: &str, conn: u64) -> Result<Ticket, CookieFailure> {
+        let slot = (conn % OPENED_SLOTS as u64) as usize;
+        let hit = OPENED.with_borrow(|opened| {
+            opened.get(slot).and_then(Option::as_ref).and_then(|o| {
+                (o.generation == self.generation
+                    && same_bytes(o.value.as_bytes(), value.as_bytes())
+                    && o.room == room)
+                    .then_some(o.ticket)
+            })
+        });
+        if let Some(ticket) = hit {
+            return Ok(ticket);
+        }
+        let bytes = self.open(room, value)?;
+        let ticket: Ticket = postcard::from_bytes(&bytes).map_err(|_| CookieFailure::Malformed)?;
+        OPENED.with_borrow_mut(|opened| {
+            if opened.len() < OPENED_SLOTS {
+                opened.resize_with(OPENED_SLOTS, || None);
+            }
+            match &mut opened[slot] {
+                // The strings' buffers are reused: no allocation once warm.
+                Some(o) => {
+                    o.generation = self.generation;
+                    o.ticket = ticket;
+                    o.room.clear();
+                    o.room.push_str(room);
+                    o.value.clear();
+                    o.value.push_str(value);
+                }
+                empty @ None => {
+                    *empty = Some(Opened {
+                        generation: self.generation,
+                        room: room.to_owned(),
+                        value: value.to_owned(),
+                        ticket,
+                    });
+                }
+            }
+        });
+        Ok(ticket)
+    }
 }
 
+/// `a == b` in time that does not depend on where they differ: a visitor
+/// whose cookie does not open leaves the slot's remembered value (another
+/// visitor's cookie) in place, and an early-exit comparison against it would
+/// tell, by timing, how much of a guess was right.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Slots of a worker thread's [`OPENED`] cache.
+const OPENED_SLOTS: usize = 64;
+
+/// A cookie value that opened, what it opened to and under what.
+struct Opened {
+    generation: u64,
+    room: String,
+    value: String,
+    ticket: Ticket,
+}
+
+thread_local! {
+    /// Each worker thread's last opened cookie per slot ([`CookieKeys::open_ticket`]).
+    static OPENED: RefCell<Vec<Option<Opened>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The associated data: `waitroom`, the format version, the room id.
 fn aad(room: &str) -> Vec<u8> {
     let mut aad = Vec::with_capacity(room.len() + 10);
     aad.extend_from_slice(b"waitroom");
     aad.push(FORMAT);
     aad.extend_from_slice(room.as_bytes());
     aad
+}
+
+/// Calls `f` with [`aad`]`(room)`, built on the stack for a room id of
+/// ordinary length (no allocation on the request path).
+fn with_aad<R>(room: &str, f: impl FnOnce(&[u8]) -> R) -> R {
+    const PREFIX: usize = b"waitroom".len() + 1;
+    let mut buf = [0u8; 128];
+    if room.len() > buf.len() - PREFIX {
+        return f(&aad(room));
+    }
+    buf[..PREFIX - 1].copy_from_slice(b"waitroom");
+    buf[PREFIX - 1] = FORMAT;
+    buf[PREFIX..PREFIX + room.len()].copy_from_slice(room.as_bytes());
+    f(&buf[..PREFIX + room.len()])
 }
 
 /// Name of the cookie for a room: one per room, so rooms never see each other's.
@@ -184,6 +315,27 @@ mod tests {
     }
 
     #[test]
+    fn the_associated_data_is_the_same_on_the_stack_and_for_long_room_ids() {
+        for room in [
+            "",
+            "shop",
+            &"r".repeat(119),
+            &"r".repeat(120),
+            &"x".repeat(400),
+        ] {
+            assert_eq!(with_aad(room, <[u8]>::to_vec), aad(room), "{}", room.len());
+            let k = keys(&[1]);
+            let c = k.seal(room, b"ticket");
+            assert_eq!(c.len(), CookieKeys::sealed_len(6));
+            assert_eq!(k.open(room, &c).unwrap(), b"ticket");
+            assert_eq!(
+                k.open(&format!("{room}!"), &c),
+                Err(CookieFailure::Tampered)
+            );
+        }
+    }
+
+    #[test]
     fn rotation_previous_key_still_opens() {
         let old = keys(&[1]);
         let c = old.seal("shop", b"t");
@@ -218,6 +370,54 @@ mod tests {
             k.open("shop", &"A".repeat(MAX_COOKIE_LEN + 1)),
             Err(CookieFailure::TooLarge)
         );
+    }
+
+    #[test]
+    fn a_remembered_cookie_opens_only_for_the_same_bytes_room_and_keys() {
+        use waitroom_common::{room::RoomId, time::UnixMillis};
+        let k = keys(&[1]);
+        let ticket = Ticket::new_visitor(RoomId(3), UnixMillis(1_800_000_000_000), 20);
+        let c = k.seal("shop", &postcard::to_allocvec(&ticket).unwrap());
+        let conn = 7;
+        assert_eq!(k.open_ticket("shop", &c, conn), Ok(ticket));
+        assert_eq!(k.open_ticket("shop", &c, conn), Ok(ticket), "remembered");
+        // Another room's AAD: not taken from the cache.
+        assert_eq!(
+            k.open_ticket("other", &c, conn),
+            Err(CookieFailure::Tampered)
+        );
+        // One byte changed: opened, and refused.
+        let mut bad = c.clone().into_bytes();
+        let last = bad.len() - 1;
+        bad[last] = if bad[last] == b'A' { b'B' } else { b'A' };
+        let bad = String::from_utf8(bad).unwrap();
+        assert_eq!(k.open_ticket("shop", &c, conn), Ok(ticket));
+        assert!(k.open_ticket("shop", &bad, conn).is_err());
+        // Keys rotated to a set without the sealing key: refused, though the
+        // very same value opened under the previous set on this connection.
+        assert_eq!(k.open_ticket("shop", &c, conn), Ok(ticket));
+        let rotated = keys(&[2]);
+        assert_eq!(
+            rotated.open_ticket("shop", &c, conn),
+            Err(CookieFailure::UnknownKey)
+        );
+        // Bytes that open but are no ticket.
+        let junk = k.seal("shop", b"\xff\xff\xff");
+        assert_eq!(
+            k.open_ticket("shop", &junk, conn),
+            Err(CookieFailure::Malformed)
+        );
+        // Another connection in another slot opens its own.
+        assert_eq!(k.open_ticket("shop", &c, conn + 1), Ok(ticket));
+    }
+
+    #[test]
+    fn same_bytes_is_equality() {
+        assert!(same_bytes(b"", b""));
+        assert!(same_bytes(b"abc", b"abc"));
+        assert!(!same_bytes(b"abc", b"abd"));
+        assert!(!same_bytes(b"abc", b"xbc"));
+        assert!(!same_bytes(b"abc", b"abcd"));
     }
 
     #[test]

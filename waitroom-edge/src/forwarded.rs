@@ -312,20 +312,30 @@ pub struct Forwarding {
 ///   `X-Forwarded-Proto` is set to `<scheme>` only when it sent none, and
 ///   `X-Real-IP` is the resolved client.
 pub fn rewrite_for_origin(headers: &mut HeaderMap, f: &Forwarding) -> bool {
+    // Which claims the request carries, from one pass over its names: a
+    // hashed lookup per claim cost more than the rewrite (issue 17).
+    let mut present = claims_present(headers);
+    let has = |present: u8, name: &HeaderName| {
+        CLIENT_CLAIMS
+            .iter()
+            .position(|c| c == name)
+            .is_some_and(|i| present & (1 << i) != 0)
+    };
     let mut removed = false;
-    if !f.trusted {
-        for name in &CLIENT_CLAIMS {
-            if let http::header::Entry::Occupied(e) = headers.entry(name) {
-                e.remove_entry_mult().1.for_each(drop);
-                removed = true;
+    if !f.trusted && present != 0 {
+        for (i, name) in CLIENT_CLAIMS.iter().enumerate() {
+            if present & (1 << i) != 0 {
+                headers.remove(name);
             }
         }
+        present = 0;
+        removed = true;
     }
     let hop = f.hop.to_canonical();
     let own = OwnEntries::of(hop, f.client.to_canonical(), f.scheme);
     // Several lines are one list, in order (RFC 9110 §5.3); a line that is
     // not text leaves only the node's own entry.
-    let xff = if headers.contains_key(&X_FORWARDED_FOR) {
+    let xff = if has(present, &X_FORWARDED_FOR) {
         let lines: Option<Vec<&str>> = headers
             .get_all(&X_FORWARDED_FOR)
             .iter()
@@ -340,15 +350,26 @@ pub fn rewrite_for_origin(headers: &mut HeaderMap, f: &Forwarding) -> bool {
     };
     headers.insert(X_FORWARDED_FOR, xff);
     headers.insert(X_REAL_IP, own.client);
-    if !headers.contains_key(&X_FORWARDED_PROTO) {
+    if !has(present, &X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(f.scheme));
     }
-    if headers.contains_key(header::FORWARDED) {
+    if has(present, &header::FORWARDED) {
         headers.append(header::FORWARDED, own.element);
     } else if !f.trusted {
         headers.insert(header::FORWARDED, own.element);
     }
     removed
+}
+
+/// Bit i set: the request carries `CLIENT_CLAIMS[i]`.
+fn claims_present(headers: &HeaderMap) -> u8 {
+    let mut present = 0;
+    for name in headers.keys() {
+        if let Some(i) = CLIENT_CLAIMS.iter().position(|c| c == name) {
+            present |= 1 << i;
+        }
+    }
+    present
 }
 
 /// The node's own forwarding entries for one (hop, client, scheme): the hop

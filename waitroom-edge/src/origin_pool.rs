@@ -59,10 +59,37 @@ struct PoolKey {
     authority: Authority,
 }
 
+/// FNV-1a for [`PoolKey`]s. They come from the configuration, never from
+/// a visitor, so a keyed hash buys nothing; and `Authority` hashes byte by
+/// byte (case-folded), where SipHash's cost per `write` made the two lookups
+/// of each proxied request (take, give back) a visible share of it (issue 17).
+#[derive(Debug, Clone, Copy)]
+struct PoolKeyHasher(u64);
+
+impl Default for PoolKeyHasher {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for PoolKeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type PoolMap = HashMap<PoolKey, VecDeque<Idle>, std::hash::BuildHasherDefault<PoolKeyHasher>>;
+
 /// One worker's connections to every origin of every room.
 pub struct OriginPool {
     connector: OriginConnector,
-    idle: parking_lot::Mutex<HashMap<PoolKey, VecDeque<Idle>>>,
+    idle: parking_lot::Mutex<PoolMap>,
     /// Connections opened, for tests and the bench notes (a relaxed counter
     /// this worker alone writes, moved only when a connection opens).
     opened: AtomicU64,
@@ -119,7 +146,7 @@ impl OriginPool {
     pub fn new(connect_timeout: Duration, tls: &OriginTls) -> Self {
         Self {
             connector: tls.connector(connect_timeout),
-            idle: parking_lot::Mutex::new(HashMap::new()),
+            idle: parking_lot::Mutex::new(PoolMap::default()),
             opened: AtomicU64::new(0),
         }
     }

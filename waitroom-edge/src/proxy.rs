@@ -63,28 +63,58 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     strip_hop_by_hop_except(headers, &[]);
 }
 
+/// `Proxy-Connection`: not standard, sent by old clients; hop-by-hop too.
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
 /// Removes hop-by-hop headers, including any named in `Connection` but
 /// those in `protected`; returns whether `Connection` named one of those.
+///
+/// One pass over the names finds which hop-by-hop headers are there (most
+/// requests carry none, most responses only `Connection`): a hashed lookup
+/// for each of the nine names cost more than the rest of the function
+/// (docs/BENCHMARKS.md, issue 17). What is removed is unchanged.
 fn strip_hop_by_hop_except(headers: &mut HeaderMap, protected: &[HeaderName]) -> bool {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
+    // Bit i: `HOP_BY_HOP[i]` is present; the bit after them: `Proxy-Connection`.
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present |= 1 << i;
+        } else if *name == PROXY_CONNECTION {
+            present |= 1 << HOP_BY_HOP.len();
+        }
+    }
+    if present == 0 {
+        return false;
+    }
     let mut ignored = false;
-    for name in &named {
-        if protected.contains(name) {
-            ignored = true;
-        } else {
+    // `HOP_BY_HOP[0]` is `Connection`.
+    if present & 1 != 0 {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            // `keep-alive` is removed below anyway (and is neither protected
+            // nor worth an allocated name).
+            .filter(|name| !name.trim().eq_ignore_ascii_case("keep-alive"))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in &named {
+            if protected.contains(name) {
+                ignored = true;
+            } else {
+                headers.remove(name);
+            }
+        }
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
             headers.remove(name);
         }
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
+    if present & (1 << HOP_BY_HOP.len()) != 0 {
+        headers.remove(PROXY_CONNECTION);
     }
-    headers.remove(HeaderName::from_static("proxy-connection"));
     ignored
 }
 
@@ -605,5 +635,32 @@ mod tests {
         let caught = prepare_request_headers(&mut h, Version::HTTP_2, None, &forwarding, &via);
         assert!(!caught.nomination_ignored && !h.contains_key("x-secret"));
         assert_eq!(h[header::VIA], "2 waitroom-n1");
+    }
+
+    #[test]
+    fn every_hop_by_hop_header_goes_and_nothing_else() {
+        let mut h = HeaderMap::new();
+        for name in HOP_BY_HOP.iter().chain([&PROXY_CONNECTION]) {
+            h.append(name, HeaderValue::from_static("x"));
+            h.append(name, HeaderValue::from_static("y"));
+        }
+        h.append(header::CONNECTION, HeaderValue::from_static("X-A , close"));
+        h.insert("x-a", HeaderValue::from_static("1"));
+        h.insert("close", HeaderValue::from_static("1"));
+        h.insert("x-b", HeaderValue::from_static("2"));
+        h.insert(header::COOKIE, HeaderValue::from_static("c=1"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-b", "cookie"]);
+        assert_eq!(h.len(), 2, "every value of a removed name went");
+
+        // Nothing hop-by-hop: untouched, in order.
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("a"));
+        h.append("x-keep", HeaderValue::from_static("1"));
+        h.append("x-keep", HeaderValue::from_static("2"));
+        let before = h.clone();
+        assert!(!strip_hop_by_hop_except(&mut h, &PROTECTED_FROM_NOMINATION));
+        assert_eq!(h, before);
     }
 }

@@ -192,7 +192,7 @@ async fn answer(
     let started = Instant::now();
     let now_secs = now.0 / 1_000;
     let config = engine_room.config();
-    let mut ticket = open_ticket(node, room, engine_room, req.headers(), now);
+    let mut ticket = open_ticket(node, room, engine_room, req.headers(), now, conn.id);
     // A ticket from another network (`ticket_binding`), or on more
     // connections than its budget (a copied cookie): a new visitor's.
     if let Some(t) = ticket {
@@ -501,19 +501,14 @@ fn open_ticket(
     engine_room: &Room,
     headers: &HeaderMap,
     now: UnixMillis,
+    conn_id: u64,
 ) -> Option<Ticket> {
     let value = cookie::find(headers, &room.cookie_name)?;
-    let bytes = match node.keys.load().open(&room.spec.id, value) {
-        Ok(b) => b,
+    // Opened once per connection while the value stays the same (`cookie`).
+    let ticket = match node.keys.load().open_ticket(&room.spec.id, value, conn_id) {
+        Ok(t) => t,
         Err(why) => {
             room.metrics.cookie_failure(why);
-            return None;
-        }
-    };
-    let ticket: Ticket = match postcard::from_bytes(&bytes) {
-        Ok(t) => t,
-        Err(_) => {
-            room.metrics.cookie_failure(CookieFailure::Malformed);
             return None;
         }
     };
@@ -596,8 +591,9 @@ fn set_cookie_header(
     ticket: &Ticket,
     scheme: &str,
 ) -> Option<HeaderValue> {
-    let bytes = postcard::to_allocvec(ticket).ok()?;
-    let value = node.keys.load().seal(&room.spec.id, &bytes);
+    // On the stack: `to_allocvec` grew a vector a byte at a time.
+    let mut buf = [0u8; 128];
+    let bytes = postcard::to_slice(ticket, &mut buf).ok()?;
     let config = engine_room.config();
     let https = scheme == "https";
     let secure = match config.cookie_secure {
@@ -623,14 +619,43 @@ fn set_cookie_header(
         }
     };
     let max_age = cookie_max_age(ticket, engine_room, node.clock.now());
-    let mut text = format!(
-        "{}={value}; Path={}; Max-Age={max_age}; HttpOnly; SameSite={same_site}",
-        room.cookie_name, room.spec.cookie_path
+    // `<name>=<value>; Path=<path>; Max-Age=<s>; HttpOnly; SameSite=<s>[; Secure]`,
+    // written into one buffer that becomes the header value (every new
+    // visitor gets one: `format!` and the copy into the header were a
+    // quarter of this function, issue 17).
+    let mut text = String::with_capacity(
+        room.cookie_name.len()
+            + cookie::CookieKeys::sealed_len(bytes.len())
+            + room.spec.cookie_path.len()
+            + 80,
     );
+    text.push_str(&room.cookie_name);
+    text.push('=');
+    node.keys.load().seal_into(&room.spec.id, bytes, &mut text);
+    text.push_str("; Path=");
+    text.push_str(&room.spec.cookie_path);
+    text.push_str("; Max-Age=");
+    text.push_str(itoa_u64(&mut [0; 20], max_age));
+    text.push_str("; HttpOnly; SameSite=");
+    text.push_str(same_site);
     if secure {
         text.push_str("; Secure");
     }
-    HeaderValue::from_str(&text).ok()
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).ok()
+}
+
+/// `n` in decimal, written into `buf`.
+fn itoa_u64(buf: &mut [u8; 20], mut n: u64) -> &str {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[i..]).unwrap_or("0")
 }
 
 /// `Set-Cookie` that makes the browser forget the room's cookie.
@@ -908,6 +933,13 @@ mod tests {
             300 + 30,
             "without renewal the session counts from admission"
         );
+    }
+
+    #[test]
+    fn decimal_digits_of_u64() {
+        for n in [0, 7, 10, 99, 630, 86_400, u64::MAX] {
+            assert_eq!(itoa_u64(&mut [0; 20], n), n.to_string());
+        }
     }
 
     #[test]

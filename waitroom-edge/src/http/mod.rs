@@ -527,21 +527,42 @@ where
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let mut draining = false;
+    /// What woke the connection's task besides the connection itself.
+    enum Side {
+        Deadline,
+        Woken,
+        Shutdown,
+    }
     loop {
         let next = state.next_check(settings, Instant::now());
-        tokio::select! {
-            result = conn.as_mut() => {
+        let watch_shutdown = !draining;
+        // Polled only when one of these fired, not on every wake-up of the
+        // connection (`conn::main_or_side`).
+        let side = std::pin::pin!(async {
+            tokio::select! {
+                () = tokio::time::sleep_until(next.into()) => Side::Deadline,
+                () = state.wake.notified() => Side::Woken,
+                () = shutdown.requested(), if watch_shutdown => Side::Shutdown,
+            }
+        });
+        let side = match conn::main_or_side(conn.as_mut(), side).await {
+            conn::Either::Main(result) => {
                 if let Err(err) = result {
                     tracing::debug!(%peer, %err, "connection ended with an error");
                 }
                 return CloseReason::Ended;
             }
-            () = tokio::time::sleep_until(next.into()) => {
+            conn::Either::Side(side) => side,
+        };
+        match side {
+            Side::Deadline => {
                 match state.overdue(settings, Instant::now()) {
                     None => {}
                     // Nothing worth a goodbye: a client that never finished a
                     // request head, or one that does not read.
-                    Some(why @ (CloseReason::HeaderTimeout | CloseReason::SendTimeout)) => return why,
+                    Some(why @ (CloseReason::HeaderTimeout | CloseReason::SendTimeout)) => {
+                        return why;
+                    }
                     Some(why) => {
                         conn.as_mut().graceful_shutdown();
                         let _ = tokio::time::timeout(GOODBYE, conn.as_mut()).await;
@@ -549,7 +570,7 @@ where
                     }
                 }
             }
-            () = state.wake.notified() => {
+            Side::Woken => {
                 if state.evicted() {
                     // A connection that never finished a request gets no
                     // goodbye (an unfinished HTTP/2 handshake would wait for it).
@@ -560,7 +581,7 @@ where
                     return CloseReason::Evicted;
                 }
             }
-            () = shutdown.requested(), if !draining => {
+            Side::Shutdown => {
                 // HTTP/1: close once the response in flight is sent; HTTP/2: GOAWAY.
                 conn.as_mut().graceful_shutdown();
                 draining = true;
