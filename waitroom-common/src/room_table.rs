@@ -27,6 +27,7 @@
 //! paths) is checked where the node turns a table into its upstreams; the
 //! aggregator takes those strings as they are.
 use std::{
+    collections::BTreeMap,
     num::{NonZeroU32, NonZeroU64},
     path::PathBuf,
 };
@@ -92,6 +93,22 @@ pub struct RoomTable {
     /// Mustache template file for the queue page; absent: the built-in page.
     #[serde(default)]
     pub queue_page: Option<PathBuf>,
+    /// Queue page templates by language tag (`de = "/etc/waitroom/queue.de.mustache"`):
+    /// the visitor's `Accept-Language` picks one, else the `queue_page`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub queue_page_languages: BTreeMap<String, PathBuf>,
+    /// The language of `queue_page` and of the reject and error pages
+    /// (Cloudflare's `default_template_language`): a template variable, and
+    /// what a visitor gets whose `Accept-Language` matches no other page.
+    #[serde(default = "default_template_language")]
+    pub default_template_language: String,
+    /// Mustache template file for the page of a `reject` room; absent: built in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reject_page: Option<PathBuf>,
+    /// Mustache template file for the error pages (origin down, unreachable,
+    /// too slow; too many new visitors); absent: built in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_page: Option<PathBuf>,
 
     // The engine's limits: what [`RoomConfig`] is built from.
     /// Most visitors allowed on the site at once.
@@ -151,6 +168,23 @@ pub struct RoomTable {
     /// default; `cfWaitingRoom` for apps written for Cloudflare's.
     #[serde(default = "default_json_envelope")]
     pub json_envelope: String,
+}
+
+/// The default of `default_template_language`.
+pub const DEFAULT_TEMPLATE_LANGUAGE: &str = "en";
+
+fn default_template_language() -> String {
+    DEFAULT_TEMPLATE_LANGUAGE.into()
+}
+
+/// Whether `tag` may name a language: ASCII letters, digits and `-`, 1 to
+/// 35 characters, not starting or ending with `-` (`de`, `pt-BR`, `zh-Hant-TW`).
+#[must_use]
+pub fn valid_language_tag(tag: &str) -> bool {
+    (1..=35).contains(&tag.len())
+        && tag.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !tag.starts_with('-')
+        && !tag.ends_with('-')
 }
 
 /// The default of `json_envelope`.
@@ -370,6 +404,10 @@ pub enum RoomTableError {
     OriginCommandHeader { name: String },
     #[error("{name:?} must be 1 to 64 letters, digits or '_' (as \"cfWaitingRoom\")")]
     JsonEnvelope { name: String },
+    #[error("{tag:?} is not a language tag (letters, digits and '-', as \"de\" or \"pt-BR\")")]
+    LanguageTag { field: &'static str, tag: String },
+    #[error("{tag:?} is given twice (tags compare without case)")]
+    DuplicateLanguage { tag: String },
     /// A `[[rooms.bypass]]` rule (`rule`: its index; `None`: the list).
     #[error("{problem}")]
     Bypass {
@@ -402,6 +440,11 @@ impl RoomTableError {
             Self::Events(e) => e.key(),
             Self::OriginCommandHeader { .. } => "origin_command_header".into(),
             Self::JsonEnvelope { .. } => "json_envelope".into(),
+            Self::LanguageTag { field, tag } if *field == "queue_page_languages" => {
+                format!("queue_page_languages.{tag}")
+            }
+            Self::LanguageTag { field, .. } => (*field).into(),
+            Self::DuplicateLanguage { tag } => format!("queue_page_languages.{tag}"),
             Self::Bypass { rule: None, .. } => "bypass".into(),
             Self::Bypass {
                 rule: Some(i),
@@ -491,6 +534,10 @@ impl RoomTable {
             origin_timeout_ms: default_origin_timeout_ms(),
             queue_status: default_queue_status(),
             queue_page: None,
+            queue_page_languages: BTreeMap::new(),
+            default_template_language: default_template_language(),
+            reject_page: None,
+            error_page: None,
             total_active_users: config.total_active_users,
             new_users_per_minute: config.new_users_per_minute,
             session_duration: config.session_duration,
@@ -639,6 +686,26 @@ impl RoomTable {
             return Err(RoomTableError::JsonEnvelope {
                 name: envelope.clone(),
             });
+        }
+        if !valid_language_tag(&self.default_template_language) {
+            return Err(RoomTableError::LanguageTag {
+                field: "default_template_language",
+                tag: self.default_template_language.clone(),
+            });
+        }
+        let mut seen: Vec<String> = Vec::new();
+        for tag in self.queue_page_languages.keys() {
+            if !valid_language_tag(tag) {
+                return Err(RoomTableError::LanguageTag {
+                    field: "queue_page_languages",
+                    tag: tag.clone(),
+                });
+            }
+            let lower = tag.to_ascii_lowercase();
+            if seen.contains(&lower) {
+                return Err(RoomTableError::DuplicateLanguage { tag: tag.clone() });
+            }
+            seen.push(lower);
         }
         bypass::validate_rules(&self.bypass)
             .map_err(|(rule, problem)| RoomTableError::Bypass { rule, problem })?;

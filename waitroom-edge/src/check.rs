@@ -57,7 +57,7 @@ pub fn check(config: &EdgeConfig, path: &Path) -> Result<(), CheckError> {
     }
     for (i, spec) in config.rooms.iter().enumerate() {
         RoomLive::from_spec(spec)
-            .map_err(|e| err(&format!("rooms[{i}].queue_page"), format!("{e:#}")))?;
+            .map_err(|e| err(&format!("rooms[{i}].{}", e.key), e.to_string()))?;
     }
     if let Some(tls) = &node.tls {
         waitroom_runtime::tls::https_server_config(&tls.cert, &tls.key)

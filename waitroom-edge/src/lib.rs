@@ -30,6 +30,7 @@
 //! - [`cookie`]: sealed tickets (ChaCha20-Poly1305, key rotation).
 //! - [`new_tickets`]: how many new tickets one client address may be issued.
 //! - [`queue_page`]: the Mustache queue page and its JSON twin.
+//! - [`pages`]: the reject and error pages, and the queue page's language.
 //! - [`proxy`]: the reverse proxy to the origin.
 //! - [`origin_pool`]: each worker's HTTP/1.1 origin connections, driven in
 //!   the request's own task.
@@ -65,6 +66,7 @@ pub mod new_tickets;
 pub mod node;
 pub mod origin_command;
 pub mod origin_pool;
+pub mod pages;
 pub mod proxy;
 pub mod queue_page;
 pub mod reload;

@@ -21,7 +21,7 @@ use crate::{
     cookie::{self, CookieKeys},
     counters::SharedCounters,
     gossip::{self, GossipHandle},
-    metrics, queue_page, reload, rooms, upstream, xdp, xdp_signal,
+    metrics, pages, queue_page, reload, rooms, upstream, xdp, xdp_signal,
 };
 
 /// Request-path settings derived from the config, read by every worker.
@@ -120,6 +120,17 @@ pub struct RoomLive {
     /// The engine's room: limits, queueing method, cookie attributes.
     pub engine: Room,
     pub page: queue_page::QueuePage,
+    /// The tags of `queue_page_languages`, lower-case, in the order of
+    /// `language_pages`.
+    pub languages: Vec<String>,
+    pub language_pages: Vec<queue_page::QueuePage>,
+    /// `default_template_language`: the language of `page` and of the
+    /// reject and error pages.
+    pub default_language: String,
+    /// The page of a `reject` room.
+    pub reject_page: pages::StatusPage,
+    /// The page of an origin that failed, or of too many new visitors.
+    pub error_page: pages::StatusPage,
     /// The queue page of each scheduled event (by position in the room's
     /// events); `None`: the room's page.
     pub event_pages: Vec<Option<queue_page::QueuePage>>,
@@ -135,63 +146,136 @@ pub struct RoomLive {
     pub json_envelope: String,
 }
 
+/// A room's page or rule that does not load: the key to fix and why.
+#[derive(Debug, thiserror::Error)]
+#[error("room {room}: {key}: {message}")]
+pub struct RoomLiveError {
+    pub room: String,
+    /// The key of the room's table (`queue_page`, `queue_page_languages.de`,
+    /// `events[0].queue_page`, `reject_page`, `error_page`, `bypass`).
+    pub key: String,
+    pub message: String,
+}
+
 impl RoomLive {
-    pub fn from_spec(spec: &rooms::RoomSpec) -> anyhow::Result<Self> {
+    pub fn from_spec(spec: &rooms::RoomSpec) -> Result<Self, RoomLiveError> {
+        let fail = |key: &str, message: String| RoomLiveError {
+            room: spec.id.clone(),
+            key: key.to_owned(),
+            message,
+        };
+        let read = |key: &str, path: &std::path::Path| {
+            std::fs::read_to_string(path)
+                .map_err(|e| fail(key, format!("reading {}: {e}", path.display())))
+                .map(|source| (path.display().to_string(), source))
+        };
         let page = match &spec.queue_page {
             Some(path) => {
-                let source = std::fs::read_to_string(path).with_context(|| {
-                    format!("room {}: reading queue_page {}", spec.id, path.display())
-                })?;
-                queue_page::QueuePage::from_source(&path.display().to_string(), source)?
+                let (name, source) = read("queue_page", path)?;
+                queue_page::QueuePage::from_source(&name, source)
+                    .map_err(|e| fail("queue_page", e.to_string()))?
             }
             None => queue_page::QueuePage::builtin(),
         };
+        let mut languages = Vec::new();
+        let mut language_pages = Vec::new();
+        for (tag, path) in &spec.queue_page_languages {
+            let key = format!("queue_page_languages.{tag}");
+            let (name, source) = read(&key, path)?;
+            language_pages.push(
+                queue_page::QueuePage::from_source(&name, source)
+                    .map_err(|e| fail(&key, e.to_string()))?,
+            );
+            languages.push(tag.to_ascii_lowercase());
+        }
+        let status_page =
+            |key: &str, path: &Option<std::path::PathBuf>, builtin: fn() -> pages::StatusPage| {
+                match path {
+                    Some(path) => {
+                        let (name, source) = read(key, path)?;
+                        pages::StatusPage::from_source(&name, source)
+                            .map_err(|e| fail(key, e.to_string()))
+                    }
+                    None => Ok(builtin()),
+                }
+            };
+        let reject_page = status_page(
+            "reject_page",
+            &spec.reject_page,
+            pages::StatusPage::builtin_reject,
+        )?;
+        let error_page = status_page(
+            "error_page",
+            &spec.error_page,
+            pages::StatusPage::builtin_error,
+        )?;
         let event_pages = spec
             .engine
             .events()
             .iter()
-            .map(|event| {
+            .enumerate()
+            .map(|(i, event)| {
                 event
                     .queue_page
                     .as_ref()
                     .map(|path| {
-                        let source = std::fs::read_to_string(path).with_context(|| {
-                            format!(
-                                "room {}: event {}: reading queue_page {}",
-                                spec.id,
-                                event.name,
-                                path.display()
-                            )
-                        })?;
-                        Ok::<_, anyhow::Error>(queue_page::QueuePage::from_source(
-                            &path.display().to_string(),
-                            source,
-                        )?)
+                        let key = format!("events[{i}].queue_page");
+                        let (name, source) = read(&key, path)?;
+                        queue_page::QueuePage::from_source(&name, source)
+                            .map_err(|e| fail(&key, e.to_string()))
                     })
                     .transpose()
             })
-            .collect::<anyhow::Result<_>>()?;
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             engine: spec.engine.clone(),
             page,
+            languages,
+            language_pages,
+            default_language: spec.default_template_language.clone(),
+            reject_page,
+            error_page,
             event_pages,
             queue_status: spec.queue_status,
             suspended: spec.suspended,
             bypass: crate::bypass::BypassRules::new(&spec.bypass)
-                .with_context(|| format!("room {}: bypass rules", spec.id))?,
+                .map_err(|e| fail("bypass", format!("{e:#}")))?,
             origin_commands: spec.origin_commands.clone(),
             json_envelope: spec.json_envelope.clone(),
         })
     }
 
-    /// The queue page for `engine` (the room as it stands now): the page of
-    /// the event in force, if it names one, or the room's.
+    /// The queue page for `engine` (the room as it stands now) and a visitor
+    /// whose `Accept-Language` chose `language` (an index of
+    /// [`Self::languages`]): the page of the event in force, if it names
+    /// one; else the page of the chosen language; else the room's.
     #[must_use]
-    pub fn page_for(&self, engine: &Room) -> &queue_page::QueuePage {
+    pub fn page_in(&self, engine: &Room, language: Option<usize>) -> &queue_page::QueuePage {
         engine
             .event()
             .and_then(|event| self.event_pages.get(event.index)?.as_ref())
+            .or_else(|| self.language_pages.get(language?))
             .unwrap_or(&self.page)
+    }
+
+    /// The language a visitor's `Accept-Language` chooses among the room's
+    /// pages (`None`: the default). Nothing is parsed when the room has no
+    /// pages by language.
+    #[must_use]
+    pub fn language_of(&self, headers: &hyper::HeaderMap) -> Option<usize> {
+        if self.languages.is_empty() {
+            return None;
+        }
+        let value = headers.get(hyper::header::ACCEPT_LANGUAGE)?;
+        pages::pick_language(value.as_bytes(), &self.languages)
+    }
+
+    /// The tag of `language` (an index of [`Self::languages`]), or the default's.
+    #[must_use]
+    pub fn language_tag(&self, language: Option<usize>) -> &str {
+        language
+            .and_then(|i| self.languages.get(i))
+            .map_or(self.default_language.as_str(), String::as_str)
     }
 }
 

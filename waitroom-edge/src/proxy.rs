@@ -534,6 +534,40 @@ pub fn error_page(err: &ProxyError) -> Response<Body> {
     }
 }
 
+/// What a failed forward tells the visitor, for the room's error page
+/// (`crate::pages`): 503 `origin_down` (try again in 30 s) when every pool
+/// is down, 502 `origin_timeout` or `origin_unreachable` otherwise. `None`
+/// for a visitor's own broken body: [`error_page`] answers that in plain
+/// text. Logged as [`error_page`] logs it.
+pub fn failure(err: &ProxyError) -> Option<crate::pages::StatusView> {
+    use crate::pages::{Reason, StatusView};
+    match err {
+        ProxyError::ClientBody { .. } => None,
+        ProxyError::NoHealthyOrigin { .. } => {
+            tracing::debug!(%err, "no healthy origin");
+            Some(StatusView::new(Reason::OriginDown, 503, 30))
+        }
+        _ => {
+            log_origin_failure(err);
+            let reason = if matches!(err, ProxyError::Timeout { .. }) {
+                Reason::OriginTimeout
+            } else {
+                Reason::OriginUnreachable
+            };
+            Some(StatusView::new(reason, 502, 0))
+        }
+    }
+}
+
+/// A dead origin under load fails thousands of requests a second; the
+/// metric counts each, the log says it once per ten seconds.
+fn log_origin_failure(err: &ProxyError) {
+    static LOG: waitroom_runtime::logging::LogGate = waitroom_runtime::logging::LogGate::new(10);
+    if let Some(suppressed) = LOG.pass_now() {
+        tracing::warn!(%err, suppressed, "origin request failed");
+    }
+}
+
 /// The answer to a visitor whose request body broke off or was malformed.
 fn bad_request_body(err: &ProxyError) -> Response<Body> {
     tracing::debug!(%err, "client request body failed");
@@ -570,12 +604,7 @@ fn unavailable(err: &ProxyError) -> Response<Body> {
 
 /// The page a visitor sees when the origin cannot be reached.
 pub fn bad_gateway(err: &ProxyError) -> Response<Body> {
-    // A dead origin under load fails thousands of requests a second; the
-    // metric counts each, the log says it once per ten seconds.
-    static LOG: waitroom_runtime::logging::LogGate = waitroom_runtime::logging::LogGate::new(10);
-    if let Some(suppressed) = LOG.pass_now() {
-        tracing::warn!(%err, suppressed, "origin request failed");
-    }
+    log_origin_failure(err);
     let body: &str = "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Site unavailable</title></head>\
          <body style=\"font-family:system-ui,sans-serif;max-width:36rem;margin:4rem auto\">\
          <h1>The site is not answering</h1><p>The waiting room let you in, but the website behind it \

@@ -70,6 +70,11 @@ pub struct QueueView {
     /// The room's name (for templates).
     #[serde(skip)]
     pub room: String,
+    /// The language of the page (templates only): the tag the visitor's
+    /// `Accept-Language` chose among `queue_page_languages`, or the room's
+    /// `default_template_language`.
+    #[serde(skip)]
+    pub language: String,
 }
 
 /// The event variables of a [`QueueView`], from the room as it stands at
@@ -274,6 +279,7 @@ mod tests {
             event_start_time: String::new(),
             event_end_time: String::new(),
             room: "shop".into(),
+            language: "en".into(),
         }
     }
 

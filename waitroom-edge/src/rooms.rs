@@ -35,6 +35,13 @@ pub struct RoomSpec {
     pub queue_status: u16,
     /// Optional Mustache template file for the queue page.
     pub queue_page: Option<std::path::PathBuf>,
+    /// Queue page templates by language tag (`queue_page_languages`).
+    pub queue_page_languages: std::collections::BTreeMap<String, std::path::PathBuf>,
+    /// The language of `queue_page` and the reject and error pages.
+    pub default_template_language: String,
+    /// Optional Mustache template files for the reject and error pages.
+    pub reject_page: Option<std::path::PathBuf>,
+    pub error_page: Option<std::path::PathBuf>,
     /// The engine's room: limits, method, cookie attributes, validated.
     pub engine: Room,
     /// Requests go to the origin without a ticket or a count (`suspended`).
@@ -71,6 +78,10 @@ impl RoomSpec {
             origin_timeout: Duration::from_millis(table.origin_timeout_ms.get()),
             queue_status: table.queue_status,
             queue_page: table.queue_page.clone(),
+            queue_page_languages: table.queue_page_languages.clone(),
+            default_template_language: table.default_template_language.clone(),
+            reject_page: table.reject_page.clone(),
+            error_page: table.error_page.clone(),
             engine,
             suspended: table.suspended,
             bypass: table.bypass.clone(),

@@ -32,7 +32,7 @@ use crate::{
     http::ConnInfo,
     metrics::{CookieFailure, Defence, Latency, RoomCount},
     node::{Node, RoomLive, RoomRuntime},
-    proxy,
+    pages, proxy,
     queue_page::{self, QueueView},
     target,
     unrouted::UnroutedOutcome,
@@ -245,7 +245,12 @@ async fn answer(
             "too many new tickets for one client address",
         );
         trace.outcome = Outcome::TooManyNewTickets;
-        return too_many_new_tickets(wait_ms);
+        let view = pages::StatusView::new(
+            pages::Reason::TooManyNewVisitors,
+            429,
+            wait_ms.div_ceil(1_000).max(1),
+        );
+        return status_page(Some(&live), &room.spec.id, view, wants_json(req.headers()));
     }
 
     // 3. The decision; counts move by the ticket ledger, not the cookie alone.
@@ -347,13 +352,28 @@ async fn answer(
             trace.visitor = Some(visitor.into());
             room.metrics.count(RoomCount::Queued);
             let wants_json = wants_json(req.headers());
-            queue_response(room, &live, &ticket, &estimate, now, wants_json, set_cookie)
+            let language = if wants_json {
+                None
+            } else {
+                live.language_of(req.headers())
+            };
+            let ask = Ask {
+                json: wants_json,
+                language,
+            };
+            queue_response(room, &live, &ticket, &estimate, now, ask, set_cookie)
         }
         Decision::Reject { visitor, .. } => {
             trace.outcome = Outcome::Rejected;
             trace.visitor = Some(visitor.into());
             room.metrics.count(RoomCount::Rejected);
-            rejected(set_cookie)
+            let mut view = pages::StatusView::new(pages::Reason::Rejected, 403, 0);
+            view.queueing_method = "reject".into();
+            let mut resp = status_page(Some(&live), &room.spec.id, view, wants_json(req.headers()));
+            if let Some(c) = set_cookie {
+                resp.headers_mut().append(header::SET_COOKIE, c);
+            }
+            resp
         }
     }
 }
@@ -388,6 +408,7 @@ async fn unrouted(
         return not_covered();
     };
     trace.outcome = Outcome::DefaultOrigin;
+    let json = wants_json(req.headers());
     let started = Instant::now();
     let result = forward(
         node,
@@ -409,7 +430,10 @@ async fn unrouted(
         }
         Err(err) => {
             node.unrouted.count(UnroutedOutcome::OriginError);
-            proxy::error_page(&err)
+            match proxy::failure(&err) {
+                Some(view) => status_page(None, "", view, json),
+                None => proxy::error_page(&err),
+            }
         }
     }
 }
@@ -467,7 +491,10 @@ async fn to_origin(
     scheme: &'static str,
     trace: &mut Trace,
 ) -> (Response<Body>, Option<OriginCommand>) {
-    let commands = &room.live.load().origin_commands;
+    let live = room.live.load();
+    let commands = &live.origin_commands;
+    // Read before the request goes: an error page answers in kind.
+    let json = wants_json(req.headers());
     let mut req = req;
     commands.strip_request(req.headers_mut());
     let proxy_started = Instant::now();
@@ -489,7 +516,11 @@ async fn to_origin(
                 } else {
                     RoomCount::ProxyErrors
                 });
-            (proxy::error_page(&err), None)
+            let resp = match proxy::failure(&err) {
+                Some(view) => status_page(Some(&live), &room.spec.id, view, json),
+                None => proxy::error_page(&err),
+            };
+            (resp, None)
         }
     }
 }
@@ -694,19 +725,20 @@ fn queue_response(
     ticket: &Ticket,
     estimate: &WaitEstimate,
     now: UnixMillis,
-    json: bool,
+    ask: Ask,
     set_cookie: Option<HeaderValue>,
 ) -> Response<Body> {
     let engine = live.engine.at(now);
-    let view = queue_view(room, &engine, ticket, estimate, now);
-    let (body, content_type) = if json {
+    let mut view = queue_view(room, &engine, ticket, estimate, now);
+    view.language = live.language_tag(ask.language).to_owned();
+    let (body, content_type) = if ask.json {
         (
             queue_page::json_in(&view, &live.json_envelope),
             "application/json",
         )
     } else {
         (
-            live.page_for(&engine).render(&view),
+            live.page_in(&engine, ask.language).render(&view),
             "text/html; charset=utf-8",
         )
     };
@@ -725,9 +757,83 @@ fn queue_response(
         header::RETRY_AFTER,
         HeaderValue::from(u64::from(ticket.refresh_interval_secs)),
     );
-    h.insert(header::VARY, HeaderValue::from_static("Accept"));
+    h.insert(
+        header::VARY,
+        HeaderValue::from_static(if live.languages.is_empty() {
+            "Accept"
+        } else {
+            "Accept, Accept-Language"
+        }),
+    );
     if let Some(c) = set_cookie {
         h.append(header::SET_COOKIE, c);
+    }
+    resp
+}
+
+/// How a visitor asked to be answered: JSON (`Accept`), and which of the
+/// room's languages (`Accept-Language`; `None`: the default).
+#[derive(Clone, Copy, Debug)]
+struct Ask {
+    json: bool,
+    language: Option<usize>,
+}
+
+/// A reject or error page, or its JSON, from the room's template (`live`;
+/// `None` where no room covers the request: the built-in error page under
+/// the default envelope). `Cache-Control: no-store`, `Vary: Accept`, and
+/// `Retry-After` where the view says when to try again.
+fn status_page(
+    live: Option<&RoomLive>,
+    room_name: &str,
+    mut view: pages::StatusView,
+    json: bool,
+) -> Response<Body> {
+    static BUILTIN_ERROR: std::sync::LazyLock<pages::StatusPage> =
+        std::sync::LazyLock::new(pages::StatusPage::builtin_error);
+    let (page, envelope, language) = match live {
+        Some(l) => (
+            if view.is_rejected {
+                &l.reject_page
+            } else {
+                &l.error_page
+            },
+            l.json_envelope.as_str(),
+            l.default_language.as_str(),
+        ),
+        None => (
+            &*BUILTIN_ERROR,
+            waitroom_common::room_table::DEFAULT_JSON_ENVELOPE,
+            waitroom_common::room_table::DEFAULT_TEMPLATE_LANGUAGE,
+        ),
+    };
+    if let Some(l) = live {
+        view.queueing_method = match l.engine.queueing_method() {
+            QueueingMethod::Fifo => "fifo",
+            QueueingMethod::Random => "random",
+            QueueingMethod::Passthrough => "passthrough",
+            QueueingMethod::Reject => "reject",
+        }
+        .into();
+    }
+    view.language = language.to_owned();
+    view.room = room_name.to_owned();
+    let (body, content_type) = if json {
+        (pages::json_in(&view, envelope), "application/json")
+    } else {
+        (page.render(&view), "text/html; charset=utf-8")
+    };
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = StatusCode::from_u16(view.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::VARY, HeaderValue::from_static("Accept"));
+    if view.retry_after_seconds > 0 {
+        h.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(view.retry_after_seconds),
+        );
     }
     resp
 }
@@ -789,6 +895,7 @@ pub fn queue_view(
         event_start_time: event.event_start_time,
         event_end_time: event.event_end_time,
         room: room.spec.id.clone(),
+        language: String::new(),
     }
 }
 
@@ -803,43 +910,6 @@ pub fn rfc3339(t: UnixMillis) -> String {
         (rem % 3600) / 60,
         rem % 60
     )
-}
-
-fn rejected(set_cookie: Option<HeaderValue>) -> Response<Body> {
-    let mut resp = Response::new(full(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Closed</title></head>\
-         <body style=\"font-family:system-ui,sans-serif;max-width:36rem;margin:4rem auto\">\
-         <h1>Not open right now</h1><p>This page is not admitting visitors at the moment.</p></body></html>",
-    ));
-    *resp.status_mut() = StatusCode::FORBIDDEN;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    if let Some(c) = set_cookie {
-        resp.headers_mut().append(header::SET_COOKIE, c);
-    }
-    resp
-}
-
-/// 429 for a client address over its new-ticket limit: no cookie, and a
-/// `Retry-After` (whole seconds, rounded up) of when it may have one.
-fn too_many_new_tickets(wait_ms: u64) -> Response<Body> {
-    let mut resp = text(
-        StatusCode::TOO_MANY_REQUESTS,
-        "text/plain",
-        "too many new visitors from your address; keep the cookie this site sets, or retry later\n"
-            .into(),
-    );
-    let h = resp.headers_mut();
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(
-        header::RETRY_AFTER,
-        HeaderValue::from(wait_ms.div_ceil(1_000).max(1)),
-    );
-    resp
 }
 
 fn bad_target(err: target::TargetError) -> Response<Body> {
