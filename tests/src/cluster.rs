@@ -186,3 +186,49 @@ impl Aggregator {
         format!("http://{}{path}", self.admin)
     }
 }
+
+/// Writes a control API token file (`NAME TOKEN` lines), private as the
+/// aggregator requires.
+pub fn write_tokens(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, text).expect("writing the token file");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .expect("making the token file private");
+}
+
+/// An aggregator with the control API on (`control_token_file = tokens`)
+/// and `rooms`, listening for gossip on a free loopback port; its config is
+/// `dir/aggregator.toml`, its snapshot `dir/aggregator.json`.
+pub fn controlled_aggregator(
+    dir: &Path,
+    certs: &Certs,
+    tokens: &Path,
+    rooms: &str,
+) -> Result<(Aggregator, SocketAddr)> {
+    let listen: SocketAddr = format!("127.0.0.1:{}", free_udp_port()?).parse()?;
+    let config = format!(
+        "control_token_file = \"{}\"\n{}",
+        tokens.display(),
+        aggregator_config(listen, certs, &dir.join("aggregator.json"), rooms)
+    );
+    Ok((Aggregator::start(dir, "aggregator", &config)?, listen))
+}
+
+/// Runs `waitroom-aggregator ctl ARGS` against `aggregator` with the token
+/// file `tokens`: (succeeded, stdout, stderr).
+pub fn ctl(aggregator: &Aggregator, tokens: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(binary("waitroom-aggregator"))
+        .arg("ctl")
+        .arg("--url")
+        .arg(aggregator.admin_url(""))
+        .arg("--token-file")
+        .arg(tokens)
+        .args(args)
+        .output()
+        .expect("running waitroom-aggregator ctl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

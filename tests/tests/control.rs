@@ -27,16 +27,15 @@
 use std::{
     net::SocketAddr,
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
 use serde_json::{Value, json};
 use waitroom_tests::{
-    cluster::{Aggregator, Certs, aggregator_config, free_udp_port, node_gossip_table},
+    cluster::{Aggregator, Certs, controlled_aggregator, ctl, node_gossip_table, write_tokens},
     edge::{Edge, client, metric},
     eventually,
-    procs::{TempDir, binary, start_origin},
+    procs::{TempDir, start_origin},
 };
 
 const SITE: &str = "Demo Shop";
@@ -44,12 +43,6 @@ const QUEUE: &str = "You are in line";
 const INTERVAL_MS: u64 = 1_000;
 const ALICE: &str = "alice-0123456789abcdef0123";
 const BOB: &str = "bob-fedcba9876543210fedcba";
-
-fn write_tokens(path: &Path, text: &str) {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
-}
 
 /// One API request: status and JSON body.
 fn api(
@@ -131,23 +124,6 @@ fn node_config(dir: &Path, name: &str, origin: SocketAddr, gossip: &str) -> Stri
     )
 }
 
-fn ctl(aggregator: &Aggregator, tokens: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(binary("waitroom-aggregator"))
-        .arg("ctl")
-        .arg("--url")
-        .arg(aggregator.admin_url(""))
-        .arg("--token-file")
-        .arg(tokens)
-        .args(args)
-        .output()
-        .expect("running waitroom-aggregator ctl");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn a_change_reaches_every_node_within_two_intervals_and_survives_restarts() {
     let dir = TempDir::new("control");
@@ -155,20 +131,13 @@ fn a_change_reaches_every_node_within_two_intervals_and_survives_restarts() {
     let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
     let tokens = dir.path().join("control.tokens");
     write_tokens(&tokens, &format!("alice {ALICE}\nbob {BOB}\n"));
-    let listen: SocketAddr = format!("127.0.0.1:{}", free_udp_port().unwrap())
-        .parse()
-        .unwrap();
-    let config = format!(
-        "control_token_file = \"{}\"\n{}",
-        tokens.display(),
-        aggregator_config(
-            listen,
-            &certs,
-            &dir.path().join("aggregator.json"),
-            "[[rooms]]\nid = \"shop\"\ntotal_active_users = 40\nnew_users_per_minute = 20\n",
-        )
-    );
-    let mut aggregator = Aggregator::start(dir.path(), "aggregator", &config).unwrap();
+    let (mut aggregator, listen) = controlled_aggregator(
+        dir.path(),
+        &certs,
+        &tokens,
+        "[[rooms]]\nid = \"shop\"\ntotal_active_users = 40\nnew_users_per_minute = 20\n",
+    )
+    .unwrap();
     let edges: Vec<Edge> = ["n1", "n2"]
         .into_iter()
         .map(|name| {
@@ -645,22 +614,10 @@ fn the_aggregator_never_shows_a_partner_key_but_pushes_it() {
     let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
     let tokens = dir.path().join("control.tokens");
     write_tokens(&tokens, &format!("alice {ALICE}\n"));
-    let listen: SocketAddr = format!("127.0.0.1:{}", free_udp_port().unwrap())
-        .parse()
-        .unwrap();
-    let config = format!(
-        "control_token_file = \"{}\"\n{}",
-        tokens.display(),
-        aggregator_config(
-            listen,
-            &certs,
-            &dir.path().join("aggregator.json"),
-            &format!(
+    let (aggregator, listen) =
+        controlled_aggregator(dir.path(), &certs, &tokens, &format!(
                 "[[rooms]]\nid = \"shop\"\ntotal_active_users = 40\nnew_users_per_minute = 20\n{PARTNER_RULE}"
-            ),
-        )
-    );
-    let aggregator = Aggregator::start(dir.path(), "aggregator", &config).unwrap();
+            )).unwrap();
     let gossip = node_gossip_table(listen, &certs, &certs, "n1", INTERVAL_MS);
     let edge = Edge::start(
         dir.path(),

@@ -14,42 +14,20 @@
 //!   without a pre-queue, an unknown key, a second event of the same name,
 //!   an event without a name, removing an event that does not exist, and a
 //!   write without the token.
-use std::{
-    net::SocketAddr,
-    path::Path,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use waitroom_common::{event::format_rfc3339, time::UnixMillis};
 use waitroom_tests::{
-    cluster::{Aggregator, Certs, aggregator_config, free_udp_port, node_gossip_table},
+    cluster::{Aggregator, Certs, controlled_aggregator, ctl, node_gossip_table, write_tokens},
     edge::{Edge, SITE, client},
     eventually,
-    procs::{TempDir, binary, start_origin},
+    procs::{TempDir, start_origin},
 };
 
 const INTERVAL_MS: u64 = 1_000;
 const TOKEN: &str = "carol-0123456789abcdef0123";
 const ROOM: &str = "[[rooms]]\nid = \"shop\"\ntotal_active_users = 40\nnew_users_per_minute = 20\n";
-
-fn ctl(aggregator: &Aggregator, tokens: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(binary("waitroom-aggregator"))
-        .arg("ctl")
-        .arg("--url")
-        .arg(aggregator.admin_url(""))
-        .arg("--token-file")
-        .arg(tokens)
-        .args(args)
-        .output()
-        .expect("running waitroom-aggregator ctl");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn get_json(url: &str) -> Value {
     let mut resp = client().get(url).call().expect("GET");
@@ -109,20 +87,8 @@ fn events_added_and_removed_at_the_aggregator_reach_the_node() {
     let certs = Certs::generate(&dir.path().join("certs"), &["n1"]).unwrap();
     let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
     let tokens = dir.path().join("control.tokens");
-    std::fs::write(&tokens, format!("carol {TOKEN}\n")).unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    let listen: SocketAddr = format!("127.0.0.1:{}", free_udp_port().unwrap())
-        .parse()
-        .unwrap();
-    let config = format!(
-        "control_token_file = \"{}\"\n{}",
-        tokens.display(),
-        aggregator_config(listen, &certs, &dir.path().join("aggregator.json"), ROOM)
-    );
-    let aggregator = Aggregator::start(dir.path(), "aggregator", &config).unwrap();
+    write_tokens(&tokens, &format!("carol {TOKEN}\n"));
+    let (aggregator, listen) = controlled_aggregator(dir.path(), &certs, &tokens, ROOM).unwrap();
     let own = dir.path().join("n1");
     std::fs::create_dir_all(&own).unwrap();
     let gossip = node_gossip_table(listen, &certs, &certs, "n1", INTERVAL_MS);

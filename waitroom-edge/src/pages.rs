@@ -161,19 +161,7 @@ impl StatusPage {
 /// `{"<envelope>": view}`.
 #[must_use]
 pub fn json_in(view: &StatusView, envelope: &str) -> String {
-    let mut out = Vec::with_capacity(256);
-    out.push(b'{');
-    let written = serde_json::to_writer(&mut out, envelope)
-        .and_then(|()| {
-            out.push(b':');
-            serde_json::to_writer(&mut out, view)
-        })
-        .is_ok();
-    out.push(b'}');
-    match String::from_utf8(out) {
-        Ok(json) if written => json,
-        _ => "{}".into(),
-    }
+    crate::queue_page::enveloped(view, envelope)
 }
 
 /// Bytes of an `Accept-Language` value looked at; the rest is ignored (a

@@ -228,9 +228,14 @@ pub fn json(view: &QueueView) -> String {
 /// The JSON answer under the room's `json_envelope` (`cfWaitingRoom` for
 /// apps written for Cloudflare's).
 pub fn json_in(view: &QueueView, envelope: &str) -> String {
-    // Written straight from the view into one buffer: going through a
-    // `serde_json::Value` allocated every field into a map per request, and
-    // scenario (d) of `cargo xtask bench` fell to 0.71 of nginx (0.96 so).
+    enveloped(view, envelope)
+}
+
+/// `{"<envelope>": value}`, written straight into one buffer: going through
+/// a `serde_json::Value` allocated every field into a map per request, and
+/// scenario (d) of `cargo xtask bench` fell to 0.71 of nginx (0.96 so).
+/// Also the reject and error pages' JSON (`crate::pages`).
+pub fn enveloped(value: &impl Serialize, envelope: &str) -> String {
     let mut out = Vec::with_capacity(1024);
     out.push(b'{');
     // The envelope is letters, digits and '_' (validated in `room_table`);
@@ -238,7 +243,7 @@ pub fn json_in(view: &QueueView, envelope: &str) -> String {
     let written = serde_json::to_writer(&mut out, envelope)
         .and_then(|()| {
             out.push(b':');
-            serde_json::to_writer(&mut out, view)
+            serde_json::to_writer(&mut out, value)
         })
         .is_ok();
     out.push(b'}');
