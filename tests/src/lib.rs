@@ -15,12 +15,15 @@
 //! - [`browser`]: headless Chromium over the DevTools protocol.
 //! - [`minutes`]: waiting for minute boundaries in the real-minute tests.
 //! - [`netns`]: a namespace + veth pair guard for XDP tests.
+//! - [`etcd`]: a real etcd cluster on loopback and its v3 JSON gateway
+//!   (issue 20's ledger).
 //! - [`require_root`]: the skip check of privileged tests.
 
 pub mod browser;
 pub mod cluster;
 pub mod demo_origin;
 pub mod edge;
+pub mod etcd;
 pub mod inproc;
 pub mod inproc_cluster;
 pub mod minutes;

@@ -38,6 +38,10 @@ pub const TEST_PACKAGES: &[(&str, &str)] = &[
         "prometheus",
         "promtool, which checks deploy/prometheus/waitroom-alerts.yml",
     ),
+    (
+        "etcd-server",
+        "a real 3-member etcd for the replicated lease ledger's tests (issue 20)",
+    ),
 ];
 
 pub fn run() -> Result<()> {

@@ -1,0 +1,293 @@
+//! A real etcd cluster for a test (issue 20, docs/adr/0001): `n` members of
+//! Debian's `etcd` on loopback ports nobody else holds, each with its own
+//! data directory under a [`TempDir`], stopped when the guard drops (also
+//! when a test panics). A member can be killed (`kill -9`), frozen
+//! (`SIGSTOP`), thawed and restarted on its own data, as the fault tests need.
+//!
+//! [`Kv`] speaks etcd's v3 JSON gateway (`/v3/kv/...`, keys and values in
+//! base64) with a deadline on every call: the way the ledger client will.
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use base64::{Engine as _, engine::general_purpose::STANDARD as B64};
+use serde_json::{Value, json};
+
+use crate::procs::{Proc, TempDir, free_port};
+
+/// Where Debian's `etcd-server` puts the binary.
+const ETCD: &str = "/usr/bin/etcd";
+
+/// Whether etcd is installed (`cargo xtask setup` installs `etcd-server`);
+/// if not, says on stderr that the calling test skips and why.
+#[track_caller]
+#[must_use]
+pub fn require_etcd() -> bool {
+    if Path::new(ETCD).exists() {
+        return true;
+    }
+    eprintln!(
+        "skipping etcd test at {}: {ETCD} is missing; `cargo xtask setup` installs the Debian \
+         package etcd-server (CI has it)",
+        std::panic::Location::caller()
+    );
+    false
+}
+
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client: SocketAddr,
+    peer: SocketAddr,
+    data: PathBuf,
+    proc: Option<Proc>,
+    frozen: bool,
+}
+
+/// A running etcd cluster; every member stops when it drops.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    dir: TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members as one new cluster and waits until every one
+    /// answers `/health` (at most 30 s).
+    pub fn start(tag: &str, n: usize) -> Result<Self> {
+        let dir = TempDir::new(tag);
+        let mut members = Vec::with_capacity(n);
+        for i in 0..n {
+            let addr =
+                |port: u16| -> Result<SocketAddr> { Ok(format!("127.0.0.1:{port}").parse()?) };
+            members.push(Member {
+                name: format!("m{i}"),
+                client: addr(free_port()?)?,
+                peer: addr(free_port()?)?,
+                data: dir.path().join(format!("m{i}.data")),
+                proc: None,
+                frozen: false,
+            });
+        }
+        let mut cluster = Self { members, dir };
+        for i in 0..n {
+            cluster.spawn(i)?;
+        }
+        for i in 0..n {
+            cluster.wait_healthy(i, Duration::from_secs(30))?;
+        }
+        Ok(cluster)
+    }
+
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}=http://{}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Starts member `i` (on its existing data, if it has any: then the
+    /// bootstrap flags are ignored, as etcd documents).
+    fn spawn(&mut self, i: usize) -> Result<()> {
+        let initial = self.initial_cluster();
+        let m = &self.members[i];
+        let mut cmd = Command::new(ETCD);
+        cmd.arg("--name")
+            .arg(&m.name)
+            .arg("--data-dir")
+            .arg(&m.data)
+            .arg("--listen-client-urls")
+            .arg(format!("http://{}", m.client))
+            .arg("--advertise-client-urls")
+            .arg(format!("http://{}", m.client))
+            .arg("--listen-peer-urls")
+            .arg(format!("http://{}", m.peer))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://{}", m.peer))
+            .arg("--initial-cluster")
+            .arg(initial)
+            .arg("--initial-cluster-state")
+            .arg("new")
+            .arg("--initial-cluster-token")
+            .arg("waitroom-test")
+            // Fast elections: the fault tests wait for them.
+            .arg("--heartbeat-interval")
+            .arg("50")
+            .arg("--election-timeout")
+            .arg("500");
+        let proc = Proc::spawn(&m.name, cmd, self.dir.path())
+            .with_context(|| format!("starting etcd member {}", m.name))?;
+        self.members[i].proc = Some(proc);
+        self.members[i].frozen = false;
+        Ok(())
+    }
+
+    /// Waits until member `i` says it is healthy (it has a leader).
+    pub fn wait_healthy(&self, i: usize, limit: Duration) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        let url = format!("http://{}/health", self.members[i].client);
+        let agent = agent(Duration::from_millis(500));
+        loop {
+            let healthy = agent
+                .get(&url)
+                .call()
+                .ok()
+                .and_then(|mut r| r.body_mut().read_to_string().ok())
+                .is_some_and(|b| b.contains("\"health\":\"true\""));
+            if healthy {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let log = self.members[i]
+                    .proc
+                    .as_ref()
+                    .map(Proc::stderr)
+                    .unwrap_or_default();
+                let tail: String = log.lines().rev().take(10).collect::<Vec<_>>().join("\n");
+                bail!("etcd member m{i} not healthy within {limit:?}; its log ends:\n{tail}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Every member's client URL, `http://127.0.0.1:PORT`.
+    #[must_use]
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://{}", m.client))
+            .collect()
+    }
+
+    /// `kill -9` of member `i`, as a crash.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut p) = self.members[i].proc.take() {
+            p.kill();
+        }
+    }
+
+    /// Starts member `i` again on its own data, after [`Self::kill`].
+    pub fn restart(&mut self, i: usize) -> Result<()> {
+        self.kill(i);
+        self.spawn(i)
+    }
+
+    /// `SIGSTOP` (`true`) or `SIGCONT` (`false`) to member `i`.
+    pub fn freeze(&mut self, i: usize, frozen: bool) {
+        let m = &mut self.members[i];
+        if let Some(pid) = m.proc.as_ref().and_then(Proc::pid) {
+            let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+            // SAFETY: kill(2) on our own child, which we have not reaped.
+            unsafe { libc::kill(pid as libc::pid_t, signal) };
+            m.frozen = frozen;
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            // A frozen member would not see the SIGTERM of `Proc`'s drop.
+            if self.members[i].frozen {
+                self.freeze(i, false);
+            }
+            self.kill(i);
+        }
+    }
+}
+
+fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// The v3 JSON gateway of a cluster: each call tries the endpoints in turn,
+/// each with `timeout`, and fails when none answered.
+#[derive(Debug)]
+pub struct Kv {
+    endpoints: Vec<String>,
+    agent: ureq::Agent,
+}
+
+/// A key's value and the revision it was last changed at (0: no such key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub value: Option<Vec<u8>>,
+    pub mod_revision: i64,
+}
+
+impl Kv {
+    #[must_use]
+    pub fn new(endpoints: Vec<String>, timeout: Duration) -> Self {
+        Self {
+            endpoints,
+            agent: agent(timeout),
+        }
+    }
+
+    fn call(&self, path: &str, body: &Value) -> Result<Value> {
+        let mut errors = Vec::new();
+        for endpoint in &self.endpoints {
+            let url = format!("{endpoint}{path}");
+            match self.agent.post(&url).send(body.to_string()) {
+                Ok(mut resp) if resp.status().is_success() => {
+                    let text = resp.body_mut().read_to_string()?;
+                    return Ok(serde_json::from_str(&text)?);
+                }
+                Ok(mut resp) => errors.push(format!(
+                    "{endpoint}: {} {}",
+                    resp.status(),
+                    resp.body_mut().read_to_string().unwrap_or_default()
+                )),
+                Err(e) => errors.push(format!("{endpoint}: {e}")),
+            }
+        }
+        bail!("no etcd member answered {path}: {}", errors.join("; "))
+    }
+
+    /// The value of `key` and its revision.
+    pub fn get(&self, key: &str) -> Result<Entry> {
+        let answer = self.call("/v3/kv/range", &json!({ "key": B64.encode(key) }))?;
+        let Some(kv) = answer["kvs"].get(0) else {
+            return Ok(Entry {
+                value: None,
+                mod_revision: 0,
+            });
+        };
+        Ok(Entry {
+            value: Some(B64.decode(kv["value"].as_str().unwrap_or(""))?),
+            mod_revision: kv["mod_revision"]
+                .as_str()
+                .unwrap_or("0")
+                .parse()
+                .context("mod_revision")?,
+        })
+    }
+
+    /// Writes `value` to `key` only if the key is still at `mod_revision`
+    /// (0: the key does not exist): compare-and-swap. True if written.
+    pub fn swap(&self, key: &str, mod_revision: i64, value: &[u8]) -> Result<bool> {
+        let key = B64.encode(key);
+        let answer = self.call(
+            "/v3/kv/txn",
+            &json!({
+                "compare": [{
+                    "key": key,
+                    "target": "MOD",
+                    "result": "EQUAL",
+                    "mod_revision": mod_revision.to_string(),
+                }],
+                "success": [{ "request_put": { "key": key, "value": B64.encode(value) } }],
+            }),
+        )?;
+        Ok(answer["succeeded"].as_bool().unwrap_or(false))
+    }
+}
