@@ -141,6 +141,10 @@ pub struct Cluster {
     /// `ids[i]`: a number for `reports[i]` that stays while the node is known.
     ids: Vec<u32>,
     next_id: u32,
+    /// Numbers of forgotten nodes, handed to new ones first: the numbers
+    /// stay below the most nodes known at once, so the running sums can
+    /// keep their items in lists indexed by them.
+    free_ids: Vec<u32>,
     /// Colo name → a number, for the running sums.
     colo_ids: HashMap<String, u32>,
     /// Nodes not departed, by the time of their last report: the ones to
@@ -308,6 +312,7 @@ impl Cluster {
             positions: HashMap::new(),
             ids: Vec::new(),
             next_id: 0,
+            free_ids: Vec::new(),
             colo_ids: HashMap::new(),
             by_last_seen: BTreeSet::new(),
             departed: BTreeSet::new(),
@@ -341,6 +346,7 @@ impl Cluster {
             .collect();
         self.ids = (0..self.reports.len() as u32).collect();
         self.next_id = self.reports.len() as u32;
+        self.free_ids.clear();
         self.by_last_seen = self
             .reports
             .iter()
@@ -552,8 +558,12 @@ impl Cluster {
                     reports: 1,
                     departed: false,
                 });
-                self.ids.push(self.next_id);
-                self.next_id = self.next_id.wrapping_add(1);
+                let id = self.free_ids.pop().unwrap_or_else(|| {
+                    let id = self.next_id;
+                    self.next_id = self.next_id.wrapping_add(1);
+                    id
+                });
+                self.ids.push(id);
                 let i = self.reports.len() - 1;
                 self.positions.insert(node.clone(), i);
                 self.by_last_seen.insert((now, node.clone()));
@@ -773,7 +783,7 @@ impl Cluster {
             }
             self.reports.swap_remove(i);
             self.meta.swap_remove(i);
-            self.ids.swap_remove(i);
+            self.free_ids.push(self.ids.swap_remove(i));
             self.positions.remove(&node);
             self.departed.remove(&node);
             if i != last {

@@ -26,7 +26,7 @@
 //! moves, visiting only the items whose floor changes.
 use std::{
     cmp::{Ordering, Reverse},
-    collections::{BTreeMap, BTreeSet, HashMap, btree_map::Entry},
+    collections::{BTreeMap, BinaryHeap, HashMap, btree_map::Entry},
 };
 
 use crate::{
@@ -154,30 +154,70 @@ impl Ratio {
 }
 
 /// Where an item's floor changes: `at` = (floor + 1) / weight upwards,
-/// floor / weight downwards.
+/// floor / weight downwards. `version` tells whether the item is still the
+/// one the entry was made for (entries are not taken out of their heap when
+/// their item changes, only skipped when they come to the top).
 #[derive(Clone, Copy, Debug)]
 struct Threshold {
     at: Ratio,
     id: u32,
+    version: u32,
 }
 
-impl PartialEq for Threshold {
+impl Threshold {
+    fn key_cmp(&self, other: &Self) -> Ordering {
+        self.at
+            .cmp(other.at)
+            .then(self.id.cmp(&other.id))
+            .then(self.version.cmp(&other.version))
+    }
+}
+
+/// An upward threshold: the lowest first out of a [`BinaryHeap`].
+#[derive(Clone, Copy, Debug)]
+struct Up(Threshold);
+
+/// A downward threshold: the highest first out of a [`BinaryHeap`].
+#[derive(Clone, Copy, Debug)]
+struct Down(Threshold);
+
+impl PartialEq for Up {
     fn eq(&self, other: &Self) -> bool {
         self.cmp(other) == Ordering::Equal
     }
 }
 
-impl Eq for Threshold {}
+impl Eq for Up {}
 
-impl PartialOrd for Threshold {
+impl PartialOrd for Up {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl Ord for Threshold {
+impl Ord for Up {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.at.cmp(other.at).then(self.id.cmp(&other.id))
+        other.0.key_cmp(&self.0)
+    }
+}
+
+impl PartialEq for Down {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Down {}
+
+impl PartialOrd for Down {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Down {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.key_cmp(&other.0)
     }
 }
 
@@ -188,16 +228,31 @@ struct FloorItem {
     value: u64,
 }
 
+/// An item's place, by id: the item if it is there, and how many times an
+/// item was placed there (so older heap entries for the id are told apart).
+#[derive(Clone, Copy, Debug, Default)]
+struct Place {
+    item: Option<FloorItem>,
+    version: u32,
+}
+
 /// `Σ value_i(⌊x · weight_i⌋)` over items, kept while the fraction `x`
-/// moves: each item's next floor change up and down sits in an ordered set,
-/// so moving `x` visits only the items whose floor changes (a handful per
-/// merge: `x` moves with one node's report), never all of them.
+/// moves: each item's next floor change up and down sits in a binary heap
+/// (lowest up, highest down on top), so moving `x` visits only the items
+/// whose floor changes (a handful per merge: `x` moves with one node's
+/// report), never all of them. Items are found by id in a flat list (ids
+/// are small and dense: colos and nodes as the cluster numbers them);
+/// an item taken away or refloored leaves its old heap entries behind, to
+/// be skipped when they reach the top, and the heaps are rebuilt from the
+/// items once they hold more than twice as many entries as needed.
 #[derive(Clone, Debug)]
 pub(crate) struct FloorSums {
     x: Ratio,
-    items: HashMap<u32, FloorItem>,
-    up: BTreeSet<Threshold>,
-    down: BTreeSet<Threshold>,
+    places: Vec<Place>,
+    /// Items present.
+    len: usize,
+    up: BinaryHeap<Up>,
+    down: BinaryHeap<Down>,
     total: u64,
 }
 
@@ -205,9 +260,10 @@ impl Default for FloorSums {
     fn default() -> Self {
         Self {
             x: Ratio { num: 0, den: 1 },
-            items: HashMap::new(),
-            up: BTreeSet::new(),
-            down: BTreeSet::new(),
+            places: Vec::new(),
+            len: 0,
+            up: BinaryHeap::new(),
+            down: BinaryHeap::new(),
             total: 0,
         }
     }
@@ -219,47 +275,78 @@ impl FloorSums {
         self.total
     }
 
-    fn thresholds(id: u32, item: FloorItem) -> [Option<Threshold>; 2] {
-        let up = (item.floor < u64::MAX).then_some(Threshold {
+    fn thresholds(id: u32, version: u32, item: FloorItem) -> (Option<Up>, Option<Down>) {
+        let up = (item.floor < u64::MAX).then_some(Up(Threshold {
             at: Ratio {
                 num: item.floor + 1,
                 den: item.weight,
             },
             id,
-        });
-        let down = (item.floor > 0).then_some(Threshold {
+            version,
+        }));
+        let down = (item.floor > 0).then_some(Down(Threshold {
             at: Ratio {
                 num: item.floor,
                 den: item.weight,
             },
             id,
-        });
-        [up, down]
+            version,
+        }));
+        (up, down)
+    }
+
+    /// Whether a heap entry is for the item now at its id.
+    fn current(&self, t: &Threshold) -> bool {
+        self.places
+            .get(t.id as usize)
+            .is_some_and(|p| p.item.is_some() && p.version == t.version)
     }
 
     fn link(&mut self, id: u32, item: FloorItem) {
-        let [up, down] = Self::thresholds(id, item);
+        let at = id as usize;
+        if self.places.len() <= at {
+            self.places.resize(at + 1, Place::default());
+        }
+        let place = &mut self.places[at];
+        debug_assert!(place.item.is_none(), "an id holds one item");
+        place.version = place.version.wrapping_add(1);
+        place.item = Some(item);
+        let (up, down) = Self::thresholds(id, place.version, item);
         if let Some(t) = up {
-            self.up.insert(t);
+            self.up.push(t);
         }
         if let Some(t) = down {
-            self.down.insert(t);
+            self.down.push(t);
         }
         self.total = self.total.wrapping_add(item.value);
-        self.items.insert(id, item);
+        self.len += 1;
+        if self.up.len().max(self.down.len()) > 2 * self.len + 32 {
+            self.rebuild_heaps();
+        }
     }
 
     fn unlink(&mut self, id: u32) -> Option<FloorItem> {
-        let item = self.items.remove(&id)?;
-        let [up, down] = Self::thresholds(id, item);
-        if let Some(t) = up {
-            self.up.remove(&t);
-        }
-        if let Some(t) = down {
-            self.down.remove(&t);
-        }
+        let item = self.places.get_mut(id as usize)?.item.take()?;
         self.total = self.total.wrapping_sub(item.value);
+        self.len -= 1;
         Some(item)
+    }
+
+    /// The heaps with only the current items' entries.
+    fn rebuild_heaps(&mut self) {
+        let mut up = std::mem::take(&mut self.up).into_vec();
+        let mut down = std::mem::take(&mut self.down).into_vec();
+        up.clear();
+        down.clear();
+        for (id, place) in self.places.iter().enumerate() {
+            if let Some(item) = place.item {
+                let (u, d) = Self::thresholds(id as u32, place.version, item);
+                up.extend(u);
+                down.extend(d);
+            }
+        }
+        self.up = BinaryHeap::from(up);
+        self.down = BinaryHeap::from(down);
     }
 
     /// Adds an item of `weight` > 0, valued `value(floor)` at the current `x`.
@@ -276,6 +363,26 @@ impl FloorSums {
         );
     }
 
+    /// Makes item `id` one of `weight` > 0 valued `value(floor)`, as
+    /// [`FloorSums::remove`] then [`FloorSums::insert`] would; when its
+    /// weight stays, only its value is replaced (its floor and thresholds
+    /// stay where they are).
+    pub(crate) fn set(&mut self, id: u32, weight: u64, value: impl FnOnce(u64) -> u64) {
+        if let Some(item) = self
+            .places
+            .get_mut(id as usize)
+            .and_then(|p| p.item.as_mut())
+            .filter(|item| item.weight == weight)
+        {
+            let v = value(item.floor);
+            self.total = self.total.wrapping_sub(item.value).wrapping_add(v);
+            item.value = v;
+            return;
+        }
+        self.unlink(id);
+        self.insert(id, weight, value);
+    }
+
     /// Takes an item away; its weight, if it was there.
     pub(crate) fn remove(&mut self, id: u32) -> Option<u64> {
         self.unlink(id).map(|item| item.weight)
@@ -286,14 +393,26 @@ impl FloorSums {
     pub(crate) fn set_x(&mut self, num: u64, den: u64, mut value: impl FnMut(u32, u64) -> u64) {
         let x = Ratio { num, den };
         self.x = x;
-        while let Some(&t) = self.up.first()
-            && t.at.cmp(x) != Ordering::Greater
-        {
+        while let Some(&Up(t)) = self.up.peek() {
+            if !self.current(&t) {
+                self.up.pop();
+                continue;
+            }
+            if t.at.cmp(x) == Ordering::Greater {
+                break;
+            }
+            self.up.pop();
             self.refloor(t.id, &mut value);
         }
-        while let Some(&t) = self.down.last()
-            && t.at.cmp(x) == Ordering::Greater
-        {
+        while let Some(&Down(t)) = self.down.peek() {
+            if !self.current(&t) {
+                self.down.pop();
+                continue;
+            }
+            if t.at.cmp(x) != Ordering::Greater {
+                break;
+            }
+            self.down.pop();
             self.refloor(t.id, &mut value);
         }
     }
@@ -515,7 +634,6 @@ impl RoomSums {
             }
         };
         if recent > 0 || colo_held > 0 {
-            live.colo_floors.remove(node.colo);
             let colo = live.colos.entry(node.colo).or_default();
             colo.back = add(colo.back, back);
             colo.recent = add(colo.recent, recent);
@@ -529,14 +647,19 @@ impl RoomSums {
             }
             live.traffic_total = add(live.traffic_total, back);
             live.colo_held = add(live.colo_held, colo_held);
+            // The colo's item: only its value changes while its traffic two
+            // minutes back stays (`set` then moves no threshold).
             if colo.is_empty() {
                 live.colos.remove(&node.colo);
+                live.colo_floors.remove(node.colo);
             } else if colo.back > 0 {
                 let colo = &*colo;
                 live.colo_floors
-                    .insert(node.colo, colo.back.saturating_mul(90), |slots| {
+                    .set(node.colo, colo.back.saturating_mul(90), |slots| {
                         colo.handed_out(slots)
                     });
+            } else {
+                live.colo_floors.remove(node.colo);
             }
         }
         live.lease_weight = add(live.lease_weight, weight);
@@ -585,17 +708,21 @@ impl RoomSums {
             return;
         }
         live.colo_held = live.colo_held.wrapping_sub(old).wrapping_add(new);
-        live.colo_floors.remove(node.colo);
         let colo = live.colos.entry(node.colo).or_default();
         colo.held = colo.held.wrapping_sub(old).wrapping_add(new);
+        // The colo's item: only its value changes while its traffic two
+        // minutes back stays (`set` then moves no threshold).
         if colo.is_empty() {
             live.colos.remove(&node.colo);
+            live.colo_floors.remove(node.colo);
         } else if colo.back > 0 {
             let colo = &*colo;
             live.colo_floors
-                .insert(node.colo, colo.back.saturating_mul(90), |slots| {
+                .set(node.colo, colo.back.saturating_mul(90), |slots| {
                     colo.handed_out(slots)
                 });
+        } else {
+            live.colo_floors.remove(node.colo);
         }
     }
 
