@@ -175,6 +175,16 @@ pub(crate) fn admitted_since(
     since(colo_lease, used.colo_share).saturating_add(since(lease, used.anywhere))
 }
 
+/// Puts `lease` in `leases` for `node`, returning the one it replaces;
+/// the name is copied only for a node without one yet (a merge replaces
+/// a lease far more often than it adds one).
+fn replace_lease(leases: &mut BTreeMap<String, Lease>, node: &str, lease: Lease) -> Option<Lease> {
+    match leases.get_mut(node) {
+        Some(held) => Some(std::mem::replace(held, lease)),
+        None => leases.insert(node.to_owned(), lease),
+    }
+}
+
 /// Each room's distinct visitors this minute in `report` (the node's
 /// previous report), to tell how many came since.
 pub(crate) fn visitors_now(report: Option<&NodeReport>, minute: Minute) -> Vec<(RoomId, u64)> {
@@ -692,14 +702,14 @@ impl Cluster {
                 used_at_grant: state.used.colo_share,
                 allowance: colo_granted,
             };
-            let old_colo = memory.colo_leases.insert(node.clone(), new_colo);
+            let old_colo = replace_lease(&mut memory.colo_leases, &node, new_colo);
             sums.swap_colo_lease(room_report, key, old_colo.as_ref(), Some(&new_colo));
             let new = Lease {
                 minute,
                 used_at_grant: state.used.anywhere,
                 allowance: granted,
             };
-            let old = memory.leases.insert(node.clone(), new);
+            let old = replace_lease(&mut memory.leases, &node, new);
             sums.swap_lease(room_report, old.as_ref(), Some(&new));
             answers.push(RoomAnswer { room: id, state });
         }

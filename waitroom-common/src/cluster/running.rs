@@ -26,7 +26,7 @@
 //! moves, visiting only the items whose floor changes.
 use std::{
     cmp::{Ordering, Reverse},
-    collections::{BTreeMap, BinaryHeap, HashMap, btree_map::Entry},
+    collections::{BTreeMap, BinaryHeap, HashMap},
 };
 
 use crate::{
@@ -39,17 +39,19 @@ use crate::{
 
 /// Signed counts summed over nodes by an ordered key: session expiries
 /// (by minute today, by a finer slot later: any `Ord` key will do) and
-/// queue buckets. A key whose sum comes back to zero is dropped.
+/// queue buckets. A key whose sum comes back to zero is dropped. A sorted
+/// list, not a tree: a room holds a few hundred keys at most (one per
+/// second of the next five minutes, then per minute), which a binary search
+/// over contiguous memory finds faster than a `BTreeMap` walks its nodes,
+/// and a key coming or going moves a few kilobytes.
 #[derive(Clone, Debug)]
 pub(crate) struct KeyedSums<K> {
-    sums: BTreeMap<K, i64>,
+    sums: Vec<(K, i64)>,
 }
 
 impl<K> Default for KeyedSums<K> {
     fn default() -> Self {
-        Self {
-            sums: BTreeMap::new(),
-        }
+        Self { sums: Vec::new() }
     }
 }
 
@@ -57,18 +59,18 @@ impl<K: Ord + Copy> KeyedSums<K> {
     /// Adds `n` at `key` (`sign` = 1) or takes it away (`sign` = −1).
     pub(crate) fn add(&mut self, key: K, n: i64, sign: i64) {
         let n = n.wrapping_mul(sign);
-        match self.sums.entry(key) {
-            Entry::Occupied(mut e) => {
-                let sum = e.get().wrapping_add(n);
+        match self.sums.binary_search_by(|(k, _)| k.cmp(&key)) {
+            Ok(at) => {
+                let sum = self.sums[at].1.wrapping_add(n);
                 if sum == 0 {
-                    e.remove();
+                    self.sums.remove(at);
                 } else {
-                    *e.get_mut() = sum;
+                    self.sums[at].1 = sum;
                 }
             }
-            Entry::Vacant(e) => {
+            Err(at) => {
                 if n != 0 {
-                    e.insert(n);
+                    self.sums.insert(at, (key, n));
                 }
             }
         }
@@ -76,16 +78,17 @@ impl<K: Ord + Copy> KeyedSums<K> {
 
     /// The sum of every key from `from` on.
     pub(crate) fn sum_from(&self, from: K) -> i64 {
-        self.sums
-            .range(from..)
-            .fold(0_i64, |t, (_, &n)| t.wrapping_add(n))
+        let at = self.sums.partition_point(|(k, _)| *k < from);
+        self.sums[at..]
+            .iter()
+            .fold(0_i64, |t, &(_, n)| t.wrapping_add(n))
     }
 
     /// Keys whose sum is positive, in order.
     pub(crate) fn positive(&self) -> impl Iterator<Item = (K, u64)> + '_ {
         self.sums
             .iter()
-            .filter_map(|(&k, &n)| u64::try_from(n).ok().filter(|&n| n > 0).map(|n| (k, n)))
+            .filter_map(|&(k, n)| u64::try_from(n).ok().filter(|&n| n > 0).map(|n| (k, n)))
     }
 }
 
