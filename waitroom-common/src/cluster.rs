@@ -175,6 +175,16 @@ pub(crate) fn admitted_since(
     since(colo_lease, used.colo_share).saturating_add(since(lease, used.anywhere))
 }
 
+/// The number of `colo` for the running sums, given on first sight.
+fn intern(colo_ids: &mut HashMap<String, u32>, colo: &str) -> u32 {
+    if let Some(&id) = colo_ids.get(colo) {
+        return id;
+    }
+    let id = colo_ids.len() as u32;
+    colo_ids.insert(colo.to_owned(), id);
+    id
+}
+
 /// Puts `lease` in `leases` for `node`, returning the one it replaces;
 /// the name is copied only for a node without one yet (a merge replaces
 /// a lease far more often than it adds one).
@@ -384,14 +394,7 @@ impl Cluster {
     /// sums: all of it, or (`counts` false) only its minute view.
     fn account(&mut self, i: usize, sign: i64, counts: bool) {
         let report = &self.reports[i];
-        let colo = match self.colo_ids.get(&report.colo) {
-            Some(&colo) => colo,
-            None => {
-                let colo = self.colo_ids.len() as u32;
-                self.colo_ids.insert(report.colo.clone(), colo);
-                colo
-            }
-        };
+        let colo = intern(&mut self.colo_ids, &report.colo);
         let key = NodeKey {
             id: self.ids[i],
             colo,
@@ -414,6 +417,62 @@ impl Cluster {
                 memory.and_then(|m| m.leases.get(&report.node)),
             );
             sums.account_live(room, key, leases, sign);
+        }
+    }
+
+    /// Puts `report` in place of `reports[i]` (the same node's) and in the
+    /// running sums, as `account(i, -1, true)`, the swap and
+    /// `account(i, 1, true)` would, but looking each room's leases up once
+    /// and changing the sums of session expiries by the difference of the
+    /// two reports in one walk ([`running::KeyedSums::replace`]).
+    fn replace_report(&mut self, i: usize, report: NodeReport) {
+        let old = std::mem::replace(&mut self.reports[i], report);
+        let new = &self.reports[i];
+        let key = |colo| NodeKey {
+            id: self.ids[i],
+            colo,
+            position: i,
+        };
+        let old_key = key(intern(&mut self.colo_ids, &old.colo));
+        let new_key = key(intern(&mut self.colo_ids, &new.colo));
+        // The merge reads the first entry of a room, as `aggregate` does.
+        let first =
+            |rooms: &[RoomReport], j: usize| rooms[..j].iter().all(|r| r.room != rooms[j].room);
+        for (j, room) in new.rooms.iter().enumerate() {
+            if !first(&new.rooms, j) {
+                continue;
+            }
+            let Some(sums) = self.sums.get_mut(&room.room) else {
+                continue;
+            };
+            let memory = self.memory.get(&room.room);
+            let leases = (
+                memory.and_then(|m| m.colo_leases.get(&new.node)),
+                memory.and_then(|m| m.leases.get(&new.node)),
+            );
+            match old.rooms.iter().find(|r| r.room == room.room) {
+                Some(before) => {
+                    sums.replace_counts(before, room);
+                    sums.account_live(before, old_key, leases, -1);
+                }
+                None => sums.account_counts(room, 1),
+            }
+            sums.account_live(room, new_key, leases, 1);
+        }
+        for (j, room) in old.rooms.iter().enumerate() {
+            if !first(&old.rooms, j) || new.rooms.iter().any(|r| r.room == room.room) {
+                continue;
+            }
+            let Some(sums) = self.sums.get_mut(&room.room) else {
+                continue;
+            };
+            let memory = self.memory.get(&room.room);
+            let leases = (
+                memory.and_then(|m| m.colo_leases.get(&old.node)),
+                memory.and_then(|m| m.leases.get(&old.node)),
+            );
+            sums.account_counts(room, -1);
+            sums.account_live(room, old_key, leases, -1);
         }
     }
 
@@ -544,7 +603,6 @@ impl Cluster {
         };
         let index = match self.index_of(&node) {
             Some(i) => {
-                self.account(i, -1, true);
                 let meta = &mut self.meta[i];
                 if meta.departed {
                     tracing::info!(%node, "departed node is back");
@@ -555,9 +613,8 @@ impl Cluster {
                 meta.last_seen = now;
                 meta.reports += 1;
                 meta.departed = false;
-                self.reports[i] = report;
                 self.by_last_seen.insert((now, node.clone()));
-                self.account(i, 1, true);
+                self.replace_report(i, report);
                 i
             }
             None => {

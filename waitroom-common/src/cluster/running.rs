@@ -76,6 +76,68 @@ impl<K: Ord + Copy> KeyedSums<K> {
         }
     }
 
+    /// Takes away `old` and adds `new`, as [`KeyedSums::add`] over each
+    /// entry would (the same sums, the same keys dropped), but when both
+    /// lists are in strictly increasing key order (as nodes send them) in
+    /// one walk over the sums, applying only what differs per key.
+    pub(crate) fn replace(&mut self, old: &[(K, i64)], new: &[(K, i64)]) {
+        let increasing = |list: &[(K, i64)]| list.windows(2).all(|w| w[0].0 < w[1].0);
+        if !increasing(old) || !increasing(new) {
+            for &(k, n) in old {
+                self.add(k, n, -1);
+            }
+            for &(k, n) in new {
+                self.add(k, n, 1);
+            }
+            return;
+        }
+        let (mut a, mut b, mut at) = (0, 0, 0);
+        loop {
+            let (key, delta) = match (old.get(a), new.get(b)) {
+                (Some(&(ko, no)), Some(&(kn, nn))) => match ko.cmp(&kn) {
+                    Ordering::Less => {
+                        a += 1;
+                        (ko, no.wrapping_neg())
+                    }
+                    Ordering::Greater => {
+                        b += 1;
+                        (kn, nn)
+                    }
+                    Ordering::Equal => {
+                        a += 1;
+                        b += 1;
+                        (ko, nn.wrapping_sub(no))
+                    }
+                },
+                (Some(&(ko, no)), None) => {
+                    a += 1;
+                    (ko, no.wrapping_neg())
+                }
+                (None, Some(&(kn, nn))) => {
+                    b += 1;
+                    (kn, nn)
+                }
+                (None, None) => break,
+            };
+            if delta == 0 {
+                continue;
+            }
+            while at < self.sums.len() && self.sums[at].0 < key {
+                at += 1;
+            }
+            if at < self.sums.len() && self.sums[at].0 == key {
+                let sum = self.sums[at].1.wrapping_add(delta);
+                if sum == 0 {
+                    self.sums.remove(at);
+                } else {
+                    self.sums[at].1 = sum;
+                }
+            } else {
+                self.sums.insert(at, (key, delta));
+            }
+        }
+    }
+
     /// The sum of every key from `from` on.
     pub(crate) fn sum_from(&self, from: K) -> i64 {
         let at = self.sums.partition_point(|(k, _)| *k < from);
@@ -611,6 +673,22 @@ impl RoomSums {
         }
     }
 
+    /// Takes away the minute-free counts of `old` and adds those of `new`
+    /// (the same node's reports), as `account_counts` of each would.
+    pub(crate) fn replace_counts(&mut self, old: &RoomReport, new: &RoomReport) {
+        self.expiries.replace(&old.expiries, &new.expiries);
+        for (report, sign) in [(old, -1), (new, 1)] {
+            for &(m, n) in &report.waiting {
+                self.waiting.add(m, n, sign);
+            }
+            for (i, a) in report.admits.iter().enumerate() {
+                if report.admits[..i].iter().all(|b| b.minute != a.minute) {
+                    self.admits.add(a.minute, a.admits, sign);
+                }
+            }
+        }
+    }
+
     /// Adds or takes away the minute-dependent part of a node's report,
     /// with the node's lease for this room.
     pub(crate) fn account_live(
@@ -845,6 +923,38 @@ mod tests {
             let &(num, den) = moves.last().unwrap();
             let recount: u64 = weights[1..].iter().map(|&w| share_of(num, w, den) * 3).sum();
             prop_assert_eq!(sums.total(), recount);
+        }
+
+        #[test]
+        fn keyed_sums_replace_like_adding_each_entry(
+            start in prop::collection::vec((0..40_u64, -5..5_i64), 0..30),
+            old in prop::collection::vec((0..40_u64, -5..5_i64), 0..30),
+            new in prop::collection::vec((0..40_u64, -5..5_i64), 0..30),
+            sort in any::<bool>(),
+        ) {
+            let key = |list: &[(u64, i64)]| -> Vec<(Minute, i64)> {
+                let mut list: Vec<(Minute, i64)> = list.iter().map(|&(k, n)| (Minute(k), n)).collect();
+                if sort {
+                    list.sort_by_key(|&(k, _)| k);
+                    list.dedup_by_key(|&mut (k, _)| k);
+                }
+                list
+            };
+            let (start, old, new) = (key(&start), key(&old), key(&new));
+            let mut walked = KeyedSums::default();
+            let mut added = KeyedSums::default();
+            for &(k, n) in start.iter().chain(&old) {
+                walked.add(k, n, 1);
+                added.add(k, n, 1);
+            }
+            walked.replace(&old, &new);
+            for &(k, n) in &old {
+                added.add(k, n, -1);
+            }
+            for &(k, n) in &new {
+                added.add(k, n, 1);
+            }
+            prop_assert_eq!(&walked.sums, &added.sums);
         }
 
         #[test]
