@@ -26,7 +26,7 @@
 //! moves, visiting only the items whose floor changes.
 use std::{
     cmp::{Ordering, Reverse},
-    collections::{BTreeMap, BinaryHeap, HashMap},
+    collections::{BTreeMap, BinaryHeap},
 };
 
 use crate::{
@@ -563,7 +563,8 @@ struct ColoTraffic {
     back: u64,
     recent: u64,
     /// Nodes' recent traffic → how many nodes of the colo had that much.
-    parts: BTreeMap<u64, u64>,
+    /// (sorted by traffic; a colo has a few nodes, so a short list).
+    parts: Vec<(u64, u64)>,
     /// Colo-share slots leased to the colo's nodes and not yet used.
     held: u64,
 }
@@ -571,13 +572,9 @@ struct ColoTraffic {
 impl ColoTraffic {
     /// What the colo's nodes get of `slots` together: each its floor.
     fn handed_out(&self, slots: u64) -> u64 {
-        self.parts.iter().fold(0_u64, |t, (&d, &count)| {
+        self.parts.iter().fold(0_u64, |t, &(d, count)| {
             t.wrapping_add(share_of(slots, d, self.recent).wrapping_mul(count))
         })
-    }
-
-    fn is_empty(&self) -> bool {
-        self.back == 0 && self.recent == 0 && self.held == 0 && self.parts.is_empty()
     }
 }
 
@@ -591,7 +588,9 @@ pub(crate) struct Live {
     pub(crate) minute: Minute,
     /// Traffic per colo (interned id); colos without any traffic or
     /// colo-share lease held are absent.
-    colos: HashMap<u32, ColoTraffic>,
+    /// Indexed by the colo's number (dense); an absent colo's entry is
+    /// all zero, which reads as no traffic, as absence did.
+    colos: Vec<ColoTraffic>,
     /// Σ of all colos' traffic two minutes back.
     traffic_total: u64,
     /// Colo → what its nodes get of their colo's part, at `x` = shared
@@ -715,25 +714,34 @@ impl RoomSums {
             }
         };
         if recent > 0 || colo_held > 0 {
-            let colo = live.colos.entry(node.colo).or_default();
+            let colo = colo_mut(&mut live.colos, node.colo);
             colo.back = add(colo.back, back);
             colo.recent = add(colo.recent, recent);
             colo.held = add(colo.held, colo_held);
             if recent > 0 {
-                let count = colo.parts.entry(recent).or_default();
-                *count = add(*count, 1);
-                if *count == 0 {
-                    colo.parts.remove(&recent);
+                match colo.parts.binary_search_by_key(&recent, |&(d, _)| d) {
+                    Ok(at) => {
+                        let count = add(colo.parts[at].1, 1);
+                        if count == 0 {
+                            colo.parts.remove(at);
+                        } else {
+                            colo.parts[at].1 = count;
+                        }
+                    }
+                    Err(at) => {
+                        let count = add(0, 1);
+                        if count != 0 {
+                            colo.parts.insert(at, (recent, count));
+                        }
+                    }
                 }
             }
             live.traffic_total = add(live.traffic_total, back);
             live.colo_held = add(live.colo_held, colo_held);
             // The colo's item: only its value changes while its traffic two
-            // minutes back stays (`set` then moves no threshold).
-            if colo.is_empty() {
-                live.colos.remove(&node.colo);
-                live.colo_floors.remove(node.colo);
-            } else if colo.back > 0 {
+            // minutes back stays (`set` then moves no threshold). A colo left
+            // with nothing keeps an all-zero entry, which reads as absent.
+            if colo.back > 0 {
                 let colo = &*colo;
                 live.colo_floors
                     .set(node.colo, colo.back.saturating_mul(90), |slots| {
@@ -789,14 +797,12 @@ impl RoomSums {
             return;
         }
         live.colo_held = live.colo_held.wrapping_sub(old).wrapping_add(new);
-        let colo = live.colos.entry(node.colo).or_default();
+        let colo = colo_mut(&mut live.colos, node.colo);
         colo.held = colo.held.wrapping_sub(old).wrapping_add(new);
         // The colo's item: only its value changes while its traffic two
-        // minutes back stays (`set` then moves no threshold).
-        if colo.is_empty() {
-            live.colos.remove(&node.colo);
-            live.colo_floors.remove(node.colo);
-        } else if colo.back > 0 {
+        // minutes back stays (`set` then moves no threshold). A colo left
+        // with nothing keeps an all-zero entry, which reads as absent.
+        if colo.back > 0 {
             let colo = &*colo;
             live.colo_floors
                 .set(node.colo, colo.back.saturating_mul(90), |slots| {
@@ -829,13 +835,13 @@ impl RoomSums {
         let handed_out = if total_weight > 0 {
             let colos = &live.colos;
             live.colo_floors.set_x(shared, total_weight, |colo, slots| {
-                colos.get(&colo).map_or(0, |c| c.handed_out(slots))
+                colos.get(colo as usize).map_or(0, |c| c.handed_out(slots))
             });
             live.colo_floors.total()
         } else {
             0
         };
-        let colo = live.colos.get(&node.colo);
+        let colo = live.colos.get(node.colo as usize);
         let colo_slots = share_of(
             shared,
             colo.map_or(0, |c| c.back).saturating_mul(90),
@@ -871,7 +877,7 @@ impl Live {
     pub(crate) fn new(minute: Minute) -> Self {
         Self {
             minute,
-            colos: HashMap::new(),
+            colos: Vec::new(),
             traffic_total: 0,
             colo_floors: FloorSums::default(),
             lease_weight: 0,
@@ -881,6 +887,15 @@ impl Live {
             colo_held: 0,
         }
     }
+}
+
+/// Colo `id`'s entry, made (all zero) when the list does not reach it yet.
+fn colo_mut(colos: &mut Vec<ColoTraffic>, id: u32) -> &mut ColoTraffic {
+    let at = id as usize;
+    if colos.len() <= at {
+        colos.resize_with(at + 1, ColoTraffic::default);
+    }
+    &mut colos[at]
 }
 
 /// Slots of the Anywhere `lease` its holder has not used by `minute`, as
