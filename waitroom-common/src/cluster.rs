@@ -141,6 +141,10 @@ pub struct Cluster {
     /// `ids[i]`: a number for `reports[i]` that stays while the node is known.
     ids: Vec<u32>,
     next_id: u32,
+    /// Numbers of forgotten nodes, handed to new ones first: the numbers
+    /// stay below the most nodes known at once, so the running sums can
+    /// keep their items in lists indexed by them.
+    free_ids: Vec<u32>,
     /// Colo name → a number, for the running sums.
     colo_ids: HashMap<String, u32>,
     /// Nodes not departed, by the time of their last report: the ones to
@@ -169,6 +173,26 @@ pub(crate) fn admitted_since(
             .map_or(used, |l| used.saturating_sub(l.used_at_grant))
     };
     since(colo_lease, used.colo_share).saturating_add(since(lease, used.anywhere))
+}
+
+/// The number of `colo` for the running sums, given on first sight.
+fn intern(colo_ids: &mut HashMap<String, u32>, colo: &str) -> u32 {
+    if let Some(&id) = colo_ids.get(colo) {
+        return id;
+    }
+    let id = colo_ids.len() as u32;
+    colo_ids.insert(colo.to_owned(), id);
+    id
+}
+
+/// Puts `lease` in `leases` for `node`, returning the one it replaces;
+/// the name is copied only for a node without one yet (a merge replaces
+/// a lease far more often than it adds one).
+fn replace_lease(leases: &mut BTreeMap<String, Lease>, node: &str, lease: Lease) -> Option<Lease> {
+    match leases.get_mut(node) {
+        Some(held) => Some(std::mem::replace(held, lease)),
+        None => leases.insert(node.to_owned(), lease),
+    }
 }
 
 /// Each room's distinct visitors this minute in `report` (the node's
@@ -308,6 +332,7 @@ impl Cluster {
             positions: HashMap::new(),
             ids: Vec::new(),
             next_id: 0,
+            free_ids: Vec::new(),
             colo_ids: HashMap::new(),
             by_last_seen: BTreeSet::new(),
             departed: BTreeSet::new(),
@@ -341,6 +366,7 @@ impl Cluster {
             .collect();
         self.ids = (0..self.reports.len() as u32).collect();
         self.next_id = self.reports.len() as u32;
+        self.free_ids.clear();
         self.by_last_seen = self
             .reports
             .iter()
@@ -368,14 +394,7 @@ impl Cluster {
     /// sums: all of it, or (`counts` false) only its minute view.
     fn account(&mut self, i: usize, sign: i64, counts: bool) {
         let report = &self.reports[i];
-        let colo = match self.colo_ids.get(&report.colo) {
-            Some(&colo) => colo,
-            None => {
-                let colo = self.colo_ids.len() as u32;
-                self.colo_ids.insert(report.colo.clone(), colo);
-                colo
-            }
-        };
+        let colo = intern(&mut self.colo_ids, &report.colo);
         let key = NodeKey {
             id: self.ids[i],
             colo,
@@ -398,6 +417,62 @@ impl Cluster {
                 memory.and_then(|m| m.leases.get(&report.node)),
             );
             sums.account_live(room, key, leases, sign);
+        }
+    }
+
+    /// Puts `report` in place of `reports[i]` (the same node's) and in the
+    /// running sums, as `account(i, -1, true)`, the swap and
+    /// `account(i, 1, true)` would, but looking each room's leases up once
+    /// and changing the sums of session expiries by the difference of the
+    /// two reports in one walk ([`running::KeyedSums::replace`]).
+    fn replace_report(&mut self, i: usize, report: NodeReport) {
+        let old = std::mem::replace(&mut self.reports[i], report);
+        let new = &self.reports[i];
+        let key = |colo| NodeKey {
+            id: self.ids[i],
+            colo,
+            position: i,
+        };
+        let old_key = key(intern(&mut self.colo_ids, &old.colo));
+        let new_key = key(intern(&mut self.colo_ids, &new.colo));
+        // The merge reads the first entry of a room, as `aggregate` does.
+        let first =
+            |rooms: &[RoomReport], j: usize| rooms[..j].iter().all(|r| r.room != rooms[j].room);
+        for (j, room) in new.rooms.iter().enumerate() {
+            if !first(&new.rooms, j) {
+                continue;
+            }
+            let Some(sums) = self.sums.get_mut(&room.room) else {
+                continue;
+            };
+            let memory = self.memory.get(&room.room);
+            let leases = (
+                memory.and_then(|m| m.colo_leases.get(&new.node)),
+                memory.and_then(|m| m.leases.get(&new.node)),
+            );
+            match old.rooms.iter().find(|r| r.room == room.room) {
+                Some(before) => {
+                    sums.replace_counts(before, room);
+                    sums.account_live(before, old_key, leases, -1);
+                }
+                None => sums.account_counts(room, 1),
+            }
+            sums.account_live(room, new_key, leases, 1);
+        }
+        for (j, room) in old.rooms.iter().enumerate() {
+            if !first(&old.rooms, j) || new.rooms.iter().any(|r| r.room == room.room) {
+                continue;
+            }
+            let Some(sums) = self.sums.get_mut(&room.room) else {
+                continue;
+            };
+            let memory = self.memory.get(&room.room);
+            let leases = (
+                memory.and_then(|m| m.colo_leases.get(&old.node)),
+                memory.and_then(|m| m.leases.get(&old.node)),
+            );
+            sums.account_counts(room, -1);
+            sums.account_live(room, old_key, leases, -1);
         }
     }
 
@@ -528,7 +603,6 @@ impl Cluster {
         };
         let index = match self.index_of(&node) {
             Some(i) => {
-                self.account(i, -1, true);
                 let meta = &mut self.meta[i];
                 if meta.departed {
                     tracing::info!(%node, "departed node is back");
@@ -539,9 +613,8 @@ impl Cluster {
                 meta.last_seen = now;
                 meta.reports += 1;
                 meta.departed = false;
-                self.reports[i] = report;
                 self.by_last_seen.insert((now, node.clone()));
-                self.account(i, 1, true);
+                self.replace_report(i, report);
                 i
             }
             None => {
@@ -552,8 +625,12 @@ impl Cluster {
                     reports: 1,
                     departed: false,
                 });
-                self.ids.push(self.next_id);
-                self.next_id = self.next_id.wrapping_add(1);
+                let id = self.free_ids.pop().unwrap_or_else(|| {
+                    let id = self.next_id;
+                    self.next_id = self.next_id.wrapping_add(1);
+                    id
+                });
+                self.ids.push(id);
                 let i = self.reports.len() - 1;
                 self.positions.insert(node.clone(), i);
                 self.by_last_seen.insert((now, node.clone()));
@@ -682,14 +759,14 @@ impl Cluster {
                 used_at_grant: state.used.colo_share,
                 allowance: colo_granted,
             };
-            let old_colo = memory.colo_leases.insert(node.clone(), new_colo);
+            let old_colo = replace_lease(&mut memory.colo_leases, &node, new_colo);
             sums.swap_colo_lease(room_report, key, old_colo.as_ref(), Some(&new_colo));
             let new = Lease {
                 minute,
                 used_at_grant: state.used.anywhere,
                 allowance: granted,
             };
-            let old = memory.leases.insert(node.clone(), new);
+            let old = replace_lease(&mut memory.leases, &node, new);
             sums.swap_lease(room_report, old.as_ref(), Some(&new));
             answers.push(RoomAnswer { room: id, state });
         }
@@ -773,7 +850,7 @@ impl Cluster {
             }
             self.reports.swap_remove(i);
             self.meta.swap_remove(i);
-            self.ids.swap_remove(i);
+            self.free_ids.push(self.ids.swap_remove(i));
             self.positions.remove(&node);
             self.departed.remove(&node);
             if i != last {

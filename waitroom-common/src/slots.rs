@@ -118,6 +118,11 @@ pub fn share_of(slots: u64, weight: u64, total_weight: u64) -> u64 {
     if total_weight == 0 {
         return 0;
     }
+    // The same quotient; a 64-bit division when the product fits (the
+    // usual case), a 128-bit one (several times slower) only when not.
+    if let Some(product) = slots.checked_mul(weight) {
+        return product / total_weight;
+    }
     u64::try_from(u128::from(slots) * u128::from(weight) / u128::from(total_weight))
         .unwrap_or(u64::MAX)
 }

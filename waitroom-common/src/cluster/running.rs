@@ -26,7 +26,7 @@
 //! moves, visiting only the items whose floor changes.
 use std::{
     cmp::{Ordering, Reverse},
-    collections::{BTreeMap, BTreeSet, HashMap, btree_map::Entry},
+    collections::{BTreeMap, BinaryHeap},
 };
 
 use crate::{
@@ -39,17 +39,19 @@ use crate::{
 
 /// Signed counts summed over nodes by an ordered key: session expiries
 /// (by minute today, by a finer slot later: any `Ord` key will do) and
-/// queue buckets. A key whose sum comes back to zero is dropped.
+/// queue buckets. A key whose sum comes back to zero is dropped. A sorted
+/// list, not a tree: a room holds a few hundred keys at most (one per
+/// second of the next five minutes, then per minute), which a binary search
+/// over contiguous memory finds faster than a `BTreeMap` walks its nodes,
+/// and a key coming or going moves a few kilobytes.
 #[derive(Clone, Debug)]
 pub(crate) struct KeyedSums<K> {
-    sums: BTreeMap<K, i64>,
+    sums: Vec<(K, i64)>,
 }
 
 impl<K> Default for KeyedSums<K> {
     fn default() -> Self {
-        Self {
-            sums: BTreeMap::new(),
-        }
+        Self { sums: Vec::new() }
     }
 }
 
@@ -57,35 +59,98 @@ impl<K: Ord + Copy> KeyedSums<K> {
     /// Adds `n` at `key` (`sign` = 1) or takes it away (`sign` = −1).
     pub(crate) fn add(&mut self, key: K, n: i64, sign: i64) {
         let n = n.wrapping_mul(sign);
-        match self.sums.entry(key) {
-            Entry::Occupied(mut e) => {
-                let sum = e.get().wrapping_add(n);
+        match self.sums.binary_search_by(|(k, _)| k.cmp(&key)) {
+            Ok(at) => {
+                let sum = self.sums[at].1.wrapping_add(n);
                 if sum == 0 {
-                    e.remove();
+                    self.sums.remove(at);
                 } else {
-                    *e.get_mut() = sum;
+                    self.sums[at].1 = sum;
                 }
             }
-            Entry::Vacant(e) => {
+            Err(at) => {
                 if n != 0 {
-                    e.insert(n);
+                    self.sums.insert(at, (key, n));
                 }
+            }
+        }
+    }
+
+    /// Takes away `old` and adds `new`, as [`KeyedSums::add`] over each
+    /// entry would (the same sums, the same keys dropped), but when both
+    /// lists are in strictly increasing key order (as nodes send them) in
+    /// one walk over the sums, applying only what differs per key.
+    pub(crate) fn replace(&mut self, old: &[(K, i64)], new: &[(K, i64)]) {
+        let increasing = |list: &[(K, i64)]| list.windows(2).all(|w| w[0].0 < w[1].0);
+        if !increasing(old) || !increasing(new) {
+            for &(k, n) in old {
+                self.add(k, n, -1);
+            }
+            for &(k, n) in new {
+                self.add(k, n, 1);
+            }
+            return;
+        }
+        let (mut a, mut b, mut at) = (0, 0, 0);
+        loop {
+            let (key, delta) = match (old.get(a), new.get(b)) {
+                (Some(&(ko, no)), Some(&(kn, nn))) => match ko.cmp(&kn) {
+                    Ordering::Less => {
+                        a += 1;
+                        (ko, no.wrapping_neg())
+                    }
+                    Ordering::Greater => {
+                        b += 1;
+                        (kn, nn)
+                    }
+                    Ordering::Equal => {
+                        a += 1;
+                        b += 1;
+                        (ko, nn.wrapping_sub(no))
+                    }
+                },
+                (Some(&(ko, no)), None) => {
+                    a += 1;
+                    (ko, no.wrapping_neg())
+                }
+                (None, Some(&(kn, nn))) => {
+                    b += 1;
+                    (kn, nn)
+                }
+                (None, None) => break,
+            };
+            if delta == 0 {
+                continue;
+            }
+            while at < self.sums.len() && self.sums[at].0 < key {
+                at += 1;
+            }
+            if at < self.sums.len() && self.sums[at].0 == key {
+                let sum = self.sums[at].1.wrapping_add(delta);
+                if sum == 0 {
+                    self.sums.remove(at);
+                } else {
+                    self.sums[at].1 = sum;
+                }
+            } else {
+                self.sums.insert(at, (key, delta));
             }
         }
     }
 
     /// The sum of every key from `from` on.
     pub(crate) fn sum_from(&self, from: K) -> i64 {
-        self.sums
-            .range(from..)
-            .fold(0_i64, |t, (_, &n)| t.wrapping_add(n))
+        let at = self.sums.partition_point(|(k, _)| *k < from);
+        self.sums[at..]
+            .iter()
+            .fold(0_i64, |t, &(_, n)| t.wrapping_add(n))
     }
 
     /// Keys whose sum is positive, in order.
     pub(crate) fn positive(&self) -> impl Iterator<Item = (K, u64)> + '_ {
         self.sums
             .iter()
-            .filter_map(|(&k, &n)| u64::try_from(n).ok().filter(|&n| n > 0).map(|n| (k, n)))
+            .filter_map(|&(k, n)| u64::try_from(n).ok().filter(|&n| n > 0).map(|n| (k, n)))
     }
 }
 
@@ -154,30 +219,70 @@ impl Ratio {
 }
 
 /// Where an item's floor changes: `at` = (floor + 1) / weight upwards,
-/// floor / weight downwards.
+/// floor / weight downwards. `version` tells whether the item is still the
+/// one the entry was made for (entries are not taken out of their heap when
+/// their item changes, only skipped when they come to the top).
 #[derive(Clone, Copy, Debug)]
 struct Threshold {
     at: Ratio,
     id: u32,
+    version: u32,
 }
 
-impl PartialEq for Threshold {
+impl Threshold {
+    fn key_cmp(&self, other: &Self) -> Ordering {
+        self.at
+            .cmp(other.at)
+            .then(self.id.cmp(&other.id))
+            .then(self.version.cmp(&other.version))
+    }
+}
+
+/// An upward threshold: the lowest first out of a [`BinaryHeap`].
+#[derive(Clone, Copy, Debug)]
+struct Up(Threshold);
+
+/// A downward threshold: the highest first out of a [`BinaryHeap`].
+#[derive(Clone, Copy, Debug)]
+struct Down(Threshold);
+
+impl PartialEq for Up {
     fn eq(&self, other: &Self) -> bool {
         self.cmp(other) == Ordering::Equal
     }
 }
 
-impl Eq for Threshold {}
+impl Eq for Up {}
 
-impl PartialOrd for Threshold {
+impl PartialOrd for Up {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl Ord for Threshold {
+impl Ord for Up {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.at.cmp(other.at).then(self.id.cmp(&other.id))
+        other.0.key_cmp(&self.0)
+    }
+}
+
+impl PartialEq for Down {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Down {}
+
+impl PartialOrd for Down {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Down {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.key_cmp(&other.0)
     }
 }
 
@@ -188,16 +293,31 @@ struct FloorItem {
     value: u64,
 }
 
+/// An item's place, by id: the item if it is there, and how many times an
+/// item was placed there (so older heap entries for the id are told apart).
+#[derive(Clone, Copy, Debug, Default)]
+struct Place {
+    item: Option<FloorItem>,
+    version: u32,
+}
+
 /// `Σ value_i(⌊x · weight_i⌋)` over items, kept while the fraction `x`
-/// moves: each item's next floor change up and down sits in an ordered set,
-/// so moving `x` visits only the items whose floor changes (a handful per
-/// merge: `x` moves with one node's report), never all of them.
+/// moves: each item's next floor change up and down sits in a binary heap
+/// (lowest up, highest down on top), so moving `x` visits only the items
+/// whose floor changes (a handful per merge: `x` moves with one node's
+/// report), never all of them. Items are found by id in a flat list (ids
+/// are small and dense: colos and nodes as the cluster numbers them);
+/// an item taken away or refloored leaves its old heap entries behind, to
+/// be skipped when they reach the top, and the heaps are rebuilt from the
+/// items once they hold more than twice as many entries as needed.
 #[derive(Clone, Debug)]
 pub(crate) struct FloorSums {
     x: Ratio,
-    items: HashMap<u32, FloorItem>,
-    up: BTreeSet<Threshold>,
-    down: BTreeSet<Threshold>,
+    places: Vec<Place>,
+    /// Items present.
+    len: usize,
+    up: BinaryHeap<Up>,
+    down: BinaryHeap<Down>,
     total: u64,
 }
 
@@ -205,9 +325,10 @@ impl Default for FloorSums {
     fn default() -> Self {
         Self {
             x: Ratio { num: 0, den: 1 },
-            items: HashMap::new(),
-            up: BTreeSet::new(),
-            down: BTreeSet::new(),
+            places: Vec::new(),
+            len: 0,
+            up: BinaryHeap::new(),
+            down: BinaryHeap::new(),
             total: 0,
         }
     }
@@ -219,47 +340,78 @@ impl FloorSums {
         self.total
     }
 
-    fn thresholds(id: u32, item: FloorItem) -> [Option<Threshold>; 2] {
-        let up = (item.floor < u64::MAX).then_some(Threshold {
+    fn thresholds(id: u32, version: u32, item: FloorItem) -> (Option<Up>, Option<Down>) {
+        let up = (item.floor < u64::MAX).then_some(Up(Threshold {
             at: Ratio {
                 num: item.floor + 1,
                 den: item.weight,
             },
             id,
-        });
-        let down = (item.floor > 0).then_some(Threshold {
+            version,
+        }));
+        let down = (item.floor > 0).then_some(Down(Threshold {
             at: Ratio {
                 num: item.floor,
                 den: item.weight,
             },
             id,
-        });
-        [up, down]
+            version,
+        }));
+        (up, down)
+    }
+
+    /// Whether a heap entry is for the item now at its id.
+    fn current(&self, t: &Threshold) -> bool {
+        self.places
+            .get(t.id as usize)
+            .is_some_and(|p| p.item.is_some() && p.version == t.version)
     }
 
     fn link(&mut self, id: u32, item: FloorItem) {
-        let [up, down] = Self::thresholds(id, item);
+        let at = id as usize;
+        if self.places.len() <= at {
+            self.places.resize(at + 1, Place::default());
+        }
+        let place = &mut self.places[at];
+        debug_assert!(place.item.is_none(), "an id holds one item");
+        place.version = place.version.wrapping_add(1);
+        place.item = Some(item);
+        let (up, down) = Self::thresholds(id, place.version, item);
         if let Some(t) = up {
-            self.up.insert(t);
+            self.up.push(t);
         }
         if let Some(t) = down {
-            self.down.insert(t);
+            self.down.push(t);
         }
         self.total = self.total.wrapping_add(item.value);
-        self.items.insert(id, item);
+        self.len += 1;
+        if self.up.len().max(self.down.len()) > 2 * self.len + 32 {
+            self.rebuild_heaps();
+        }
     }
 
     fn unlink(&mut self, id: u32) -> Option<FloorItem> {
-        let item = self.items.remove(&id)?;
-        let [up, down] = Self::thresholds(id, item);
-        if let Some(t) = up {
-            self.up.remove(&t);
-        }
-        if let Some(t) = down {
-            self.down.remove(&t);
-        }
+        let item = self.places.get_mut(id as usize)?.item.take()?;
         self.total = self.total.wrapping_sub(item.value);
+        self.len -= 1;
         Some(item)
+    }
+
+    /// The heaps with only the current items' entries.
+    fn rebuild_heaps(&mut self) {
+        let mut up = std::mem::take(&mut self.up).into_vec();
+        let mut down = std::mem::take(&mut self.down).into_vec();
+        up.clear();
+        down.clear();
+        for (id, place) in self.places.iter().enumerate() {
+            if let Some(item) = place.item {
+                let (u, d) = Self::thresholds(id as u32, place.version, item);
+                up.extend(u);
+                down.extend(d);
+            }
+        }
+        self.up = BinaryHeap::from(up);
+        self.down = BinaryHeap::from(down);
     }
 
     /// Adds an item of `weight` > 0, valued `value(floor)` at the current `x`.
@@ -276,6 +428,26 @@ impl FloorSums {
         );
     }
 
+    /// Makes item `id` one of `weight` > 0 valued `value(floor)`, as
+    /// [`FloorSums::remove`] then [`FloorSums::insert`] would; when its
+    /// weight stays, only its value is replaced (its floor and thresholds
+    /// stay where they are).
+    pub(crate) fn set(&mut self, id: u32, weight: u64, value: impl FnOnce(u64) -> u64) {
+        if let Some(item) = self
+            .places
+            .get_mut(id as usize)
+            .and_then(|p| p.item.as_mut())
+            .filter(|item| item.weight == weight)
+        {
+            let v = value(item.floor);
+            self.total = self.total.wrapping_sub(item.value).wrapping_add(v);
+            item.value = v;
+            return;
+        }
+        self.unlink(id);
+        self.insert(id, weight, value);
+    }
+
     /// Takes an item away; its weight, if it was there.
     pub(crate) fn remove(&mut self, id: u32) -> Option<u64> {
         self.unlink(id).map(|item| item.weight)
@@ -286,14 +458,26 @@ impl FloorSums {
     pub(crate) fn set_x(&mut self, num: u64, den: u64, mut value: impl FnMut(u32, u64) -> u64) {
         let x = Ratio { num, den };
         self.x = x;
-        while let Some(&t) = self.up.first()
-            && t.at.cmp(x) != Ordering::Greater
-        {
+        while let Some(&Up(t)) = self.up.peek() {
+            if !self.current(&t) {
+                self.up.pop();
+                continue;
+            }
+            if t.at.cmp(x) == Ordering::Greater {
+                break;
+            }
+            self.up.pop();
             self.refloor(t.id, &mut value);
         }
-        while let Some(&t) = self.down.last()
-            && t.at.cmp(x) == Ordering::Greater
-        {
+        while let Some(&Down(t)) = self.down.peek() {
+            if !self.current(&t) {
+                self.down.pop();
+                continue;
+            }
+            if t.at.cmp(x) != Ordering::Greater {
+                break;
+            }
+            self.down.pop();
             self.refloor(t.id, &mut value);
         }
     }
@@ -379,7 +563,8 @@ struct ColoTraffic {
     back: u64,
     recent: u64,
     /// Nodes' recent traffic → how many nodes of the colo had that much.
-    parts: BTreeMap<u64, u64>,
+    /// (sorted by traffic; a colo has a few nodes, so a short list).
+    parts: Vec<(u64, u64)>,
     /// Colo-share slots leased to the colo's nodes and not yet used.
     held: u64,
 }
@@ -387,13 +572,9 @@ struct ColoTraffic {
 impl ColoTraffic {
     /// What the colo's nodes get of `slots` together: each its floor.
     fn handed_out(&self, slots: u64) -> u64 {
-        self.parts.iter().fold(0_u64, |t, (&d, &count)| {
+        self.parts.iter().fold(0_u64, |t, &(d, count)| {
             t.wrapping_add(share_of(slots, d, self.recent).wrapping_mul(count))
         })
-    }
-
-    fn is_empty(&self) -> bool {
-        self.back == 0 && self.recent == 0 && self.held == 0 && self.parts.is_empty()
     }
 }
 
@@ -407,7 +588,9 @@ pub(crate) struct Live {
     pub(crate) minute: Minute,
     /// Traffic per colo (interned id); colos without any traffic or
     /// colo-share lease held are absent.
-    colos: HashMap<u32, ColoTraffic>,
+    /// Indexed by the colo's number (dense); an absent colo's entry is
+    /// all zero, which reads as no traffic, as absence did.
+    colos: Vec<ColoTraffic>,
     /// Σ of all colos' traffic two minutes back.
     traffic_total: u64,
     /// Colo → what its nodes get of their colo's part, at `x` = shared
@@ -489,6 +672,22 @@ impl RoomSums {
         }
     }
 
+    /// Takes away the minute-free counts of `old` and adds those of `new`
+    /// (the same node's reports), as `account_counts` of each would.
+    pub(crate) fn replace_counts(&mut self, old: &RoomReport, new: &RoomReport) {
+        self.expiries.replace(&old.expiries, &new.expiries);
+        for (report, sign) in [(old, -1), (new, 1)] {
+            for &(m, n) in &report.waiting {
+                self.waiting.add(m, n, sign);
+            }
+            for (i, a) in report.admits.iter().enumerate() {
+                if report.admits[..i].iter().all(|b| b.minute != a.minute) {
+                    self.admits.add(a.minute, a.admits, sign);
+                }
+            }
+        }
+    }
+
     /// Adds or takes away the minute-dependent part of a node's report,
     /// with the node's lease for this room.
     pub(crate) fn account_live(
@@ -515,28 +714,41 @@ impl RoomSums {
             }
         };
         if recent > 0 || colo_held > 0 {
-            live.colo_floors.remove(node.colo);
-            let colo = live.colos.entry(node.colo).or_default();
+            let colo = colo_mut(&mut live.colos, node.colo);
             colo.back = add(colo.back, back);
             colo.recent = add(colo.recent, recent);
             colo.held = add(colo.held, colo_held);
             if recent > 0 {
-                let count = colo.parts.entry(recent).or_default();
-                *count = add(*count, 1);
-                if *count == 0 {
-                    colo.parts.remove(&recent);
+                match colo.parts.binary_search_by_key(&recent, |&(d, _)| d) {
+                    Ok(at) => {
+                        let count = add(colo.parts[at].1, 1);
+                        if count == 0 {
+                            colo.parts.remove(at);
+                        } else {
+                            colo.parts[at].1 = count;
+                        }
+                    }
+                    Err(at) => {
+                        let count = add(0, 1);
+                        if count != 0 {
+                            colo.parts.insert(at, (recent, count));
+                        }
+                    }
                 }
             }
             live.traffic_total = add(live.traffic_total, back);
             live.colo_held = add(live.colo_held, colo_held);
-            if colo.is_empty() {
-                live.colos.remove(&node.colo);
-            } else if colo.back > 0 {
+            // The colo's item: only its value changes while its traffic two
+            // minutes back stays (`set` then moves no threshold). A colo left
+            // with nothing keeps an all-zero entry, which reads as absent.
+            if colo.back > 0 {
                 let colo = &*colo;
                 live.colo_floors
-                    .insert(node.colo, colo.back.saturating_mul(90), |slots| {
+                    .set(node.colo, colo.back.saturating_mul(90), |slots| {
                         colo.handed_out(slots)
                     });
+            } else {
+                live.colo_floors.remove(node.colo);
             }
         }
         live.lease_weight = add(live.lease_weight, weight);
@@ -585,17 +797,19 @@ impl RoomSums {
             return;
         }
         live.colo_held = live.colo_held.wrapping_sub(old).wrapping_add(new);
-        live.colo_floors.remove(node.colo);
-        let colo = live.colos.entry(node.colo).or_default();
+        let colo = colo_mut(&mut live.colos, node.colo);
         colo.held = colo.held.wrapping_sub(old).wrapping_add(new);
-        if colo.is_empty() {
-            live.colos.remove(&node.colo);
-        } else if colo.back > 0 {
+        // The colo's item: only its value changes while its traffic two
+        // minutes back stays (`set` then moves no threshold). A colo left
+        // with nothing keeps an all-zero entry, which reads as absent.
+        if colo.back > 0 {
             let colo = &*colo;
             live.colo_floors
-                .insert(node.colo, colo.back.saturating_mul(90), |slots| {
+                .set(node.colo, colo.back.saturating_mul(90), |slots| {
                     colo.handed_out(slots)
                 });
+        } else {
+            live.colo_floors.remove(node.colo);
         }
     }
 
@@ -621,13 +835,13 @@ impl RoomSums {
         let handed_out = if total_weight > 0 {
             let colos = &live.colos;
             live.colo_floors.set_x(shared, total_weight, |colo, slots| {
-                colos.get(&colo).map_or(0, |c| c.handed_out(slots))
+                colos.get(colo as usize).map_or(0, |c| c.handed_out(slots))
             });
             live.colo_floors.total()
         } else {
             0
         };
-        let colo = live.colos.get(&node.colo);
+        let colo = live.colos.get(node.colo as usize);
         let colo_slots = share_of(
             shared,
             colo.map_or(0, |c| c.back).saturating_mul(90),
@@ -663,7 +877,7 @@ impl Live {
     pub(crate) fn new(minute: Minute) -> Self {
         Self {
             minute,
-            colos: HashMap::new(),
+            colos: Vec::new(),
             traffic_total: 0,
             colo_floors: FloorSums::default(),
             lease_weight: 0,
@@ -673,6 +887,15 @@ impl Live {
             colo_held: 0,
         }
     }
+}
+
+/// Colo `id`'s entry, made (all zero) when the list does not reach it yet.
+fn colo_mut(colos: &mut Vec<ColoTraffic>, id: u32) -> &mut ColoTraffic {
+    let at = id as usize;
+    if colos.len() <= at {
+        colos.resize_with(at + 1, ColoTraffic::default);
+    }
+    &mut colos[at]
 }
 
 /// Slots of the Anywhere `lease` its holder has not used by `minute`, as
@@ -715,6 +938,38 @@ mod tests {
             let &(num, den) = moves.last().unwrap();
             let recount: u64 = weights[1..].iter().map(|&w| share_of(num, w, den) * 3).sum();
             prop_assert_eq!(sums.total(), recount);
+        }
+
+        #[test]
+        fn keyed_sums_replace_like_adding_each_entry(
+            start in prop::collection::vec((0..40_u64, -5..5_i64), 0..30),
+            old in prop::collection::vec((0..40_u64, -5..5_i64), 0..30),
+            new in prop::collection::vec((0..40_u64, -5..5_i64), 0..30),
+            sort in any::<bool>(),
+        ) {
+            let key = |list: &[(u64, i64)]| -> Vec<(Minute, i64)> {
+                let mut list: Vec<(Minute, i64)> = list.iter().map(|&(k, n)| (Minute(k), n)).collect();
+                if sort {
+                    list.sort_by_key(|&(k, _)| k);
+                    list.dedup_by_key(|&mut (k, _)| k);
+                }
+                list
+            };
+            let (start, old, new) = (key(&start), key(&old), key(&new));
+            let mut walked = KeyedSums::default();
+            let mut added = KeyedSums::default();
+            for &(k, n) in start.iter().chain(&old) {
+                walked.add(k, n, 1);
+                added.add(k, n, 1);
+            }
+            walked.replace(&old, &new);
+            for &(k, n) in &old {
+                added.add(k, n, -1);
+            }
+            for &(k, n) in &new {
+                added.add(k, n, 1);
+            }
+            prop_assert_eq!(&walked.sums, &added.sums);
         }
 
         #[test]
