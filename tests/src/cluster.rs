@@ -131,10 +131,40 @@ pub fn node_gossip_table(
     name: &str,
     interval_ms: u64,
 ) -> String {
+    gossip_table(
+        &format!("address = \"{aggregator}\""),
+        trust,
+        certs,
+        name,
+        interval_ms,
+    )
+}
+
+/// The `[aggregator]` table of a node that reports to several aggregators
+/// (`addresses`), otherwise as [`node_gossip_table`].
+pub fn node_gossip_table_many(
+    aggregators: &[SocketAddr],
+    trust: &Certs,
+    certs: &Certs,
+    name: &str,
+    interval_ms: u64,
+) -> String {
+    let list: Vec<String> = aggregators.iter().map(|a| format!("\"{a}\"")).collect();
+    let target = format!("addresses = [{}]", list.join(", "));
+    gossip_table(&target, trust, certs, name, interval_ms)
+}
+
+fn gossip_table(
+    target: &str,
+    trust: &Certs,
+    certs: &Certs,
+    name: &str,
+    interval_ms: u64,
+) -> String {
     let (cert, key) = certs.pair(name);
     format!(
         r#"[aggregator]
-address = "{aggregator}"
+{target}
 server_name = "localhost"
 ca = "{ca}"
 cert = "{cert}"

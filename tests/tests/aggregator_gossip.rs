@@ -56,7 +56,8 @@ fn node(
     }
     let reporter = move |now| vec![gossip::room_report(&counters, now, None)];
     let config = GossipConfig {
-        address: aggregator,
+        address: Some(aggregator),
+        addresses: Vec::new(),
         server_name: "localhost".into(),
         ca: files.ca.clone(),
         cert: files.cert.clone(),

@@ -51,6 +51,11 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
             &m.reports_total,
         ),
         (
+            "waitroom_aggregator_peer_reports_total",
+            "Of the reports merged, those of nodes whose home is another aggregator (no grant).",
+            &m.peer_reports_total,
+        ),
+        (
             "waitroom_aggregator_frames_refused_total",
             "Frames refused: unknown version, malformed or too large.",
             &m.frames_refused_total,

@@ -42,6 +42,8 @@ pub struct ServerMetrics {
     /// no common protocol.
     pub handshakes_refused_total: AtomicU64,
     pub reports_total: AtomicU64,
+    /// Of them, reports from nodes whose home is another aggregator.
+    pub peer_reports_total: AtomicU64,
     /// Frames answered with a refusal (bad version, malformed, too large).
     pub frames_refused_total: AtomicU64,
     /// Reports refused because they name a node the connection's certificate
@@ -236,10 +238,13 @@ async fn serve_stream(
         }
     };
     // A lease report is a report from a node that asks on demand: merged
-    // the same way, promised by its need (`cluster::promise`).
-    let (message, asks) = match message {
-        Message::LeaseReport(frame) => (Message::Report(frame), true),
-        other => (other, false),
+    // the same way, promised by its need (`cluster::promise`). A peer
+    // report is a report from a node whose home is another aggregator:
+    // merged, answered with no grant, its held leases counted.
+    let (message, kind) = match message {
+        Message::LeaseReport(frame) => (Message::Report(frame), Kind::Asking),
+        Message::PeerReport(peer) => (Message::Report(peer.frame), Kind::Peer(peer.held)),
+        other => (other, Kind::Plain),
     };
     let answer = match message {
         Message::Report(frame) if !tls::peer_is(connection, &frame.report.node) => {
@@ -282,10 +287,14 @@ async fn serve_stream(
                     pools: frame.pools,
                 },
             );
-            let rooms = if asks {
-                shared.cluster().apply_asking(frame.report, now)
-            } else {
-                shared.cluster().apply(frame.report, now)
+            let rooms = match kind {
+                Kind::Asking => shared.cluster().apply_asking(frame.report, now),
+                Kind::Plain => shared.cluster().apply(frame.report, now),
+                Kind::Peer(held) => {
+                    shared.cluster().apply_peer(frame.report, &held, now);
+                    shared.metrics.peer_reports_total.fetch_add(1, Relaxed);
+                    Vec::new()
+                }
             };
             shared.metrics.reports_total.fetch_add(1, Relaxed);
             Message::Answer(wire::AnswerFrame {
@@ -295,7 +304,10 @@ async fn serve_stream(
                 settings,
             })
         }
-        Message::Answer(_) | Message::Refused(_) | Message::LeaseReport(_) => {
+        Message::Answer(_)
+        | Message::Refused(_)
+        | Message::LeaseReport(_)
+        | Message::PeerReport(_) => {
             shared.metrics.frames_refused_total.fetch_add(1, Relaxed);
             if let Some(suppressed) = shared.metrics.logs.frames.pass(shared.now_secs()) {
                 tracing::warn!(
@@ -312,6 +324,15 @@ async fn serve_stream(
     if let Err(err) = frames::write(&mut send, &answer).await {
         tracing::debug!(%err, "could not send the answer");
     }
+}
+
+/// How a report is merged: as a node's home (granting by fair part, or by
+/// need for a node that asks on demand), or as a peer (no grant; the
+/// leases the node holds from its home).
+enum Kind {
+    Plain,
+    Asking,
+    Peer(Vec<wire::HeldLease>),
 }
 
 /// Answers a bad frame with a refusal; a peer of another protocol version is

@@ -44,7 +44,7 @@ use crate::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::wire::RoomAnswer;
+use crate::wire::{HeldLease, RoomAnswer};
 
 pub mod promise;
 #[cfg(test)]
@@ -584,7 +584,66 @@ impl Cluster {
         self.apply_as(report, now, true)
     }
 
-    fn apply_as(&mut self, mut report: NodeReport, now: UnixMillis, asks: bool) -> Vec<RoomAnswer> {
+    /// A report from a node whose home is another aggregator
+    /// (`Message::PeerReport`, a cluster of several aggregators): merged
+    /// like any report, so this aggregator's picture holds every node, but
+    /// nothing is granted. The node's leases in both ledgers become the
+    /// ones it says it holds from its home for this minute (none if it
+    /// names none), so the nodes this aggregator grants to are never given
+    /// what the node holds; a lease of another minute is ignored, and a
+    /// claim is never taken as more than the room's per-minute limit.
+    pub fn apply_peer(&mut self, report: NodeReport, held: &[HeldLease], now: UnixMillis) {
+        let (index, node, _, _) = self.merge(report, now, false);
+        let minute = now.minute();
+        self.refresh(minute);
+        let colo = self.colo_ids.get(&self.reports[index].colo).copied();
+        let key = NodeKey {
+            id: self.ids[index],
+            colo: colo.unwrap_or(u32::MAX),
+            position: index,
+        };
+        for def in &self.rooms {
+            let id = def.room.id();
+            let Some(room_report) = self.reports[index].rooms.iter().find(|r| r.room == id) else {
+                continue;
+            };
+            let (Some(memory), Some(sums)) = (self.memory.get_mut(&id), self.sums.get_mut(&id))
+            else {
+                continue;
+            };
+            let cap = def.room.at(now).new_users_per_minute();
+            let held = held
+                .iter()
+                .find(|h| h.room == id && h.minute == minute)
+                .copied();
+            let lease = |allowance: u64, used: u64| Lease {
+                minute,
+                used_at_grant: used,
+                allowance: allowance.min(cap),
+            };
+            let new_colo = held.map_or(lease(0, 0), |h| lease(h.colo_share, h.colo_share_used));
+            let new = held.map_or(lease(0, 0), |h| lease(h.anywhere, h.anywhere_used));
+            let old_colo = replace_lease(&mut memory.colo_leases, &node, new_colo);
+            sums.swap_colo_lease(room_report, key, old_colo.as_ref(), Some(&new_colo));
+            let old = replace_lease(&mut memory.leases, &node, new);
+            sums.swap_lease(room_report, old.as_ref(), Some(&new));
+        }
+    }
+
+    fn apply_as(&mut self, report: NodeReport, now: UnixMillis, asks: bool) -> Vec<RoomAnswer> {
+        let (index, node, previous_seen, previous_visitors) = self.merge(report, now, asks);
+        self.grant(index, node, now, asks, previous_seen, previous_visitors)
+    }
+
+    /// Takes `report` into the cluster (its node's previous one out of the
+    /// running sums, this one in): the node's index, its name, when it was
+    /// last seen before and (for a node that asks) its visitors before.
+    fn merge(
+        &mut self,
+        mut report: NodeReport,
+        now: UnixMillis,
+        asks: bool,
+    ) -> (usize, String, Option<UnixMillis>, Vec<(RoomId, u64)>) {
         self.expire(now);
         report.rooms.retain(|r| {
             let known = self.memory.contains_key(&r.room);
@@ -638,7 +697,20 @@ impl Cluster {
                 i
             }
         };
+        (index, node, previous_seen, previous_visitors)
+    }
 
+    /// This round's answers for the node at `index`: its state per room,
+    /// with what the ledgers grant it.
+    fn grant(
+        &mut self,
+        index: usize,
+        node: String,
+        now: UnixMillis,
+        asks: bool,
+        previous_seen: Option<UnixMillis>,
+        previous_visitors: Vec<(RoomId, u64)>,
+    ) -> Vec<RoomAnswer> {
         let minute = now.minute();
         self.refresh(minute);
         let colo = self.colo_ids.get(&self.reports[index].colo).copied();
@@ -1379,6 +1451,88 @@ mod tests {
             + state.allowance.colo_share
             + state.used.anywhere
             + state.allowance.anywhere
+    }
+
+    /// The leases a node holds, as its peer report would say them.
+    fn held(state: &GlobalState, minute: Minute) -> HeldLease {
+        HeldLease {
+            room: RoomId::from_name("shop"),
+            minute,
+            anywhere: state.allowance.anywhere,
+            anywhere_used: state.used.anywhere,
+            colo_share: state.allowance.colo_share,
+            colo_share_used: state.used.colo_share,
+        }
+    }
+
+    /// Two aggregators, each the home of one node, each told by the other
+    /// node's peer report what that node holds: their grants together never
+    /// exceed the room's shared slots. Without the held leases each would
+    /// hand its own node the whole pool (the test that shows the report is
+    /// needed), and a claim of another minute or of more than the limit
+    /// counts for nothing or for at most the limit.
+    #[test]
+    fn peer_reports_make_each_aggregator_count_what_the_other_granted() {
+        let run = |tell: bool| {
+            let mut x = Cluster::new(vec![room(10_000, 100)], 5_000);
+            let mut y = Cluster::new(vec![room(10_000, 100)], 5_000);
+            let quiet = PoolCounts::default();
+            let mut caps = (0, 0);
+            // Both nodes ask on demand, and both burst: each home promises
+            // its own node what it needs from the reserve.
+            for round in 0..3 {
+                let t = T0.plus_millis(1_000 * round);
+                let a = x.apply_asking(asking_report("a", t, quiet, 10 + 30 * round), t);
+                caps.0 = shared_cap(&a[0].state);
+                let held_a = if tell {
+                    vec![held(&a[0].state, t.minute())]
+                } else {
+                    vec![]
+                };
+                y.apply_peer(asking_report("a", t, quiet, 10), &held_a, t);
+                let t = t.plus_millis(500);
+                let b = y.apply_asking(asking_report("b", t, quiet, 10 + 30 * round), t);
+                caps.1 = shared_cap(&b[0].state);
+                let held_b = if tell {
+                    vec![held(&b[0].state, t.minute())]
+                } else {
+                    vec![]
+                };
+                x.apply_peer(asking_report("b", t, quiet, 10), &held_b, t);
+            }
+            caps
+        };
+        let (a, b) = run(true);
+        assert!(a > 0 && b > 0, "both nodes hold slots: {a} + {b}");
+        assert!(a + b <= 100, "told, the grants fit the pool: {a} + {b}");
+        let (a, b) = run(false);
+        assert!(a + b > 100, "untold, both grant the pool: {a} + {b}");
+
+        // A lying or confused node: a lease of another minute is ignored,
+        // one over the limit counts as the limit, never more.
+        let mut y = Cluster::new(vec![room(10_000, 100)], 5_000);
+        let quiet = PoolCounts::default();
+        let mut claim = HeldLease {
+            anywhere: u64::MAX,
+            colo_share: u64::MAX,
+            ..held(&GlobalState::empty(T0), T0.minute().minus(1))
+        };
+        y.apply_peer(asking_report("a", T0, quiet, 10), &[claim], T0);
+        let b = y.apply(asking_report("b", T0, quiet, 10), T0);
+        assert!(
+            shared_cap(&b[0].state) > 0,
+            "an old minute's claim holds nothing"
+        );
+        claim.minute = T0.minute();
+        let t = T0.plus_millis(100);
+        y.apply_peer(asking_report("a", t, quiet, 10), &[claim], t);
+        let b = y.apply(asking_report("b", t, quiet, 10), t);
+        assert_eq!(
+            shared_cap(&b[0].state),
+            0,
+            "a huge claim takes the pool, no more"
+        );
+        assert_eq!(y.status(t).nodes.len(), 2, "both nodes are in the picture");
     }
 
     /// The 7:1 burst at the aggregator: with fair parts, the quiet node

@@ -69,6 +69,37 @@ pub enum Message {
     /// aggregator that predates it refuses it as malformed, on which the
     /// node goes back to plain reports and stops asking.
     LeaseReport(ReportFrame),
+    /// Node → aggregator: a report to an aggregator that is not the node's
+    /// *home* (a cluster of several aggregators, docs/adr/0001): merged
+    /// like a report, so every aggregator holds every node's counts, but
+    /// answered with no grant; it says which leases the node holds from its
+    /// home, so this aggregator counts them as spent. Appended without a
+    /// version change, like [`Message::LeaseReport`]; only nodes configured
+    /// with more than one aggregator send it.
+    PeerReport(PeerReportFrame),
+}
+
+/// A report to an aggregator that is not the node's home.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerReportFrame {
+    pub frame: ReportFrame,
+    /// The leases the node holds, from its home's last answer, one per
+    /// room (none before its first answer).
+    pub held: Vec<HeldLease>,
+}
+
+/// The shared slots a node holds of one room for one minute, as its home
+/// aggregator granted them: what the home's answer said the node may admit
+/// (`allowance`) on top of what it had admitted when it reported (`used`),
+/// for the Anywhere pool and the colo share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldLease {
+    pub room: RoomId,
+    pub minute: crate::time::Minute,
+    pub anywhere: u64,
+    pub anywhere_used: u64,
+    pub colo_share: u64,
+    pub colo_share_used: u64,
 }
 
 /// A node's report: its counts for every room it serves.
@@ -414,6 +445,29 @@ mod tests {
         assert_eq!(lease[HEADER_LEN], 3);
         assert_eq!(report[HEADER_LEN + 1..], lease[HEADER_LEN + 1..]);
         assert_eq!(decode(&lease).unwrap(), Message::LeaseReport(frame));
+    }
+
+    /// The peer report is appended too (tag 4): an aggregator from before
+    /// it refuses it as malformed, every earlier frame keeps its bytes.
+    #[test]
+    fn a_peer_report_is_appended_and_round_trips() {
+        let Message::Report(frame) = sample_report() else {
+            unreachable!()
+        };
+        let peer = Message::PeerReport(PeerReportFrame {
+            frame,
+            held: vec![HeldLease {
+                room: RoomId::from_name("shop"),
+                minute: crate::time::Minute(29_000_000),
+                anywhere: 7,
+                anywhere_used: 3,
+                colo_share: 2,
+                colo_share_used: 1,
+            }],
+        });
+        let bytes = encode(&peer).unwrap();
+        assert_eq!(bytes[HEADER_LEN], 4);
+        assert_eq!(decode(&bytes).unwrap(), peer);
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! The gossip task: connect, report every interval, store the answers,
 //! reconnect with jittered exponential backoff when anything breaks.
-use std::{sync::Arc, sync::atomic::Ordering::Relaxed, time::Duration};
+use std::{net::SocketAddr, sync::Arc, sync::atomic::Ordering::Relaxed, time::Duration};
 
 use tracing::Instrument as _;
 use waitroom_common::{
     aggregate::NodeReport,
     share::{observed_share, own_counts, smooth_share},
-    wire::{self, AnswerFrame, Message, RefusalReason, ReportFrame},
+    wire::{self, AnswerFrame, HeldLease, Message, PeerReportFrame, RefusalReason, ReportFrame},
 };
 use waitroom_runtime::{
     clock::Clock,
@@ -16,6 +16,7 @@ use waitroom_runtime::{
 
 use super::{
     GossipConfig, LeaseAsk, NodeIdentity, Reporter,
+    home::Homes,
     status::GossipStatus,
     world::{RoomView, World, WorldView},
 };
@@ -90,9 +91,14 @@ pub enum ExchangeError {
     Timeout { timeout: Duration },
 }
 
-/// Everything the gossip task needs.
+/// Everything the gossip task of one aggregator needs.
 pub(super) struct Client {
     pub config: GossipConfig,
+    /// This client's aggregator, `index` in [`Homes::addresses`].
+    pub address: SocketAddr,
+    pub index: usize,
+    /// Which aggregator is the node's home; shared by every client.
+    pub homes: Arc<Homes>,
     pub identity: NodeIdentity,
     pub reporter: Arc<dyn Reporter>,
     pub world: Arc<WorldView>,
@@ -114,9 +120,15 @@ impl Client {
         (self.interval() * 2).max(Duration::from_secs(1))
     }
 
+    /// This client's aggregator is the node's home at the moment.
+    fn is_home(&self) -> bool {
+        self.homes.home(self.clock.now()) == self.index
+    }
+
     /// Runs until shutdown.
     pub async fn run(self, mut shutdown: Shutdown) {
-        let span = tracing::info_span!("gossip", aggregator = %self.config.address, node = %self.identity.node);
+        let span =
+            tracing::info_span!("gossip", aggregator = %self.address, node = %self.identity.node);
         async move {
             let mut backoff = Backoff::new(BACKOFF_BASE, BACKOFF_CAP);
             let mut seq = 0_u64;
@@ -129,19 +141,25 @@ impl Client {
                 match connected {
                     Ok(connection) => {
                         failed_attempts = 0;
-                        self.lease.connected();
+                        if self.is_home() {
+                            self.lease.connected();
+                        }
                         self.status.connects_total.fetch_add(1, Relaxed);
                         tracing::info!("connected to the aggregator");
                         let ended = tokio::select! {
                             ended = self.session(&connection, &mut seq, &mut backoff) => ended,
                             () = shutdown.requested() => {
                                 connection.close(wire::close::DONE.into(), b"node shutting down");
-                                self.status.connected.store(false, Relaxed);
+                                if self.homes.current() == self.index {
+                                    self.status.connected.store(false, Relaxed);
+                                }
                                 return;
                             }
                         };
-                        self.status.connected.store(false, Relaxed);
-                        self.lease.failed();
+                        if self.homes.current() == self.index {
+                            self.status.connected.store(false, Relaxed);
+                            self.lease.failed();
+                        }
                         tracing::warn!(reason = %ended, "gossip connection ended; reconnecting");
                         connection.close(wire::close::DONE.into(), b"reconnecting");
                     }
@@ -170,7 +188,7 @@ impl Client {
     async fn connect(&self) -> Result<quinn::Connection, ExchangeError> {
         let connecting = self
             .endpoint
-            .connect(self.config.address, &self.config.server_name)
+            .connect(self.address, &self.config.server_name)
             .map_err(|source| ExchangeError::Connect { source })?;
         match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
             Ok(Ok(connection)) => Ok(connection),
@@ -193,16 +211,19 @@ impl Client {
         let mut missed = 0;
         loop {
             // On the interval, or at once for visitors held on the lease
-            // (and prefetches): one report answers them all.
+            // (and prefetches): one report answers them all. Only the home
+            // is asked out of cycle: only it grants.
+            let was_home = self.is_home();
             let out_of_cycle = tokio::select! {
                 _ = tick.tick() => false,
-                () = self.lease.wanted() => true,
+                () = self.lease.wanted(), if was_home => true,
             };
             if out_of_cycle {
                 self.lease.asks_total.fetch_add(1, Relaxed);
             }
             *seq += 1;
             let now = self.clock.now();
+            let home = self.homes.home(now) == self.index;
             let rooms = self.reporter.report(now);
             let report = NodeReport {
                 node: self.identity.node.clone(),
@@ -211,34 +232,45 @@ impl Client {
                 rooms,
             };
             let timeout = self.answer_timeout();
-            let lease_report = self.lease.sends_lease_reports();
-            let result = match tokio::time::timeout(
-                timeout,
-                exchange(
-                    connection,
-                    *seq,
-                    &report,
-                    self.reporter.pools(),
-                    match self.status.settings_version.load(Relaxed) {
-                        0 => None,
-                        v => Some(v),
-                    },
-                    lease_report,
-                ),
-            )
-            .await
-            {
-                Ok(result) => result,
-                Err(_) => Err(ExchangeError::Timeout { timeout }),
+            let lease_report = home && self.lease.sends_lease_reports();
+            let frame = ReportFrame {
+                seq: *seq,
+                report: report.clone(),
+                pools: self.reporter.pools(),
+                settings_version: match self.status.settings_version.load(Relaxed) {
+                    0 => None,
+                    v => Some(v),
+                },
             };
+            let message = if !home {
+                Message::PeerReport(PeerReportFrame {
+                    frame,
+                    held: self.held(),
+                })
+            } else if lease_report {
+                Message::LeaseReport(frame)
+            } else {
+                Message::Report(frame)
+            };
+            let result =
+                match tokio::time::timeout(timeout, exchange(connection, *seq, &message)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(ExchangeError::Timeout { timeout }),
+                };
             match result {
                 Ok(answer) => {
                     missed = 0;
                     backoff.reset();
-                    self.store(&report, answer);
-                    self.status.reports_total.fetch_add(1, Relaxed);
-                    if !self.status.connected.swap(true, Relaxed) {
-                        tracing::info!("aggregator answering");
+                    self.homes.answered(self.index, self.clock.now());
+                    self.status.answered_by[self.index].fetch_add(1, Relaxed);
+                    // A peer's answer grants nothing: it only shows that
+                    // this aggregator could take over.
+                    if home {
+                        self.store(&report, answer);
+                        self.status.reports_total.fetch_add(1, Relaxed);
+                        if !self.status.connected.swap(true, Relaxed) {
+                            tracing::info!("aggregator answering");
+                        }
                     }
                 }
                 Err(err) => {
@@ -258,7 +290,9 @@ impl Client {
                         tick.reset_immediately();
                         continue;
                     }
-                    self.lease.failed();
+                    if home {
+                        self.lease.failed();
+                    }
                     match err {
                         ExchangeError::Timeout { .. } => {
                             missed += 1;
@@ -279,6 +313,27 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// The leases this node holds from its home, as its last answer gave
+    /// them, for a peer report.
+    fn held(&self) -> Vec<HeldLease> {
+        self.world
+            .load()
+            .rooms
+            .iter()
+            .map(|room| {
+                let state = &room.state;
+                HeldLease {
+                    room: room.room,
+                    minute: state.as_of.minute(),
+                    anywhere: state.allowance.anywhere,
+                    anywhere_used: state.used.anywhere,
+                    colo_share: state.allowance.colo_share,
+                    colo_share_used: state.used.colo_share,
+                }
+            })
+            .collect()
     }
 
     /// Swaps in a world built from `answer`, carrying each room's share over.
@@ -311,31 +366,18 @@ impl Client {
     }
 }
 
-/// One report on a fresh bidirectional stream, one answer back.
+/// One report (`message`, numbered `seq`) on a fresh bidirectional stream,
+/// one answer back.
 async fn exchange(
     connection: &quinn::Connection,
     seq: u64,
-    report: &NodeReport,
-    pools: Vec<wire::PoolOpinion>,
-    settings_version: Option<u64>,
-    lease_report: bool,
+    message: &Message,
 ) -> Result<AnswerFrame, ExchangeError> {
     let (mut send, mut recv) = connection
         .open_bi()
         .await
         .map_err(|source| ExchangeError::Connection { source })?;
-    let frame = ReportFrame {
-        seq,
-        report: report.clone(),
-        pools,
-        settings_version,
-    };
-    let message = if lease_report {
-        Message::LeaseReport(frame)
-    } else {
-        Message::Report(frame)
-    };
-    frames::write(&mut send, &message)
+    frames::write(&mut send, message)
         .await
         .map_err(|source| ExchangeError::Wire { source })?;
     match frames::read(&mut recv).await {
@@ -348,7 +390,9 @@ async fn exchange(
             reason: refusal.reason,
             detail: refusal.detail,
         }),
-        Ok(Message::Report(_) | Message::LeaseReport(_)) => Err(ExchangeError::Unexpected),
+        Ok(Message::Report(_) | Message::LeaseReport(_) | Message::PeerReport(_)) => {
+            Err(ExchangeError::Unexpected)
+        }
         // A stream reset or connection loss shows up as a read error; surface
         // the connection's own reason when there is one.
         Err(source) => Err(match connection.close_reason() {

@@ -40,6 +40,7 @@ use waitroom_common::{
 use waitroom_runtime::{clock::Clock, shutdown::Shutdown, tls};
 
 pub mod client;
+pub mod home;
 pub mod lease;
 pub mod status;
 pub mod world;
@@ -53,7 +54,12 @@ pub use world::{Freshness, RoomView, World, WorldView};
 #[serde(deny_unknown_fields)]
 pub struct GossipConfig {
     /// `host:port` of the aggregator (UDP, QUIC).
-    pub address: SocketAddr,
+    #[serde(default)]
+    pub address: Option<SocketAddr>,
+    /// Several aggregators instead of `address` (docs/adr/0001): the node
+    /// reports to every one, takes its grants from one ([`home`]).
+    #[serde(default)]
+    pub addresses: Vec<SocketAddr>,
     /// Name the aggregator's certificate must carry.
     #[serde(default = "default_server_name")]
     pub server_name: String,
@@ -85,6 +91,9 @@ pub struct GossipConfig {
     #[serde(default = "default_lease_wait_ms")]
     pub lease_wait_ms: u64,
 }
+
+/// The most aggregators a node reports to.
+pub const MAX_AGGREGATORS: usize = 16;
 
 /// The name in the development aggregator certificate (`cargo xtask certs`).
 fn default_server_name() -> String {
@@ -118,8 +127,57 @@ impl GossipConfig {
         }
     }
 
+    /// The aggregators, `address` or `addresses`.
+    #[must_use]
+    pub fn aggregators(&self) -> Vec<SocketAddr> {
+        self.address
+            .into_iter()
+            .chain(self.addresses.iter().copied())
+            .collect()
+    }
+
     /// Checks the numbers (the files are checked by [`tls::check`]).
     pub fn validate(&self) -> Result<(), GossipConfigError> {
+        match (self.address, self.addresses.len()) {
+            (None, 0) => {
+                return Err(GossipConfigError {
+                    field: "address",
+                    problem:
+                        "missing: the aggregator's host:port (or addresses = [...] for several)"
+                            .into(),
+                });
+            }
+            (Some(_), n) if n > 0 => {
+                return Err(GossipConfigError {
+                    field: "addresses",
+                    problem: "give address or addresses, not both".into(),
+                });
+            }
+            (_, n) if n > MAX_AGGREGATORS => {
+                return Err(GossipConfigError {
+                    field: "addresses",
+                    problem: format!("{n} aggregators; at most {MAX_AGGREGATORS}"),
+                });
+            }
+            _ => {}
+        }
+        let all = self.aggregators();
+        if let Some(twice) = all
+            .iter()
+            .enumerate()
+            .find_map(|(i, a)| all[..i].contains(a).then_some(a))
+        {
+            return Err(GossipConfigError {
+                field: "addresses",
+                problem: format!("{twice} is listed twice"),
+            });
+        }
+        if all.iter().any(|a| a.is_ipv6() != all[0].is_ipv6()) {
+            return Err(GossipConfigError {
+                field: "addresses",
+                problem: "mixes IPv4 and IPv6 addresses (one client socket serves them all)".into(),
+            });
+        }
         if self.expected_nodes.is_some_and(|n| n.get() > 100_000) {
             return Err(GossipConfigError {
                 field: "expected_nodes",
@@ -281,7 +339,8 @@ pub fn spawn(
 ) -> Result<GossipHandle, GossipError> {
     config.validate()?;
     let client_config = tls::client_config(&config.tls_files())?;
-    let bind: SocketAddr = if config.address.is_ipv6() {
+    let aggregators = config.aggregators();
+    let bind: SocketAddr = if aggregators[0].is_ipv6() {
         (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
     } else {
         (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
@@ -292,20 +351,43 @@ pub fn spawn(
     };
     endpoint.set_default_client_config(client_config);
     let world = Arc::new(WorldView::new(config.stale_after_ms));
-    let status = Arc::new(GossipStatus::default());
+    let homes = Arc::new(home::Homes::new(
+        &identity.node,
+        aggregators.clone(),
+        config.interval_ms,
+    ));
+    let status = Arc::new(GossipStatus::new(Arc::clone(&homes)));
     let lease = Arc::new(LeaseAsk::new(config.lease_wait_ms));
     let interval_ms = config.interval_ms;
-    let client = client::Client {
-        lease: Arc::clone(&lease),
-        config,
-        identity,
-        reporter,
-        world: Arc::clone(&world),
-        status: Arc::clone(&status),
-        endpoint,
-        clock,
-    };
-    let task = runtime.spawn(client.run(shutdown));
+    // One client per aggregator, each on its own connection; the task
+    // ends when they all have.
+    let clients: Vec<_> = aggregators
+        .iter()
+        .enumerate()
+        .map(|(index, &address)| {
+            runtime.spawn(
+                client::Client {
+                    lease: Arc::clone(&lease),
+                    config: config.clone(),
+                    address,
+                    index,
+                    homes: Arc::clone(&homes),
+                    identity: identity.clone(),
+                    reporter: Arc::clone(&reporter),
+                    world: Arc::clone(&world),
+                    status: Arc::clone(&status),
+                    endpoint: endpoint.clone(),
+                    clock: clock.clone(),
+                }
+                .run(shutdown.clone()),
+            )
+        })
+        .collect();
+    let task = runtime.spawn(async move {
+        for client in clients {
+            let _ = client.await;
+        }
+    });
     Ok(GossipHandle {
         world,
         status,
@@ -360,6 +442,45 @@ key = "n.key"
         .validate()
         .unwrap_err();
         assert_eq!(err.field, "interval_ms");
+    }
+
+    /// `address` or `addresses`, never both or neither, no aggregator
+    /// twice, no mix of families: each refused naming the key.
+    #[test]
+    fn several_aggregators_are_validated_naming_the_key() {
+        let base = config();
+        assert_eq!(base.aggregators(), vec!["127.0.0.1:4433".parse().unwrap()]);
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let b: SocketAddr = "127.0.0.1:2".parse().unwrap();
+        let six: SocketAddr = "[::1]:3".parse().unwrap();
+        let with = |address: Option<SocketAddr>, addresses: Vec<SocketAddr>| GossipConfig {
+            address,
+            addresses,
+            ..config()
+        };
+        let ok = with(None, vec![a, b]);
+        ok.validate().unwrap();
+        assert_eq!(ok.aggregators(), vec![a, b]);
+        for (bad, field, says) in [
+            (with(None, vec![]), "address", "missing"),
+            (with(Some(a), vec![b]), "addresses", "not both"),
+            (
+                with(None, vec![a, b, a]),
+                "addresses",
+                "127.0.0.1:1 is listed twice",
+            ),
+            (with(None, vec![a, six]), "addresses", "mixes IPv4 and IPv6"),
+            (with(None, vec![a; 17]), "addresses", "at most 16"),
+        ] {
+            let err = bad.validate().unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+            assert!(err.problem.contains(says), "{err}");
+        }
+        let parsed: GossipConfig = toml::from_str(
+            "addresses = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\nca = \"c\"\ncert = \"c\"\nkey = \"k\"\n",
+        )
+        .unwrap();
+        assert_eq!(parsed.aggregators(), vec![a, b]);
     }
 
     struct Sketch;

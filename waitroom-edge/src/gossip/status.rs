@@ -1,19 +1,26 @@
 //! The gossip client's health, as atomics the admin listener encodes.
 use std::{
     fmt,
-    sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+    },
 };
 
 use waitroom_common::time::UnixMillis;
 
-use super::world::WorldView;
+use super::{home::Homes, world::WorldView};
 use waitroom_runtime::metrics::Families;
 
 /// Updated by the gossip task, read by `/metrics` and `/status`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct GossipStatus {
-    /// A connection is up and has answered at least one report.
+    /// The connection to the home aggregator is up and has answered.
     pub connected: AtomicBool,
+    /// The aggregators and which is the home.
+    pub homes: Arc<Homes>,
+    /// Per aggregator: reports it answered (as home or as a peer).
+    pub answered_by: Vec<AtomicU64>,
     /// Reports answered by the aggregator.
     pub reports_total: AtomicU64,
     /// Failed connects, failed or refused exchanges, timeouts.
@@ -26,6 +33,23 @@ pub struct GossipStatus {
 }
 
 impl GossipStatus {
+    #[must_use]
+    pub fn new(homes: Arc<Homes>) -> Self {
+        Self {
+            connected: AtomicBool::new(false),
+            answered_by: homes
+                .addresses()
+                .iter()
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            homes,
+            reports_total: AtomicU64::new(0),
+            errors_total: AtomicU64::new(0),
+            connects_total: AtomicU64::new(0),
+            settings_version: AtomicU64::new(0),
+        }
+    }
+
     /// The `waitroom_gossip_*` families.
     pub fn encode(&self, f: &mut Families<'_>, world: &WorldView, now: UnixMillis) -> fmt::Result {
         f.gauge(
@@ -59,6 +83,24 @@ impl GossipStatus {
             "waitroom_gossip_connects_total",
             "Connections established to the aggregator.",
             self.connects_total.load(Relaxed),
+        )?;
+        let homes = &self.homes;
+        let names: Vec<String> = homes.addresses().iter().map(ToString::to_string).collect();
+        let labels = |i: usize| [("aggregator", names[i].as_str())];
+        f.gauges(
+            "waitroom_gossip_home",
+            "1 for the aggregator this node takes its grants from (its home), 0 for the others it reports to.",
+            (0..names.len()).map(|i| (labels(i), i64::from(homes.current() == i))),
+        )?;
+        f.gauges(
+            "waitroom_gossip_aggregator_answering",
+            "1 while the aggregator answered within an interval and a half.",
+            (0..names.len()).map(|i| (labels(i), i64::from(homes.answering(i, now)))),
+        )?;
+        f.counters(
+            "waitroom_gossip_aggregator_answers_total",
+            "Reports answered, per aggregator (as the home or as a peer).",
+            (0..names.len()).map(|i| (labels(i), self.answered_by[i].load(Relaxed))),
         )
     }
 }

@@ -1,0 +1,182 @@
+//! Several aggregators: which one is this node's *home* (docs/adr/0001).
+//!
+//! A node configured with more than one aggregator reports to every one of
+//! them, so each holds the whole picture and any of them can take over, but
+//! takes its grants from one only: its home. If every aggregator granted,
+//! the node would hold each grant several times over. The others get a peer
+//! report (`Message::PeerReport`) that says which leases the node holds
+//! from its home, so they count them as spent when they grant to the nodes
+//! whose home they are.
+//!
+//! The home is the first aggregator, in an order of the node's own, that
+//! answered within the last [`Homes::grace_ms`]: one interval and a half,
+//! so a node changes home once its home has missed one answer, and comes
+//! back when it answers again. The order is rendezvous hashing of the node
+//! id with each aggregator's address (highest random weight): stable across
+//! restarts, spread evenly over the aggregators, and when one aggregator is
+//! removed only its nodes move. Before any answer, the first in the order.
+use std::{
+    net::SocketAddr,
+    sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed},
+};
+
+use waitroom_common::time::UnixMillis;
+
+/// The aggregators of a node and when each last answered.
+#[derive(Debug)]
+pub struct Homes {
+    addresses: Vec<SocketAddr>,
+    /// Indexes into `addresses`, the node's order of preference.
+    order: Vec<usize>,
+    /// When each aggregator last answered (node clock, ms); 0: never.
+    answered: Vec<AtomicU64>,
+    /// An aggregator that answered within this long may be the home.
+    grace_ms: u64,
+    /// The home chosen by the last report sent (for `/metrics`).
+    current: AtomicUsize,
+}
+
+impl Homes {
+    /// The aggregators at `addresses` as seen by the node `node`, which
+    /// reports every `interval_ms`.
+    #[must_use]
+    pub fn new(node: &str, addresses: Vec<SocketAddr>, interval_ms: u64) -> Self {
+        let mut order: Vec<usize> = (0..addresses.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(weight(node, &addresses[i])));
+        let first = order.first().copied().unwrap_or(0);
+        Self {
+            answered: addresses.iter().map(|_| AtomicU64::new(0)).collect(),
+            addresses,
+            order,
+            grace_ms: interval_ms + interval_ms / 2,
+            current: AtomicUsize::new(first),
+        }
+    }
+
+    /// How long an aggregator may be silent and stay the home.
+    #[must_use]
+    pub fn grace_ms(&self) -> u64 {
+        self.grace_ms
+    }
+
+    #[must_use]
+    pub fn addresses(&self) -> &[SocketAddr] {
+        &self.addresses
+    }
+
+    /// The aggregator (index into the addresses) this node's grants come
+    /// from at `now`: the first in its order that answered within the
+    /// grace, else the first in its order.
+    pub fn home(&self, now: UnixMillis) -> usize {
+        let home = self
+            .order
+            .iter()
+            .copied()
+            .find(|&i| self.answering(i, now))
+            .unwrap_or(self.order[0]);
+        self.current.store(home, Relaxed);
+        home
+    }
+
+    /// The home chosen by the last report.
+    #[must_use]
+    pub fn current(&self) -> usize {
+        self.current.load(Relaxed)
+    }
+
+    /// Aggregator `i` answered at `now`.
+    pub fn answered(&self, i: usize, now: UnixMillis) {
+        self.answered[i].store(now.0.max(1), Relaxed);
+    }
+
+    /// Aggregator `i` answered within the grace before `now`.
+    #[must_use]
+    pub fn answering(&self, i: usize, now: UnixMillis) -> bool {
+        match self.answered[i].load(Relaxed) {
+            0 => false,
+            at => now.0.saturating_sub(at) <= self.grace_ms,
+        }
+    }
+}
+
+/// The rendezvous weight of `address` for `node`: FNV-1a over both, then a
+/// 64-bit finalizer (FNV alone mixes the last bytes poorly, and the
+/// addresses of one cluster differ mostly there).
+fn weight(node: &str, address: &SocketAddr) -> u64 {
+    let bytes = node
+        .bytes()
+        .chain([0])
+        .chain(address.to_string().into_bytes());
+    let mut h = bytes.fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    // splitmix64's finalizer.
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addrs(n: u16) -> Vec<SocketAddr> {
+        (0..n)
+            .map(|i| SocketAddr::from(([10, 0, 0, 1], 7000 + i)))
+            .collect()
+    }
+
+    #[test]
+    fn homes_spread_over_the_aggregators_and_stay_put() {
+        let mut per = [0_u32; 3];
+        for n in 0..3_000 {
+            let homes = Homes::new(&format!("node-{n}"), addrs(3), 1_000);
+            per[homes.home(UnixMillis(5))] += 1;
+            // The same node, later or restarted: the same home.
+            let again = Homes::new(&format!("node-{n}"), addrs(3), 1_000);
+            assert_eq!(again.home(UnixMillis(9)), homes.current());
+        }
+        for count in per {
+            assert!((850..=1_150).contains(&count), "{per:?}");
+        }
+    }
+
+    #[test]
+    fn removing_an_aggregator_moves_only_its_nodes() {
+        let all = addrs(3);
+        let fewer: Vec<SocketAddr> = all[..2].to_vec();
+        for n in 0..500 {
+            let node = format!("node-{n}");
+            let before = all[Homes::new(&node, all.clone(), 1_000).home(UnixMillis(1))];
+            let after = fewer[Homes::new(&node, fewer.clone(), 1_000).home(UnixMillis(1))];
+            if before != all[2] {
+                assert_eq!(before, after, "{node} moved though its home stayed");
+            }
+        }
+    }
+
+    #[test]
+    fn a_silent_home_is_left_after_an_interval_and_a_half_and_taken_back() {
+        let homes = Homes::new("ams-1", addrs(2), 1_000);
+        let first = homes.home(UnixMillis(1));
+        let other = 1 - first;
+        // Nobody answered yet: the first in the order, even if it is down.
+        homes.answered(other, UnixMillis(1_000));
+        assert_eq!(
+            homes.home(UnixMillis(1_000)),
+            other,
+            "the only one answering"
+        );
+        homes.answered(first, UnixMillis(1_100));
+        assert_eq!(homes.home(UnixMillis(1_200)), first, "preferred again");
+        homes.answered(other, UnixMillis(2_000));
+        assert_eq!(homes.home(UnixMillis(2_600)), first, "within the grace");
+        assert_eq!(homes.home(UnixMillis(2_601)), other, "one answer missed");
+        assert!(!homes.answering(first, UnixMillis(2_601)));
+        assert_eq!(
+            homes.home(UnixMillis(3_501)),
+            first,
+            "nobody answering: the first"
+        );
+    }
+}
