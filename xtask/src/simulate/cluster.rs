@@ -73,7 +73,7 @@ use waitroom_common::{
     state::{AdmitRate, GlobalState},
     ticket::Ticket,
     time::{MILLIS_PER_MINUTE, UnixMillis},
-    wire::RoomAnswer,
+    wire::{HeldLease, RoomAnswer},
 };
 
 /// The instant the simulation starts: a minute boundary (14 Nov 2023 22:14 UTC).
@@ -130,6 +130,13 @@ pub struct Conditions {
     /// How far ahead the aggregator's promise to an asking node covers its
     /// recent rate (`PromisePolicy::horizon_ms`).
     pub promise_horizon_ms: u64,
+    /// Aggregators (issue 20): node `i`'s home is aggregator `i % K`, and
+    /// every report also goes to the others as a peer report
+    /// (`Cluster::apply_peer`), each a `Cluster` of its own.
+    pub aggregators: u32,
+    /// Peer reports say which leases the node holds from its home (the
+    /// real system); off: they say none, to show what that buys.
+    pub peer_leases: bool,
 }
 
 impl Conditions {
@@ -149,6 +156,8 @@ impl Conditions {
         lease_wait_ms: 0,
         lease_rtt_ms: 0,
         promise_horizon_ms: 2_000,
+        aggregators: 1,
+        peer_leases: true,
     };
 }
 
@@ -518,6 +527,8 @@ pub struct Sim {
     nodes: Vec<Node>,
     /// The aggregator: the real one's memory, fed at virtual times.
     cluster: Cluster,
+    /// With `--aggregators K`, aggregators 1..K (the first is `cluster`).
+    peers: Vec<Cluster>,
     /// Reports sent from `.0` until `.1` (ms after [`START`]) are lost.
     outage: Option<(u64, u64)>,
     /// Each node's latest lease as answered: with the ledger, and as the
@@ -592,18 +603,24 @@ impl Sim {
                 degraded: false,
             })
             .collect::<Vec<_>>();
-        let cluster = Cluster::new(
-            vec![RoomDef {
-                // Only the aggregator's log lines name it.
-                name: format!("room-{}", room.id().0),
-                room: room.clone(),
-            }],
-            topology.node_timeout_ms,
-        )
-        .with_promises(PromisePolicy {
-            horizon_ms: topology.conditions.promise_horizon_ms,
-            ..PromisePolicy::default()
-        });
+        let aggregator = || {
+            Cluster::new(
+                vec![RoomDef {
+                    // Only the aggregator's log lines name it.
+                    name: format!("room-{}", room.id().0),
+                    room: room.clone(),
+                }],
+                topology.node_timeout_ms,
+            )
+            .with_promises(PromisePolicy {
+                horizon_ms: topology.conditions.promise_horizon_ms,
+                ..PromisePolicy::default()
+            })
+        };
+        let cluster = aggregator();
+        let peers = (1..topology.conditions.aggregators.max(1))
+            .map(|_| aggregator())
+            .collect();
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         // A stream of its own, so traffic made from the same seed is independent of it.
         rng.set_stream(2);
@@ -616,6 +633,7 @@ impl Sim {
             topology,
             nodes,
             cluster,
+            peers,
             outage: None,
             leases: BTreeMap::new(),
             visitors: Vec::with_capacity(arrivals.len()),
@@ -872,14 +890,45 @@ impl Sim {
         pct > 0 && self.net_rng.random_range(0..100) < pct
     }
 
-    /// The aggregator takes the report in at its arrival time.
+    /// The aggregator takes the report in at its arrival time; with several,
+    /// the node's home grants and the others take a peer report.
     fn apply(&mut self, id: u64, now_ms: u64) {
         let now = at(now_ms);
         let exchange = self.exchanges.get_mut(&id).expect("applied once");
-        let mut answers = if self.topology.conditions.lease_wait_ms > 0 {
-            self.cluster.apply_asking(exchange.report.clone(), now)
+        let k = self.peers.len() + 1;
+        let home = exchange.node % k;
+        if k > 1 {
+            let state = &self.nodes[exchange.node].state;
+            let held = if self.topology.conditions.peer_leases {
+                vec![HeldLease {
+                    room: self.room.id(),
+                    minute: state.as_of.minute(),
+                    anywhere: state.allowance.anywhere,
+                    anywhere_used: state.used.anywhere,
+                    colo_share: state.allowance.colo_share,
+                    colo_share_used: state.used.colo_share,
+                }]
+            } else {
+                Vec::new()
+            };
+            for a in (0..k).filter(|&a| a != home) {
+                let peer = if a == 0 {
+                    &mut self.cluster
+                } else {
+                    &mut self.peers[a - 1]
+                };
+                peer.apply_peer(exchange.report.clone(), &held, now);
+            }
+        }
+        let aggregator = if home == 0 {
+            &mut self.cluster
         } else {
-            self.cluster.apply(exchange.report.clone(), now)
+            &mut self.peers[home - 1]
+        };
+        let mut answers = if self.topology.conditions.lease_wait_ms > 0 {
+            aggregator.apply_asking(exchange.report.clone(), now)
+        } else {
+            aggregator.apply(exchange.report.clone(), now)
         };
         let node = exchange.report.node.clone();
         if let Some(deliver_ms) = exchange.answer_ms {
