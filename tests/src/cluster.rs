@@ -198,7 +198,22 @@ impl Aggregator {
 
     /// Starts an aggregator with an existing config file.
     pub fn start_with(dir: &Path, name: &str, path: &Path) -> Result<Self> {
-        let mut cmd = Command::new(binary("waitroom-aggregator"));
+        Self::start_in(dir, name, path, None)
+    }
+
+    /// Starts an aggregator with an existing config file inside the
+    /// network namespace `netns` (`ip netns exec`, which execs it: the
+    /// process killed is the aggregator).
+    pub fn start_in(dir: &Path, name: &str, path: &Path, netns: Option<&str>) -> Result<Self> {
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns])
+                    .arg(binary("waitroom-aggregator"));
+                c
+            }
+            None => Command::new(binary("waitroom-aggregator")),
+        };
         cmd.arg("--config")
             .arg(path)
             .env("RUST_LOG", "info,waitroom_edge=debug");

@@ -30,6 +30,7 @@ pub mod minutes;
 pub mod netns;
 pub mod procs;
 pub mod raw;
+pub mod udp_relay;
 pub mod xdp_node;
 
 /// Whether the process runs as root; if not, says on stderr that the calling
