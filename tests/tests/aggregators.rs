@@ -13,7 +13,7 @@
 //!   `gossip.rs`);
 //! - the home of a node is killed (SIGKILL) mid-minute: visitors are served
 //!   throughout, and the node takes a fresh state from the other aggregator
-//!   within 3 s (measured and printed: one interval and a half to notice,
+//!   within 4 s (measured and printed; target 2 s: one interval and a half to notice,
 //!   up to one interval to report);
 //! - the killed aggregator is restarted from its snapshot: the node goes
 //!   back to it, its preferred home, and the limit still holds.
@@ -209,8 +209,8 @@ fn nodes_report_to_every_aggregator_take_grants_from_one_and_fail_over() {
     let mut during = vec![0; edges.len()];
     while !moving.iter().all(|&i| fresh_again(i)) {
         assert!(
-            killed.elapsed() < Duration::from_secs(3),
-            "not fresh again within 3 s of the crash"
+            killed.elapsed() < Duration::from_secs(4),
+            "not fresh again within 4 s of the crash (target 2 s; the bound leaves room for a loaded CI machine)"
         );
         // Visitors are served while the node moves.
         for (i, edge) in edges.iter().enumerate() {
