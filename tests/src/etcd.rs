@@ -4,8 +4,8 @@
 //! when a test panics). A member can be killed (`kill -9`), frozen
 //! (`SIGSTOP`), thawed and restarted on its own data, as the fault tests need.
 //!
-//! [`Kv`] speaks etcd's v3 JSON gateway (`/v3/kv/...`, keys and values in
-//! base64) with a deadline on every call: the way the ledger client will.
+//! [`Kv`] is the aggregator's client of etcd's v3 JSON gateway
+//! (`waitroom_aggregator::ledger::Etcd`), with a deadline on every call.
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -14,8 +14,6 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use base64::{Engine as _, engine::general_purpose::STANDARD as B64};
-use serde_json::{Value, json};
 
 use crate::procs::{Proc, TempDir, free_port};
 
@@ -209,85 +207,6 @@ fn agent(timeout: Duration) -> ureq::Agent {
         .into()
 }
 
-/// The v3 JSON gateway of a cluster: each call tries the endpoints in turn,
-/// each with `timeout`, and fails when none answered.
-#[derive(Debug)]
-pub struct Kv {
-    endpoints: Vec<String>,
-    agent: ureq::Agent,
-}
-
-/// A key's value and the revision it was last changed at (0: no such key).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    pub value: Option<Vec<u8>>,
-    pub mod_revision: i64,
-}
-
-impl Kv {
-    #[must_use]
-    pub fn new(endpoints: Vec<String>, timeout: Duration) -> Self {
-        Self {
-            endpoints,
-            agent: agent(timeout),
-        }
-    }
-
-    fn call(&self, path: &str, body: &Value) -> Result<Value> {
-        let mut errors = Vec::new();
-        for endpoint in &self.endpoints {
-            let url = format!("{endpoint}{path}");
-            match self.agent.post(&url).send(body.to_string()) {
-                Ok(mut resp) if resp.status().is_success() => {
-                    let text = resp.body_mut().read_to_string()?;
-                    return Ok(serde_json::from_str(&text)?);
-                }
-                Ok(mut resp) => errors.push(format!(
-                    "{endpoint}: {} {}",
-                    resp.status(),
-                    resp.body_mut().read_to_string().unwrap_or_default()
-                )),
-                Err(e) => errors.push(format!("{endpoint}: {e}")),
-            }
-        }
-        bail!("no etcd member answered {path}: {}", errors.join("; "))
-    }
-
-    /// The value of `key` and its revision.
-    pub fn get(&self, key: &str) -> Result<Entry> {
-        let answer = self.call("/v3/kv/range", &json!({ "key": B64.encode(key) }))?;
-        let Some(kv) = answer["kvs"].get(0) else {
-            return Ok(Entry {
-                value: None,
-                mod_revision: 0,
-            });
-        };
-        Ok(Entry {
-            value: Some(B64.decode(kv["value"].as_str().unwrap_or(""))?),
-            mod_revision: kv["mod_revision"]
-                .as_str()
-                .unwrap_or("0")
-                .parse()
-                .context("mod_revision")?,
-        })
-    }
-
-    /// Writes `value` to `key` only if the key is still at `mod_revision`
-    /// (0: the key does not exist): compare-and-swap. True if written.
-    pub fn swap(&self, key: &str, mod_revision: i64, value: &[u8]) -> Result<bool> {
-        let key = B64.encode(key);
-        let answer = self.call(
-            "/v3/kv/txn",
-            &json!({
-                "compare": [{
-                    "key": key,
-                    "target": "MOD",
-                    "result": "EQUAL",
-                    "mod_revision": mod_revision.to_string(),
-                }],
-                "success": [{ "request_put": { "key": key, "value": B64.encode(value) } }],
-            }),
-        )?;
-        Ok(answer["succeeded"].as_bool().unwrap_or(false))
-    }
-}
+/// The v3 JSON gateway of a cluster, as the aggregator's ledger speaks it:
+/// each call tries the endpoints in turn, each with its timeout.
+pub use waitroom_aggregator::ledger::{Entry, Etcd as Kv};

@@ -43,6 +43,7 @@ pub mod config;
 pub mod ctl;
 pub mod dashboard;
 pub mod exposition;
+pub mod ledger;
 pub mod server;
 pub mod snapshot;
 

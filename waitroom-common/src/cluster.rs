@@ -46,6 +46,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::wire::{HeldLease, RoomAnswer};
 
+pub mod grants;
 pub mod promise;
 #[cfg(test)]
 mod recompute;

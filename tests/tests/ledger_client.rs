@@ -1,0 +1,196 @@
+//! The aggregator's grant ledger client (issue 20, docs/adr/0001 step 2:
+//! `waitroom_aggregator::ledger::EtcdLedger`) on a real 3-member etcd on
+//! loopback:
+//! - four clients, as four aggregators, commit batches of caps for their own
+//!   nodes against one pool while a member is killed -9 mid-run: the caps
+//!   never pass the pool, the pool is used, and what each client was told
+//!   is exactly what etcd holds for its nodes;
+//! - a batch committed again (a retry after a lost reply) gets what it got
+//!   the first time and writes nothing;
+//! - junk at the key (an operator's mistake, another program) is an error
+//!   naming the key, and nothing is granted or overwritten;
+//! - with two members gone (no quorum) a commit fails within its deadline,
+//!   never hangs.
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use waitroom_aggregator::ledger::{Etcd, EtcdLedger, LedgerError};
+use waitroom_common::{cluster::grants::GrantLedger, time::Minute};
+use waitroom_tests::etcd::{EtcdCluster, require_etcd};
+
+const POOL: u64 = 300;
+const CLIENTS: usize = 4;
+const NODES_PER_CLIENT: usize = 3;
+/// Every etcd call's deadline per member, and a commit's over its attempts.
+const CALL: Duration = Duration::from_millis(700);
+const COMMIT: Duration = Duration::from_secs(3);
+
+fn ledger(endpoints: &[String]) -> EtcdLedger {
+    EtcdLedger::new(Etcd::new(endpoints.to_vec(), CALL), COMMIT)
+}
+
+#[test]
+fn four_aggregators_commit_within_the_pool_through_a_member_crash() {
+    if !require_etcd() {
+        return;
+    }
+    let mut cluster = EtcdCluster::start("ledger-race", 3).unwrap();
+    let endpoints = cluster.endpoints();
+    let key = EtcdLedger::key(1, "shop", Minute(29_000_000));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let ledger = ledger(&endpoints);
+            let key = key.clone();
+            std::thread::spawn(move || {
+                // Each node's cap as last told, and errors seen.
+                let mut told: BTreeMap<String, u64> = BTreeMap::new();
+                let mut errors = Vec::new();
+                let started = Instant::now();
+                for round in 0..400_u64 {
+                    if started.elapsed() > Duration::from_secs(40) {
+                        break;
+                    }
+                    // Every round, each node asks for 5 more than it holds.
+                    let asks: Vec<(String, u64)> = (0..NODES_PER_CLIENT)
+                        .map(|n| {
+                            let node = format!("agg{c}-node{n}");
+                            let held = told.get(&node).copied().unwrap_or(0);
+                            (node, held + 5)
+                        })
+                        .collect();
+                    match ledger.commit(&key, &format!("agg{c}/{round}"), &asks, POOL) {
+                        Ok(set) => {
+                            let full = set
+                                .iter()
+                                .zip(&asks)
+                                .all(|((_, cap), (_, asked))| cap < asked);
+                            told.extend(set);
+                            if full {
+                                break;
+                            }
+                        }
+                        // A member dying under a commit: the next one goes on.
+                        Err(e) => errors.push(e.to_string()),
+                    }
+                }
+                (told, errors)
+            })
+        })
+        .collect();
+    // A member crashes once a third of the pool is out.
+    let watcher = ledger(&endpoints);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let total = watcher.read(&key).map_or(0, |(l, _)| l.total());
+        if total >= POOL / 3 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    cluster.kill(0);
+    let killed_at = watcher.read(&key).map(|(l, _)| l.total());
+    let results: Vec<(BTreeMap<String, u64>, Vec<String>)> =
+        clients.into_iter().map(|t| t.join().unwrap()).collect();
+    let (stored, _) = watcher.read(&key).unwrap();
+    eprintln!(
+        "member killed at {killed_at:?} of {POOL}; per client (slots told, errors): {:?}",
+        results
+            .iter()
+            .map(|(t, e)| (t.values().sum::<u64>(), e.len()))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        stored.total() <= POOL,
+        "caps {} > pool {POOL}",
+        stored.total()
+    );
+    assert_eq!(stored.total(), POOL, "the pool is used");
+    for (told, _) in &results {
+        for (node, cap) in told {
+            assert_eq!(
+                stored.caps.get(node),
+                Some(cap),
+                "{node}: told {cap}, etcd holds {:?}",
+                stored.caps.get(node)
+            );
+        }
+    }
+    let told_total: u64 = results.iter().flat_map(|(t, _)| t.values()).sum();
+    assert_eq!(told_total, POOL, "every slot is held by exactly one node");
+    assert!(
+        stored.recent.len() > CLIENTS,
+        "the clients raced over many batches"
+    );
+}
+
+#[test]
+fn retries_count_once_junk_is_refused_and_a_lost_quorum_fails_in_time() {
+    if !require_etcd() {
+        return;
+    }
+    let mut cluster = EtcdCluster::start("ledger-faults", 3).unwrap();
+    let endpoints = cluster.endpoints();
+    let client = ledger(&endpoints);
+    let key = EtcdLedger::key(1, "shop", Minute(29_000_001));
+
+    // --- The same batch twice: the second is told what the first got.
+    let asks = vec![("a".to_owned(), 80), ("b".to_owned(), 80)];
+    let first = client.commit(&key, "agg0/7", &asks, 100).unwrap();
+    assert_eq!(first, vec![("a".to_owned(), 80), ("b".to_owned(), 20)]);
+    let (_, revision) = client.read(&key).unwrap();
+    let again = client
+        .commit(&key, "agg0/7", &[("a".to_owned(), 100)], 100)
+        .unwrap();
+    assert_eq!(again, first, "a retried batch gets what it got");
+    let (after, revision_after) = client.read(&key).unwrap();
+    assert_eq!(revision_after, revision, "and writes nothing");
+    assert_eq!(after.total(), 100);
+
+    // --- Junk at a key: an error naming it, nothing granted or written.
+    let junk_key = EtcdLedger::key(1, "shop", Minute(29_000_002));
+    let etcd = Etcd::new(endpoints.clone(), CALL);
+    assert!(etcd.swap(&junk_key, 0, b"{not a ledger").unwrap());
+    let err = client
+        .commit(&junk_key, "agg0/8", &[("a".to_owned(), 5)], 100)
+        .unwrap_err();
+    assert!(matches!(err, LedgerError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains(&junk_key), "{err}");
+    assert_eq!(
+        etcd.get(&junk_key).unwrap().value.as_deref(),
+        Some(&b"{not a ledger"[..]),
+        "the junk is left for the operator to look at"
+    );
+    // An empty ledger is not junk.
+    let empty_key = EtcdLedger::key(1, "shop", Minute(29_000_003));
+    let empty = serde_json::to_vec(&GrantLedger::default()).unwrap();
+    assert!(etcd.swap(&empty_key, 0, &empty).unwrap());
+    assert_eq!(
+        client
+            .commit(&empty_key, "agg0/9", &[("a".to_owned(), 5)], 100)
+            .unwrap(),
+        vec![("a".to_owned(), 5)]
+    );
+
+    // --- Two of three members gone: no quorum, an error within the deadline.
+    cluster.kill(0);
+    cluster.kill(1);
+    let started = Instant::now();
+    let err = client
+        .commit(&key, "agg0/10", &[("c".to_owned(), 1)], 200)
+        .unwrap_err();
+    let took = started.elapsed();
+    eprintln!("without quorum: {err} after {took:?}");
+    assert!(
+        matches!(
+            err,
+            LedgerError::Deadline { .. } | LedgerError::Contended { .. }
+        ),
+        "{err}"
+    );
+    assert!(
+        took < COMMIT + 3 * CALL + Duration::from_millis(500),
+        "failed after {took:?}: the deadline is {COMMIT:?} plus one round of calls"
+    );
+}

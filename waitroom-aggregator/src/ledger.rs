@@ -1,0 +1,245 @@
+//! The grant ledger in etcd (issue 20, docs/adr/0001, step 2): a client
+//! for etcd's v3 JSON gateway and the compare-and-swap loop that commits
+//! one aggregator's grants of a round
+//! ([`GrantLedger`](waitroom_common::cluster::grants::GrantLedger)) to the
+//! room's and minute's key.
+//!
+//! # Why the JSON gateway, blocking
+//! etcd 3.4 (Debian's `etcd-server`) serves `POST /v3/kv/range` and
+//! `/v3/kv/txn` as JSON, keys and values in base64: no gRPC or protoc in
+//! the build. An aggregator writes once per room per round (not per node),
+//! so a blocking client on `spawn_blocking` costs nothing that matters and
+//! keeps the deadlines plain: every call has one per member, and a commit
+//! one over all its attempts.
+//!
+//! # Outcomes a client must tell apart
+//! - the compare failed: another aggregator wrote first; read again and
+//!   apply the batch to what it wrote;
+//! - the call failed after it was sent (the member died, the reply was
+//!   lost): the write may or may not have happened; read again, and the
+//!   batch ids in the value tell (`GrantLedger::applied`);
+//! - no member answers within the deadline (no quorum, all partitioned): an
+//!   error, never a hang; the aggregator then grants nothing new and nodes
+//!   decide on their last share (docs/adr/0001, decision 6).
+use std::time::{Duration, Instant};
+
+use base64::{Engine as _, engine::general_purpose::STANDARD as B64};
+use serde_json::{Value, json};
+use waitroom_common::{cluster::grants::GrantLedger, time::Minute};
+
+/// Compare-and-swap attempts per commit before it gives up as contended.
+pub const MAX_ATTEMPTS: u32 = 16;
+
+/// Why a ledger call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("no etcd member answered {what}: {errors}")]
+    Unreachable { what: &'static str, errors: String },
+    #[error(
+        "etcd key {key}: the stored grant ledger does not decode ({detail}); refusing to grant from it"
+    )]
+    Corrupt { key: String, detail: String },
+    #[error("etcd key {key}: still changing after {attempts} compare-and-swap attempts")]
+    Contended { key: String, attempts: u32 },
+    #[error("etcd key {key}: no commit within {deadline:?} (last error: {last})")]
+    Deadline {
+        key: String,
+        deadline: Duration,
+        last: String,
+    },
+    #[error("etcd answered {what} with {detail}")]
+    Protocol { what: &'static str, detail: String },
+}
+
+/// A key's value and the revision it was last changed at (0: no such key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub value: Option<Vec<u8>>,
+    pub mod_revision: i64,
+}
+
+/// etcd's v3 JSON gateway: each call tries the members in turn, each with
+/// the call timeout, and fails when none answered.
+#[derive(Debug)]
+pub struct Etcd {
+    endpoints: Vec<String>,
+    agent: ureq::Agent,
+}
+
+impl Etcd {
+    /// `endpoints` are the members' client URLs (`http://host:port`).
+    #[must_use]
+    pub fn new(endpoints: Vec<String>, call_timeout: Duration) -> Self {
+        Self {
+            endpoints,
+            agent: ureq::Agent::config_builder()
+                .timeout_global(Some(call_timeout))
+                .http_status_as_error(false)
+                .build()
+                .into(),
+        }
+    }
+
+    fn call(&self, what: &'static str, path: &str, body: &Value) -> Result<Value, LedgerError> {
+        let mut errors = Vec::new();
+        for endpoint in &self.endpoints {
+            let url = format!("{endpoint}{path}");
+            match self.agent.post(&url).send(body.to_string()) {
+                Ok(mut resp) => {
+                    let status = resp.status();
+                    let text = resp.body_mut().read_to_string().unwrap_or_default();
+                    if status.is_success() {
+                        return serde_json::from_str(&text).map_err(|e| LedgerError::Protocol {
+                            what,
+                            detail: format!("a body that is not JSON ({e})"),
+                        });
+                    }
+                    errors.push(format!("{endpoint}: {status} {}", text.trim()));
+                }
+                Err(e) => errors.push(format!("{endpoint}: {e}")),
+            }
+        }
+        Err(LedgerError::Unreachable {
+            what,
+            errors: errors.join("; "),
+        })
+    }
+
+    /// The value of `key` and its revision.
+    pub fn get(&self, key: &str) -> Result<Entry, LedgerError> {
+        let answer = self.call(
+            "a range",
+            "/v3/kv/range",
+            &json!({ "key": B64.encode(key) }),
+        )?;
+        let Some(kv) = answer["kvs"].get(0) else {
+            return Ok(Entry {
+                value: None,
+                mod_revision: 0,
+            });
+        };
+        let protocol = |detail: String| LedgerError::Protocol {
+            what: "a range",
+            detail,
+        };
+        let value = B64
+            .decode(kv["value"].as_str().unwrap_or(""))
+            .map_err(|e| protocol(format!("a value that is not base64 ({e})")))?;
+        let mod_revision = kv["mod_revision"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .ok_or_else(|| protocol(format!("no mod_revision in {kv}")))?;
+        Ok(Entry {
+            value: Some(value),
+            mod_revision,
+        })
+    }
+
+    /// Writes `value` to `key` only if the key is still at `mod_revision`
+    /// (0: the key does not exist): compare-and-swap. True if written.
+    pub fn swap(&self, key: &str, mod_revision: i64, value: &[u8]) -> Result<bool, LedgerError> {
+        let key = B64.encode(key);
+        let answer = self.call(
+            "a transaction",
+            "/v3/kv/txn",
+            &json!({
+                "compare": [{
+                    "key": key,
+                    "target": "MOD",
+                    "result": "EQUAL",
+                    "mod_revision": mod_revision.to_string(),
+                }],
+                "success": [{ "request_put": { "key": key, "value": B64.encode(value) } }],
+            }),
+        )?;
+        Ok(answer["succeeded"].as_bool().unwrap_or(false))
+    }
+}
+
+/// The grant ledger of every room and minute, in etcd.
+#[derive(Debug)]
+pub struct EtcdLedger {
+    etcd: Etcd,
+    /// The longest a commit may take over all its attempts.
+    deadline: Duration,
+}
+
+impl EtcdLedger {
+    #[must_use]
+    pub fn new(etcd: Etcd, deadline: Duration) -> Self {
+        Self { etcd, deadline }
+    }
+
+    /// The key of a room's Anywhere grants in a minute, under the epoch of
+    /// the aggregator group that owns the room (docs/adr/0001, decision 5).
+    #[must_use]
+    pub fn key(epoch: u64, room: &str, minute: Minute) -> String {
+        format!("/waitroom/{epoch}/{room}/{}/anywhere", minute.0)
+    }
+
+    /// The ledger at `key` and its revision (empty at revision 0 when absent).
+    pub fn read(&self, key: &str) -> Result<(GrantLedger, i64), LedgerError> {
+        let entry = self.etcd.get(key)?;
+        let ledger = match &entry.value {
+            None => GrantLedger::default(),
+            Some(bytes) => serde_json::from_slice(bytes).map_err(|e| LedgerError::Corrupt {
+                key: key.to_owned(),
+                detail: e.to_string(),
+            })?,
+        };
+        Ok((ledger, entry.mod_revision))
+    }
+
+    /// Commits the batch `batch_id` (`(node, cap)` asked, in order) to the
+    /// ledger at `key`, each cap cut so that all caps stay within `pool`,
+    /// and returns the caps set, once they are durable: read, apply, write
+    /// if nobody wrote since, else again. A batch the ledger already holds
+    /// (a retry after a lost reply) returns what it got then.
+    pub fn commit(
+        &self,
+        key: &str,
+        batch_id: &str,
+        asks: &[(String, u64)],
+        pool: u64,
+    ) -> Result<Vec<(String, u64)>, LedgerError> {
+        let started = Instant::now();
+        let mut last = String::from("none");
+        for _ in 0..MAX_ATTEMPTS {
+            if started.elapsed() >= self.deadline {
+                return Err(LedgerError::Deadline {
+                    key: key.to_owned(),
+                    deadline: self.deadline,
+                    last,
+                });
+            }
+            let (mut ledger, revision) = match self.read(key) {
+                Ok(read) => read,
+                Err(err @ LedgerError::Corrupt { .. }) => return Err(err),
+                Err(err) => {
+                    last = err.to_string();
+                    continue;
+                }
+            };
+            if let Some(done) = ledger.applied(batch_id) {
+                return Ok(done.to_vec());
+            }
+            let set = ledger.apply(batch_id, asks, pool);
+            let bytes = serde_json::to_vec(&ledger).map_err(|e| LedgerError::Protocol {
+                what: "an encoding",
+                detail: e.to_string(),
+            })?;
+            match self.etcd.swap(key, revision, &bytes) {
+                Ok(true) => return Ok(set),
+                // Another writer was first, or (a retry inside the gateway
+                // after a lost reply) this one: the next read tells.
+                Ok(false) => last = "a compare failed".into(),
+                // Sent or not: the next read tells.
+                Err(err) => last = err.to_string(),
+            }
+        }
+        Err(LedgerError::Contended {
+            key: key.to_owned(),
+            attempts: MAX_ATTEMPTS,
+        })
+    }
+}
