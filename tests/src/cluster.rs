@@ -122,6 +122,38 @@ counters_path = "{counters}"
     )
 }
 
+/// A `[[rooms]]` table `shop` that queues at random: every admission comes
+/// from a shared pool, so a minute's admits over the nodes sum exactly.
+pub fn random_room(total_active_users: u64, new_users_per_minute: u64) -> String {
+    format!(
+        "[[rooms]]\nid = \"shop\"\ntotal_active_users = {total_active_users}\n\
+         new_users_per_minute = {new_users_per_minute}\nqueueing_method = \"random\"\n"
+    )
+}
+
+/// Starts one node per `(name, colo)` of `nodes` (two workers, an admin
+/// listener, the room tables `rooms` in front of `origin`), each reporting
+/// every `interval_ms` to all of `aggregators` with its certificate from
+/// `certs`.
+pub fn start_nodes(
+    dir: &Path,
+    certs: &Certs,
+    aggregators: &[SocketAddr],
+    nodes: &[(&str, &str)],
+    rooms: &str,
+    origin: SocketAddr,
+    interval_ms: u64,
+) -> Vec<crate::edge::Edge> {
+    nodes
+        .iter()
+        .map(|&(name, colo)| {
+            let gossip = node_gossip_table_many(aggregators, certs, certs, name, interval_ms);
+            let config = node_config(dir, name, colo, 2, true, rooms, origin, &gossip);
+            crate::edge::Edge::start(dir, name, &config).unwrap()
+        })
+        .collect()
+}
+
 /// The `[aggregator]` table of a node: its certificate `name` from `certs`,
 /// trusting the CA in `trust`.
 pub fn node_gossip_table(

@@ -105,3 +105,25 @@ pub fn get_text(url: &str) -> String {
         .and_then(|mut r| r.body_mut().read_to_string().ok())
         .unwrap_or_default()
 }
+
+/// A new visitor (no cookie) asks `edge` for `/`; true when admitted to the
+/// site. Panics on a server error: no fault a test makes may cost a visitor
+/// a 5xx.
+pub fn admits_new_visitor(edge: &Edge) -> bool {
+    let mut resp = client()
+        .get(&edge.url("/"))
+        .call()
+        .expect("visitor request");
+    let status = resp.status().as_u16();
+    let body = resp.body_mut().read_to_string().unwrap_or_default();
+    assert!(status < 500, "{}: {status} {body}", edge.proc.name);
+    body.contains(SITE)
+}
+
+/// `series` read from every node's `/metrics` and summed (absent: 0).
+pub fn metric_sum(edges: &[Edge], series: &str) -> f64 {
+    edges
+        .iter()
+        .map(|e| metric(&get_text(&e.admin_url("/metrics")), series).unwrap_or(0.0))
+        .sum()
+}

@@ -23,8 +23,8 @@ use std::{
 };
 
 use waitroom_tests::{
-    cluster::{Aggregator, Certs, aggregator_config, free_udp_port, node_gossip_table_many},
-    edge::{Edge, SITE, client, get_text, metric},
+    cluster::{Aggregator, Certs, aggregator_config, free_udp_port, random_room, start_nodes},
+    edge::{Edge, admits_new_visitor, get_text, metric, metric_sum},
     eventually,
     procs::{TempDir, start_origin},
 };
@@ -34,10 +34,7 @@ const NEW_USERS_PER_MINUTE: u64 = 24;
 const TOTAL_ACTIVE_USERS: u64 = 60;
 
 fn room_table() -> String {
-    format!(
-        "[[rooms]]\nid = \"shop\"\ntotal_active_users = {TOTAL_ACTIVE_USERS}\n\
-         new_users_per_minute = {NEW_USERS_PER_MINUTE}\nqueueing_method = \"random\"\n"
-    )
+    random_room(TOTAL_ACTIVE_USERS, NEW_USERS_PER_MINUTE)
 }
 
 fn node_metric(edge: &Edge, series: &str) -> Option<f64> {
@@ -61,25 +58,13 @@ fn now_secs() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// A new visitor asks `edge` for the shop; true when admitted.
-fn visit(edge: &Edge) -> bool {
-    let mut resp = client()
-        .get(&edge.url("/"))
-        .call()
-        .expect("visitor request");
-    let status = resp.status().as_u16();
-    let body = resp.body_mut().read_to_string().unwrap_or_default();
-    assert!(status < 500, "{}: {status} {body}", edge.proc.name);
-    body.contains(SITE)
-}
-
 /// `rounds` rounds of three new visitors at each node; admitted per node.
 fn traffic(edges: &[Edge], rounds: usize) -> Vec<u64> {
     let mut admitted = vec![0; edges.len()];
     for _ in 0..rounds {
         for (i, edge) in edges.iter().enumerate() {
             for _ in 0..3 {
-                admitted[i] += u64::from(visit(edge));
+                admitted[i] += u64::from(admits_new_visitor(edge));
             }
         }
         std::thread::sleep(Duration::from_millis(150));
@@ -89,13 +74,7 @@ fn traffic(edges: &[Edge], rounds: usize) -> Vec<u64> {
 
 /// Both aggregators' active users equal the sum of the nodes' own.
 fn both_hold_the_picture(edges: &[Edge], aggregators: &[&Aggregator]) -> bool {
-    let own: f64 = edges
-        .iter()
-        .map(|e| {
-            node_metric(e, "waitroom_active_users{room=\"shop\",scope=\"node\"}")
-                .unwrap_or(f64::NAN)
-        })
-        .sum();
+    let own = metric_sum(edges, "waitroom_active_users{room=\"shop\",scope=\"node\"}");
     aggregators.iter().all(|a| {
         aggregator_metric(a, "waitroom_aggregator_active_users{room=\"shop\"}") == Some(own)
     })
@@ -122,23 +101,15 @@ fn nodes_report_to_every_aggregator_take_grants_from_one_and_fail_over() {
         })
         .collect();
 
-    let edges: Vec<Edge> = [("ams-1", "ams"), ("sin-1", "sin")]
-        .into_iter()
-        .map(|(name, colo)| {
-            let gossip = node_gossip_table_many(&addresses, &certs, &certs, name, INTERVAL_MS);
-            let config = waitroom_tests::cluster::node_config(
-                dir.path(),
-                name,
-                colo,
-                2,
-                true,
-                &room_table(),
-                origin,
-                &gossip,
-            );
-            Edge::start(dir.path(), name, &config).unwrap()
-        })
-        .collect();
+    let edges = start_nodes(
+        dir.path(),
+        &certs,
+        &addresses,
+        &[("ams-1", "ams"), ("sin-1", "sin")],
+        &room_table(),
+        origin,
+        INTERVAL_MS,
+    );
 
     // --- Each node: one home of the two, and both aggregators answering.
     let settled = |edge: &Edge| {
@@ -214,7 +185,7 @@ fn nodes_report_to_every_aggregator_take_grants_from_one_and_fail_over() {
         );
         // Visitors are served while the node moves.
         for (i, edge) in edges.iter().enumerate() {
-            during[i] += u64::from(visit(edge));
+            during[i] += u64::from(admits_new_visitor(edge));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -248,10 +219,7 @@ fn nodes_report_to_every_aggregator_take_grants_from_one_and_fail_over() {
         admitted[i] += last[i];
     }
     let total: u64 = admitted.iter().sum();
-    let counted: f64 = edges
-        .iter()
-        .map(|e| node_metric(e, "waitroom_admitted_this_minute{room=\"shop\"}").unwrap())
-        .sum();
+    let counted = metric_sum(&edges, "waitroom_admitted_this_minute{room=\"shop\"}");
     eprintln!("admitted per node {admitted:?}, {total} in all; the nodes count {counted}");
     assert!(
         total <= NEW_USERS_PER_MINUTE,

@@ -37,10 +37,7 @@ const NEW_USERS_PER_MINUTE: u64 = 20;
 const TOTAL_ACTIVE_USERS: u64 = 40;
 
 fn room_table() -> String {
-    format!(
-        "[[rooms]]\nid = \"shop\"\ntotal_active_users = {TOTAL_ACTIVE_USERS}\n\
-         new_users_per_minute = {NEW_USERS_PER_MINUTE}\nqueueing_method = \"random\"\n"
-    )
+    waitroom_tests::cluster::random_room(TOTAL_ACTIVE_USERS, NEW_USERS_PER_MINUTE)
 }
 
 fn node_config(dir: &TempDir, name: &str, colo: &str, origin: SocketAddr, gossip: &str) -> String {
@@ -100,14 +97,7 @@ fn converged(edges: &[Edge], aggregator: &Aggregator) -> bool {
 
 /// A new visitor (no cookie) asks `edge` for the shop; true when admitted.
 fn visit(edge: &Edge) -> bool {
-    let mut resp = client()
-        .get(&edge.url("/"))
-        .call()
-        .expect("visitor request");
-    let status = resp.status().as_u16();
-    let body = resp.body_mut().read_to_string().unwrap_or_default();
-    assert!(status < 500, "{}: {status} {body}", edge.proc.name);
-    body.contains(SITE)
+    waitroom_tests::edge::admits_new_visitor(edge)
 }
 
 #[test]
