@@ -49,6 +49,18 @@ impl NetNs {
     /// Creates the namespace, the pair, the addresses and the return route.
     /// On failure whatever was already made is removed again.
     pub fn new() -> io::Result<Self> {
+        // Another process's guard (a second test run beside this one) may
+        // hold the names or the /20 this one would take: then the next.
+        let mut tries = 0;
+        loop {
+            match Self::try_new() {
+                Err(e) if tries < 16 && e.to_string().contains("File exists") => tries += 1,
+                other => return other,
+            }
+        }
+    }
+
+    fn try_new() -> io::Result<Self> {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         // 14 bits of uniqueness: the /30 index within 198.18.0.0/16.
