@@ -158,6 +158,22 @@ pub struct Cluster {
     stripped: Option<ExpirySlot>,
     /// What a node that asks on demand is promised (see [`promise`]).
     promises: PromisePolicy,
+    /// The Anywhere grants of the last merge, for a shared ledger.
+    last_grants: Vec<AnywhereGrant>,
+}
+
+/// One Anywhere grant of a merge, as a shared grant ledger takes it
+/// ([`grants::GrantLedger`]): the node may reach `used + allowance`
+/// Anywhere admits this minute (its cap), of a budget of `budget` for the
+/// minute over every node (the round's free Anywhere pool plus the Anywhere
+/// admits every node reported this minute).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnywhereGrant {
+    pub room: RoomId,
+    pub minute: Minute,
+    pub used: u64,
+    pub allowance: u64,
+    pub budget: u64,
 }
 
 /// A node's shared-pool admits (colo share and Anywhere) since its leases
@@ -339,6 +355,7 @@ impl Cluster {
             departed: BTreeSet::new(),
             stripped: None,
             promises: PromisePolicy::default(),
+            last_grants: Vec::new(),
         };
         cluster.rebuild(None);
         cluster
@@ -585,6 +602,36 @@ impl Cluster {
         self.apply_as(report, now, true)
     }
 
+    /// The Anywhere grants of the last [`Cluster::apply`] (or
+    /// `apply_asking`), one per room answered.
+    #[must_use]
+    pub fn anywhere_grants(&self) -> &[AnywhereGrant] {
+        &self.last_grants
+    }
+
+    /// A shared ledger cut the last grant of `room` to `node` down to
+    /// `allowance`: the ledger here holds that instead, so what was cut is
+    /// free for the next grant.
+    pub fn settle_anywhere(&mut self, node: &str, room: RoomId, allowance: u64) {
+        let Some(index) = self.index_of(node) else {
+            return;
+        };
+        let Some(room_report) = self.reports[index].rooms.iter().find(|r| r.room == room) else {
+            return;
+        };
+        let (Some(memory), Some(sums)) = (self.memory.get_mut(&room), self.sums.get_mut(&room))
+        else {
+            return;
+        };
+        let Some(held) = memory.leases.get_mut(node) else {
+            return;
+        };
+        let old = *held;
+        held.allowance = held.allowance.min(allowance);
+        let new = *held;
+        sums.swap_lease(room_report, Some(&old), Some(&new));
+    }
+
     /// A report from a node whose home is another aggregator
     /// (`Message::PeerReport`, a cluster of several aggregators): merged
     /// like any report, so this aggregator's picture holds every node, but
@@ -713,6 +760,7 @@ impl Cluster {
         previous_visitors: Vec<(RoomId, u64)>,
     ) -> Vec<RoomAnswer> {
         let minute = now.minute();
+        self.last_grants.clear();
         self.refresh(minute);
         let colo = self.colo_ids.get(&self.reports[index].colo).copied();
         let key = NodeKey {
@@ -827,6 +875,13 @@ impl Cluster {
             );
             state.allowance.anywhere = granted;
             state.allowance.colo_share = colo_granted;
+            self.last_grants.push(AnywhereGrant {
+                room: id,
+                minute,
+                used: state.used.anywhere,
+                allowance: granted,
+                budget: shares.pool.saturating_add(sums.admits.anywhere_in(minute)),
+            });
             let new_colo = Lease {
                 minute,
                 used_at_grant: state.used.colo_share,

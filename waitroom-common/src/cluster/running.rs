@@ -182,6 +182,11 @@ impl AdmitSums {
     }
 
     /// All pools' admits in `minute`, over every node.
+    /// Anywhere admits of `minute` over every node.
+    pub(crate) fn anywhere_in(&self, minute: Minute) -> u64 {
+        self.sums.get(&minute).map_or(0, |p| p[2])
+    }
+
     pub(crate) fn total_in(&self, minute: Minute) -> u64 {
         self.sums
             .get(&minute)

@@ -64,7 +64,7 @@ use rand::{Rng, RngExt as _, SeedableRng, rngs::ChaCha8Rng};
 use serde::Serialize;
 use waitroom_common::{
     aggregate::{NodeReport, aggregate},
-    cluster::{Cluster, Lease, PromisePolicy, RoomDef},
+    cluster::{Cluster, Lease, PromisePolicy, RoomDef, grants::GrantLedger},
     counters::RoomCounters,
     engine::{AdmitReason, Decision, QueueReason, decide, is_new_visitor, short_of_slots},
     ledger::TicketLedger,
@@ -72,7 +72,7 @@ use waitroom_common::{
     share::{local_only_state, observed_share, own_counts, smooth_share},
     state::{AdmitRate, GlobalState},
     ticket::Ticket,
-    time::{MILLIS_PER_MINUTE, UnixMillis},
+    time::{MILLIS_PER_MINUTE, Minute, UnixMillis},
     wire::{HeldLease, RoomAnswer},
 };
 
@@ -137,6 +137,11 @@ pub struct Conditions {
     /// Peer reports say which leases the node holds from its home (the
     /// real system); off: they say none, to show what that buys.
     pub peer_leases: bool,
+    /// Every aggregator commits its Anywhere grants to one grant ledger per
+    /// minute (`cluster::grants::GrantLedger`, the code the etcd ledger
+    /// runs, here without the store's latency) before answering: what the
+    /// replicated ledger of docs/adr/0001 buys.
+    pub shared_ledger: bool,
 }
 
 impl Conditions {
@@ -158,6 +163,7 @@ impl Conditions {
         promise_horizon_ms: 2_000,
         aggregators: 1,
         peer_leases: true,
+        shared_ledger: false,
     };
 }
 
@@ -315,6 +321,8 @@ pub struct Run {
     pub counted_error: CountedError,
     /// What the network did to the gossip.
     pub gossip: GossipCounts,
+    /// With `--shared-ledger`: grants the shared ledger cut.
+    pub shared_cuts: u64,
 }
 
 /// How far the active users the node counters count (summed over the nodes,
@@ -529,6 +537,10 @@ pub struct Sim {
     cluster: Cluster,
     /// With `--aggregators K`, aggregators 1..K (the first is `cluster`).
     peers: Vec<Cluster>,
+    /// With `--shared-ledger`: the grant ledger of each minute, and how
+    /// many grants it cut.
+    shared: BTreeMap<Minute, GrantLedger>,
+    shared_cuts: u64,
     /// Reports sent from `.0` until `.1` (ms after [`START`]) are lost.
     outage: Option<(u64, u64)>,
     /// Each node's latest lease as answered: with the ledger, and as the
@@ -634,6 +646,8 @@ impl Sim {
             nodes,
             cluster,
             peers,
+            shared: BTreeMap::new(),
+            shared_cuts: 0,
             outage: None,
             leases: BTreeMap::new(),
             visitors: Vec::with_capacity(arrivals.len()),
@@ -769,6 +783,7 @@ impl Sim {
             queued_below_target_behind_queue: self.queued_below_target_behind_queue,
             counted_error: self.counted_error,
             gossip: self.gossip,
+            shared_cuts: self.shared_cuts,
         }
     }
 
@@ -930,6 +945,28 @@ impl Sim {
         } else {
             aggregator.apply(exchange.report.clone(), now)
         };
+        if self.topology.conditions.shared_ledger {
+            let node = &exchange.report.node;
+            for g in aggregator.anywhere_grants().to_vec() {
+                let ledger = self.shared.entry(g.minute).or_default();
+                let set = ledger.apply(
+                    &format!("{node}/{id}"),
+                    &[(node.clone(), g.used.saturating_add(g.allowance))],
+                    g.budget,
+                );
+                let allowance = set[0].1.saturating_sub(g.used);
+                if allowance < g.allowance {
+                    self.shared_cuts += 1;
+                    aggregator.settle_anywhere(node, g.room, allowance);
+                    for answer in answers.iter_mut().filter(|a| a.room == g.room) {
+                        answer.state.allowance.anywhere = allowance;
+                    }
+                }
+            }
+            // Minutes past are done with.
+            let minute = now.minute();
+            self.shared.retain(|m, _| *m >= minute.minus(1));
+        }
         let node = exchange.report.node.clone();
         if let Some(deliver_ms) = exchange.answer_ms {
             self.schedule(deliver_ms, Event::Deliver(id));

@@ -115,6 +115,11 @@ pub struct Args {
     /// they buy).
     #[arg(long)]
     no_peer_leases: bool,
+    /// Every aggregator commits its Anywhere grants to one shared grant
+    /// ledger (the etcd ledger's code, without the store's latency) before
+    /// it answers.
+    #[arg(long)]
+    shared_ledger: bool,
     /// Run only this scenario (steady, colo-spike, uniform-spike, burst-7-1).
     #[arg(long)]
     scenario: Option<String>,
@@ -202,6 +207,7 @@ pub fn run(args: &Args) -> Result<()> {
             check_ledger: !args.no_ledger_check && args.aggregators == 1,
             aggregators: args.aggregators,
             peer_leases: !args.no_peer_leases,
+            shared_ledger: args.shared_ledger,
             lease_wait_ms: args.lease_wait_ms,
             lease_rtt_ms: args.lease_rtt_ms,
             promise_horizon_ms: args.promise_horizon_ms,
@@ -315,6 +321,10 @@ fn describe(t: &Topology) -> String {
                 "WITHOUT the leases held"
             }
         ),
+    );
+    add(
+        c.shared_ledger,
+        "Anywhere grants committed to one shared grant ledger per minute".to_owned(),
     );
     add(!c.check_ledger, "ledger check skipped".to_owned());
     line
@@ -888,6 +898,31 @@ mod tests {
             untold > told,
             "the held leases matter: {untold} against {told}"
         );
+    }
+
+    /// The shared grant ledger (the etcd ledger's code) agrees with one
+    /// aggregator's own: it never cuts a grant of a lone aggregator (the
+    /// budget it is handed is what that aggregator's ledger keeps to), and
+    /// the run is the same; with two aggregators it does cut.
+    #[test]
+    fn a_shared_ledger_cuts_nothing_of_one_aggregator_and_some_of_two() {
+        let topology = |aggregators, shared_ledger| {
+            harsh(Conditions {
+                aggregators,
+                shared_ledger,
+                check_ledger: false,
+                lease_wait_ms: 50,
+                lease_rtt_ms: 20,
+                ..Conditions::NONE
+            })
+        };
+        let (alone, alone_run) = run_on("uniform-spike", &topology(1, false), 3);
+        let (shared, shared_run) = run_on("uniform-spike", &topology(1, true), 3);
+        assert_eq!(shared_run.shared_cuts, 0);
+        assert_eq!(shared.peak_admits_ratio, alone.peak_admits_ratio);
+        assert_eq!(shared_run.decisions, alone_run.decisions);
+        let (_, two) = run_on("uniform-spike", &topology(2, true), 3);
+        assert!(two.shared_cuts > 0, "two homes race for the same slots");
     }
 
     /// Every answer lost: the aggregator still gets every report, but no
