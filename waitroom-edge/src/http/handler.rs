@@ -129,7 +129,9 @@ async fn answer(
                 let spelling = (t.path_and_query(false), t.host_header());
                 let mut req = req;
                 respell(&mut req, spelling);
-                return unrouted(node, worker, req, conn, hop, scheme, trace).await;
+                // Boxed: the rare path's state stays out of every
+                // request's future (each byte of it is moved per request).
+                return Box::pin(unrouted(node, worker, req, conn, hop, scheme, trace)).await;
             };
             let merge = node.rooms[index].spec.merge_slashes;
             let changed = req.uri().authority().is_some()
@@ -491,22 +493,28 @@ async fn to_origin(
     scheme: &'static str,
     trace: &mut Trace,
 ) -> (Response<Body>, Option<OriginCommand>) {
-    let live = room.live.load();
-    let commands = &live.origin_commands;
     // Read before the request goes: an error page answers in kind.
     let json = wants_json(req.headers());
     let mut req = req;
-    commands.strip_request(req.headers_mut());
+    // The room's live settings are loaded on each side of the origin's
+    // answer, never held across it: an arc-swap guard held over an await
+    // takes one of the thread's few fast slots for as long (every other
+    // load on the thread then takes the slow path).
+    room.live
+        .load()
+        .origin_commands
+        .strip_request(req.headers_mut());
     let proxy_started = Instant::now();
     let (upstream, timeout) = (&room.upstream, room.spec.origin_timeout);
     let result = forward(node, worker, upstream, timeout, req, conn, hop, scheme).await;
     let proxy_time = proxy_started.elapsed();
     room.metrics.observe(Latency::Proxy, proxy_time);
     trace.upstream_micros = Some(proxy_time.as_micros() as u64);
+    let live = room.live.load();
     match result {
         Ok(mut resp) => {
             trace.upstream_status = Some(resp.status().as_u16());
-            let command = commands.take(resp.headers_mut());
+            let command = live.origin_commands.take(resp.headers_mut());
             (resp, command)
         }
         Err(err) => {
