@@ -294,10 +294,18 @@ pub fn controlled_aggregator(
 /// Runs `waitroom-aggregator ctl ARGS` against `aggregator` with the token
 /// file `tokens`: (succeeded, stdout, stderr).
 pub fn ctl(aggregator: &Aggregator, tokens: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(binary("waitroom-aggregator"))
-        .arg("ctl")
-        .arg("--url")
-        .arg(aggregator.admin_url(""))
+    ctl_all(&[aggregator.admin_url("")], tokens, args)
+}
+
+/// [`ctl`] against several aggregators at once, by their admin URLs
+/// (`--url` for each).
+pub fn ctl_all(urls: &[String], tokens: &Path, args: &[&str]) -> (bool, String, String) {
+    let mut command = Command::new(binary("waitroom-aggregator"));
+    command.arg("ctl");
+    for url in urls {
+        command.arg("--url").arg(url);
+    }
+    let out = command
         .arg("--token-file")
         .arg(tokens)
         .args(args)

@@ -16,7 +16,9 @@
 //!   dashboard show them behind;
 //! - the settings survive an aggregator restart, and a node restarted while
 //!   the aggregator is down runs the last version it received;
-//! - `waitroom-aggregator ctl` against the real aggregator;
+//! - `waitroom-aggregator ctl` against the real aggregator, and against
+//!   three at once: a change lands on all or, when they disagree or one is
+//!   down, on none, and the error names the one to look at;
 //! - a node without an aggregator serves the API for itself (a suspended room
 //!   lets visitors through without a ticket, and stays so after a restart),
 //!   and without a token file the API says how to turn it on;
@@ -32,7 +34,9 @@ use std::{
 
 use serde_json::{Value, json};
 use waitroom_tests::{
-    cluster::{Aggregator, Certs, controlled_aggregator, ctl, node_gossip_table, write_tokens},
+    cluster::{
+        Aggregator, Certs, controlled_aggregator, ctl, ctl_all, node_gossip_table, write_tokens,
+    },
     edge::{Edge, client, metric},
     eventually,
     procs::{TempDir, start_origin},
@@ -440,6 +444,119 @@ fn a_change_reaches_every_node_within_two_intervals_and_survives_restarts() {
             && s["settings"]["nodes"].as_array().map(Vec::len) == Some(2)
             && s["settings"]["nodes_behind"] == 0
     }));
+}
+
+/// Version and `total_active_users` of room `shop` at `aggregator`.
+fn shop_at(aggregator: &Aggregator) -> (Value, Value) {
+    let (status, got, _) = api(
+        "GET",
+        &aggregator.admin_url("/api/rooms/shop"),
+        Some(ALICE),
+        None,
+        None,
+    );
+    assert_eq!(status, 200, "{got}");
+    (
+        got["version"].clone(),
+        got["room"]["total_active_users"].clone(),
+    )
+}
+
+#[test]
+fn ctl_changes_every_aggregator_of_a_cluster_or_none() {
+    let dir = TempDir::new("control-three");
+    let certs = Certs::generate(&dir.path().join("certs"), &["n1"]).unwrap();
+    let tokens = dir.path().join("control.tokens");
+    write_tokens(&tokens, &format!("alice {ALICE}\n"));
+    let mut aggregators: Vec<Aggregator> = ["a", "b", "c"]
+        .into_iter()
+        .map(|name| {
+            let own = dir.path().join(name);
+            std::fs::create_dir_all(&own).unwrap();
+            controlled_aggregator(
+                &own,
+                &certs,
+                &tokens,
+                "[[rooms]]\nid = \"shop\"\ntotal_active_users = 40\nnew_users_per_minute = 20\n",
+            )
+            .unwrap()
+            .0
+        })
+        .collect();
+    let url = |a: &Aggregator| a.admin_url("");
+    let all = |list: &[Aggregator]| list.iter().map(url).collect::<Vec<_>>();
+
+    // All three take the change, each answer keyed by its aggregator.
+    let (ok, out, err) = ctl_all(
+        &all(&aggregators),
+        &tokens,
+        &["set", "shop", "total_active_users=500"],
+    );
+    assert!(ok, "{out}{err}");
+    let answers: Value = serde_json::from_str(&out).unwrap();
+    for aggregator in &aggregators {
+        assert_eq!(answers[url(aggregator)]["version"], 2, "{out}");
+        assert_eq!(shop_at(aggregator), (json!(2), json!(500)));
+    }
+    // Reading several: one answer each.
+    let (ok, out, _) = ctl_all(&all(&aggregators), &tokens, &["get", "shop"]);
+    assert!(ok);
+    let got: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(got.as_object().map(serde_json::Map::len), Some(3), "{out}");
+
+    // A tired operator changes one aggregator alone: the next change for all
+    // is refused before anything is written, naming the one that differs.
+    let (ok, out, err) = ctl(&aggregators[2], &tokens, &["set", "shop", "queue_all=true"]);
+    assert!(ok, "{out}{err}");
+    let (ok, _, err) = ctl_all(
+        &all(&aggregators),
+        &tokens,
+        &["set", "shop", "total_active_users=600"],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("disagree") && err.contains(&url(&aggregators[2])),
+        "{err}"
+    );
+    assert_eq!(shop_at(&aggregators[0]), (json!(2), json!(500)));
+    assert_eq!(shop_at(&aggregators[1]), (json!(2), json!(500)));
+    assert_eq!(shop_at(&aggregators[2]), (json!(3), json!(500)));
+    // Several aggregators have no one version to match.
+    let (ok, _, err) = ctl_all(
+        &all(&aggregators),
+        &tokens,
+        &["--if-match", "3", "set", "shop", "total_active_users=600"],
+    );
+    assert!(!ok && err.contains("--if-match"), "{err}");
+
+    // Made equal, they take changes together again.
+    let (ok, out, err) = ctl_all(
+        &all(&aggregators[..2]),
+        &tokens,
+        &["set", "shop", "queue_all=true"],
+    );
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = ctl_all(
+        &all(&aggregators),
+        &tokens,
+        &["set", "shop", "total_active_users=600"],
+    );
+    assert!(ok, "{out}{err}");
+    for aggregator in &aggregators {
+        assert_eq!(shop_at(aggregator), (json!(4), json!(600)));
+    }
+
+    // One aggregator down: nothing changes on the others.
+    let down = url(&aggregators[2]);
+    drop(aggregators.pop());
+    let mut listed = all(&aggregators);
+    listed.push(down.clone());
+    let (ok, _, err) = ctl_all(&listed, &tokens, &["set", "shop", "total_active_users=700"]);
+    assert!(!ok);
+    assert!(err.contains(&down), "{err}");
+    for aggregator in &aggregators {
+        assert_eq!(shop_at(aggregator), (json!(4), json!(600)));
+    }
 }
 
 #[test]

@@ -7,6 +7,14 @@
 //! (`admin_listen`, `control_token_file`) unless `--url` and `--token-file`
 //! say otherwise, so on the aggregator's machine
 //! `waitroom-aggregator ctl set shop total_active_users=500` is enough.
+//!
+//! With several aggregators (`--url` once for each) a change is made on
+//! every one, in order, only once they agree: the same version and the
+//! same rooms. Each node takes its room settings from its home aggregator,
+//! so aggregators that disagree would have nodes enforce different limits.
+//! Each change carries the version it was checked at (`If-Match`), so a
+//! change made elsewhere meanwhile stops it; one that stops part-way says
+//! which aggregators have it.
 use std::{io::Read as _, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
@@ -17,9 +25,9 @@ use serde_json::Value;
 #[derive(Debug, Args)]
 pub struct CtlArgs {
     /// The admin listener, `http://host:port` (default: `admin_listen` of
-    /// the config file).
+    /// the config file); once per aggregator of a cluster of several.
     #[arg(long)]
-    pub url: Option<String>,
+    pub url: Vec<String>,
     /// The token file (default: `control_token_file` of the config file).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
@@ -148,40 +156,150 @@ pub fn run(
     args: &CtlArgs,
     config: Option<&crate::AggregatorConfig>,
 ) -> anyhow::Result<(bool, String)> {
-    let url = match (&args.url, config.and_then(|c| c.admin_listen)) {
-        (Some(url), _) => url.trim_end_matches('/').to_owned(),
-        (None, Some(addr)) => format!("http://{addr}"),
-        (None, None) => bail!("no --url, and the config file has no admin_listen"),
+    let urls: Vec<String> = match (&args.url[..], config.and_then(|c| c.admin_listen)) {
+        ([], Some(addr)) => vec![format!("http://{addr}")],
+        ([], None) => bail!("no --url, and the config file has no admin_listen"),
+        (urls, _) => urls
+            .iter()
+            .map(|u| u.trim_end_matches('/').to_owned())
+            .collect(),
     };
     let token_file = args
         .token_file
         .clone()
         .or_else(|| config.and_then(|c| c.control.token_file.clone()))
         .context("no --token-file, and the config file has no control_token_file")?;
-    let token = token(&token_file, args.token_name.as_deref())?;
-    let (method, path, body) = args.command.call()?;
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(15)))
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let request = http::Request::builder()
-        .method(method)
-        .uri(format!("{url}{path}"))
-        .header("authorization", format!("Bearer {token}"))
-        .header("content-type", "application/json");
-    let request = match args.if_match {
-        Some(v) => request.header("if-match", format!("\"{v}\"")),
-        None => request,
+    let client = Client {
+        token: token(&token_file, args.token_name.as_deref())?,
+        agent: ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(15)))
+            .http_status_as_error(false)
+            .build()
+            .into(),
     };
-    let mut response = match body {
-        Some(body) => agent.run(request.body(body.to_string())?),
-        None => agent.run(request.body(())?),
+    let call = args.command.call()?;
+    if let [url] = &urls[..] {
+        return client.send(url, &call, args.if_match);
     }
-    .with_context(|| format!("{method} {url}{path}"))?;
-    let ok = response.status().is_success();
-    let text = response.body_mut().read_to_string().unwrap_or_default();
-    Ok((ok, text))
+    if args.if_match.is_some() {
+        bail!(
+            "--if-match names one aggregator's version; with several --url, ctl checks that they agree and sends each its own"
+        );
+    }
+    if call.0 == "GET" {
+        let mut all = serde_json::Map::new();
+        let mut ok = true;
+        for url in &urls {
+            let (fine, text) = client.send(url, &call, None)?;
+            ok &= fine;
+            all.insert(url.clone(), answer_json(&text));
+        }
+        return Ok((ok, Value::Object(all).to_string()));
+    }
+    change_everywhere(&client, &urls, &call)
+}
+
+/// The token and the HTTP agent every request of a run shares.
+struct Client {
+    token: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// One request to `url`: whether it succeeded, and the answer's text.
+    fn send(
+        &self,
+        url: &str,
+        (method, path, body): &Call,
+        if_match: Option<u64>,
+    ) -> anyhow::Result<(bool, String)> {
+        let request = http::Request::builder()
+            .method(*method)
+            .uri(format!("{url}{path}"))
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("content-type", "application/json");
+        let request = match if_match {
+            Some(v) => request.header("if-match", format!("\"{v}\"")),
+            None => request,
+        };
+        let mut response = match body {
+            Some(body) => self.agent.run(request.body(body.to_string())?),
+            None => self.agent.run(request.body(())?),
+        }
+        .with_context(|| format!("{method} {url}{path}"))?;
+        let ok = response.status().is_success();
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        Ok((ok, text))
+    }
+}
+
+/// An answer's JSON, or its text as a JSON string when it is not JSON.
+fn answer_json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+}
+
+/// Makes the change `call` on every aggregator of `urls`, once all of them
+/// hold the same version of the same rooms; stops at the first that refuses.
+fn change_everywhere(
+    client: &Client,
+    urls: &[String],
+    call: &Call,
+) -> anyhow::Result<(bool, String)> {
+    let rooms = ("GET", "/api/rooms".to_owned(), None);
+    let mut seen: Vec<(u64, Value)> = Vec::with_capacity(urls.len());
+    for url in urls {
+        let (ok, text) = client.send(url, &rooms, None)?;
+        let answer = answer_json(&text);
+        let version = answer["version"].as_u64().filter(|_| ok);
+        let Some(version) = version else {
+            bail!(
+                "{url}: could not read its rooms, so nothing was changed: {}",
+                text.trim()
+            );
+        };
+        seen.push((version, answer["rooms"].clone()));
+    }
+    let (first_version, first_rooms) = &seen[0];
+    for (url, (version, rooms)) in urls.iter().zip(&seen).skip(1) {
+        if version != first_version || rooms != first_rooms {
+            let what = if version == first_version {
+                "the same version number with other rooms".to_owned()
+            } else {
+                format!("version {version} against {first_version}")
+            };
+            bail!(
+                "the aggregators disagree, so nothing was changed: {url} holds {what} at {}; \
+                 compare `ctl --url {url} rooms` with `ctl --url {} rooms`, make them equal \
+                 with a change on the one that is wrong, then try again",
+                urls[0],
+                urls[0]
+            );
+        }
+    }
+    let mut done = serde_json::Map::new();
+    for (url, (version, _)) in urls.iter().zip(&seen) {
+        let (ok, text) = client.send(url, call, Some(*version))?;
+        if !ok {
+            let changed: Vec<&String> = done.keys().collect();
+            bail!(
+                "{url} refused the change ({}); changed already: {}; not tried: {}",
+                text.trim(),
+                if changed.is_empty() {
+                    "none".to_owned()
+                } else {
+                    format!("{changed:?}")
+                },
+                urls.iter()
+                    .skip_while(|u| *u != url)
+                    .skip(1)
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        done.insert(url.clone(), answer_json(&text));
+    }
+    Ok((true, Value::Object(done).to_string()))
 }
 
 #[cfg(test)]

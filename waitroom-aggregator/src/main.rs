@@ -87,7 +87,7 @@ fn run_cli(cli: Cli, config_fault: &mut bool) -> anyhow::Result<()> {
         Some(Command::Reload { pid }) => Ok(signals::send_hangup(pid)?),
         Some(Command::Ctl(args)) => {
             // The config only fills in what the options leave out.
-            let config = if args.url.is_some() && args.token_file.is_some() {
+            let config = if !args.url.is_empty() && args.token_file.is_some() {
                 None
             } else {
                 Some(AggregatorConfig::load(&cli.config)?)
