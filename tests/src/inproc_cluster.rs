@@ -8,12 +8,17 @@
 //! [`InProcCluster::advance`] returns once every node decides with an answer
 //! the aggregator computed at the new time, so a test walks through minutes
 //! in seconds without guessing with sleeps.
+//!
+//! Each node reads its own clock, moved with the aggregator's by
+//! [`InProcCluster::advance`] (one clock underneath, so at once);
+//! [`InProcCluster::jump`] steps one node's wall clock alone, as NTP or a
+//! resumed VM would.
 use std::{net::SocketAddr, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 use waitroom_common::time::UnixMillis;
 use waitroom_edge::start::{self, Options, Running};
-use waitroom_runtime::clock::{Clock, ClockDriver};
+use waitroom_runtime::clock::{Clock, ClockDriver, Stepper};
 
 use crate::{
     cluster::{Certs, aggregator_config, node_config, node_gossip_table},
@@ -33,6 +38,8 @@ pub struct ClusterNode {
     /// Where visitors connect.
     pub http: SocketAddr,
     running: Option<Running>,
+    /// Steps this node's wall clock alone.
+    clock: Stepper,
 }
 
 impl ClusterNode {
@@ -115,6 +122,7 @@ impl InProcCluster {
 
         let mut started = Vec::new();
         for &(name, colo) in nodes {
+            let (node_clock, node_driver) = driver.stepped();
             let path = dir.path().join(format!("{name}.toml"));
             std::fs::write(
                 &path,
@@ -133,7 +141,7 @@ impl InProcCluster {
             let running = start::start(
                 config,
                 Options {
-                    clock: clock.clone(),
+                    clock: node_clock,
                     signals_for: None,
                     drop_capabilities: false,
                 },
@@ -144,6 +152,7 @@ impl InProcCluster {
                 colo: colo.to_owned(),
                 http: running.addresses.http,
                 running: Some(running),
+                clock: node_driver,
             });
         }
         let cluster = Self {
@@ -169,6 +178,14 @@ impl InProcCluster {
         let now = self.driver.advance(by);
         self.wait_fresh(now)?;
         Ok(now)
+    }
+
+    /// Steps node `i`'s clock alone by `by_ms` (negative: back), as a
+    /// clock stepped by NTP or a resumed VM would; it stays that far from
+    /// the cluster's from then on. Returns the node's time.
+    pub fn jump(&self, i: usize, by_ms: i64) -> UnixMillis {
+        self.nodes[i].clock.step(by_ms);
+        self.node(i).clock.wall()
     }
 
     /// Waits until every room of every node holds a state computed at `now`
@@ -241,6 +258,40 @@ impl InProcCluster {
             .expect("the aggregator runs until the cluster is dropped")
             .status(self.now())
     }
+}
+
+/// A visitor at `url` with `cookie` (none: a new visitor): whether the
+/// origin's page was served (admitted) or the queue page, and the cookie to
+/// come back with. Anything else (an error, a 5xx) fails the test.
+#[must_use]
+pub fn visit(url: &str, cookie: Option<&str>) -> (bool, Option<String>) {
+    let mut request = crate::edge::client().get(url);
+    if let Some(cookie) = cookie {
+        request = request.header("Cookie", cookie);
+    }
+    let mut response = request.call().expect("the node answers");
+    let status = response.status().as_u16();
+    let fresh = response
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_owned());
+    let body = response.body_mut().read_to_string().expect("a text body");
+    assert_eq!(status, 200, "{body}");
+    let admitted = body.contains(crate::edge::SITE);
+    assert!(
+        admitted || body.contains("queue") || body.contains("wait"),
+        "neither the origin nor the queue: {body}"
+    );
+    // No new cookie: the one sent still holds.
+    (admitted, fresh.or_else(|| cookie.map(str::to_owned)))
+}
+
+/// A new visitor at `url`: admitted or queued (see [`visit`]).
+#[must_use]
+pub fn visit_new(url: &str) -> bool {
+    visit(url, None).0
 }
 
 impl Drop for InProcCluster {

@@ -23,43 +23,10 @@
 //! early; docs/BENCHMARKS.md has the figures.
 use std::time::Duration;
 
-use waitroom_tests::{edge::client, inproc_cluster::InProcCluster};
+use waitroom_tests::inproc_cluster::{InProcCluster, visit as visit_with, visit_new as visit};
 
-const SITE: &str = "Demo Shop";
 const NEW_USERS_PER_MINUTE: u64 = 200;
 const TOTAL_ACTIVE_USERS: u64 = 400;
-
-/// A visitor at `url` with `cookie` (none: a new visitor): whether the
-/// origin's page was served (admitted) or the queue page, and the cookie to
-/// come back with. Anything else fails the test.
-fn visit_with(url: &str, cookie: Option<&str>) -> (bool, Option<String>) {
-    let mut request = client().get(url);
-    if let Some(cookie) = cookie {
-        request = request.header("Cookie", cookie);
-    }
-    let mut response = request.call().expect("the node answers");
-    let status = response.status().as_u16();
-    let fresh = response
-        .headers()
-        .get("set-cookie")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .map(|v| v.trim().to_owned());
-    let body = response.body_mut().read_to_string().expect("a text body");
-    assert_eq!(status, 200, "{body}");
-    let admitted = body.contains(SITE);
-    assert!(
-        admitted || body.contains("queue") || body.contains("wait"),
-        "neither the origin nor the queue: {body}"
-    );
-    // No new cookie: the one sent still holds.
-    (admitted, fresh.or_else(|| cookie.map(str::to_owned)))
-}
-
-/// A new visitor at `url`: `true` if admitted.
-fn visit(url: &str) -> bool {
-    visit_with(url, None).0
-}
 
 #[test]
 fn a_seven_to_one_burst_over_two_nodes_holds_the_limit_and_the_early_queued_get_in_at_their_first_check_in()

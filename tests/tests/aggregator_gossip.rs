@@ -97,7 +97,10 @@ async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
 
 fn active(handle: &GossipHandle) -> Option<u64> {
     let world = handle.world.load();
-    let fresh = handle.world.freshness(clock::now()).is_fresh();
+    let fresh = handle
+        .world
+        .freshness(clock::Clock::system().elapsed())
+        .is_fresh();
     fresh
         .then(|| {
             world
@@ -139,7 +142,9 @@ async fn nodes_converge_survive_an_aggregator_restart_and_go_stale_without_it() 
     aggregator.stop().await;
     assert!(
         eventually(Duration::from_secs(5), || {
-            !a.world.freshness(clock::now()).is_fresh()
+            !a.world
+                .freshness(clock::Clock::system().elapsed())
+                .is_fresh()
         })
         .await,
         "without the aggregator the view goes stale"
@@ -221,7 +226,7 @@ async fn a_node_with_a_certificate_from_another_ca_is_refused() {
     assert!(!handle.status.connected.load(Relaxed));
     assert!(handle.status.errors_total.load(Relaxed) >= 1);
     assert_eq!(
-        handle.world.freshness(clock::now()),
+        handle.world.freshness(clock::Clock::system().elapsed()),
         gossip::Freshness::Never
     );
     assert!(aggregator.status(clock::now()).nodes.is_empty());
@@ -263,7 +268,7 @@ async fn a_node_reporting_under_another_nodes_name_is_refused() {
     );
     assert_eq!(impostor.status.reports_total.load(Relaxed), 0);
     assert_eq!(
-        impostor.world.freshness(clock::now()),
+        impostor.world.freshness(clock::Clock::system().elapsed()),
         gossip::Freshness::Never,
         "the impostor never gets a state"
     );

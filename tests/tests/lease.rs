@@ -19,28 +19,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use waitroom_tests::{edge::client, inproc_cluster::InProcCluster};
+use waitroom_tests::inproc_cluster::{InProcCluster, visit_new};
 
-const SITE: &str = "Demo Shop";
 const NEW_USERS_PER_MINUTE: u64 = 200;
 const ROOM: &str = "total_active_users = 400\nnew_users_per_minute = 200\n\
                     session_duration = 5\nqueueing_method = \"fifo\"\n";
 const NODES: &[(&str, &str)] = &[("node-a1", "a"), ("node-a2", "a"), ("node-b1", "b")];
-
-/// A new visitor at `url`: admitted (the origin's page) or queued (the
-/// queue page); anything else fails the test.
-fn visit(url: &str) -> bool {
-    let mut response = client().get(url).call().expect("the node answers");
-    let status = response.status().as_u16();
-    let body = response.body_mut().read_to_string().expect("a text body");
-    assert_eq!(status, 200, "{body}");
-    let admitted = body.contains(SITE);
-    assert!(
-        admitted || body.contains("queue") || body.contains("wait"),
-        "neither the origin nor the queue: {body}"
-    );
-    admitted
-}
 
 fn lease(cluster: &InProcCluster, i: usize) -> &waitroom_edge::gossip::LeaseAsk {
     &cluster.node(i).gossip.as_ref().expect("gossips").lease
@@ -55,9 +39,9 @@ fn in_a_seven_to_one_burst_nobody_is_queued_below_98_percent_while_the_aggregato
     }
     // A little history: A and B alike, C now and then.
     for step in 0..6 {
-        assert!(visit(&a) && visit(&b));
+        assert!(visit_new(&a) && visit_new(&b));
         if step % 3 == 0 {
-            assert!(visit(&c));
+            assert!(visit_new(&c));
         }
         cluster.advance(Duration::from_secs(10)).expect("fresh");
     }
@@ -81,7 +65,7 @@ fn in_a_seven_to_one_burst_nobody_is_queued_below_98_percent_while_the_aggregato
     let b_asks = lease(&cluster, 1).asks_total.load(Relaxed);
     let started = Instant::now();
     let at_b = 23_u64;
-    let b_admitted = (0..at_b).filter(|_| visit(&b)).count() as u64;
+    let b_admitted = (0..at_b).filter(|_| visit_new(&b)).count() as u64;
     let b_took = started.elapsed();
     let periodic = cluster
         .node(1)
@@ -122,7 +106,7 @@ fn in_a_seven_to_one_burst_nobody_is_queued_below_98_percent_while_the_aggregato
     let mut admitted = b_admitted;
     let mut queued_early = Vec::new();
     for _ in 0..at_a {
-        if visit(&a) {
+        if visit_new(&a) {
             admitted += 1;
         } else if admitted * 100 < NEW_USERS_PER_MINUTE * 98 {
             queued_early.push(admitted);
@@ -166,7 +150,7 @@ fn with_the_aggregator_gone_a_visitor_is_held_at_most_lease_wait_ms_once_and_eve
     let mut admitted = 0;
     for _ in 0..8 {
         let started = Instant::now();
-        admitted += u32::from(visit(&b));
+        admitted += u32::from(visit_new(&b));
         slowest = slowest.max(started.elapsed());
     }
     let lease = lease(&cluster, 1);

@@ -395,7 +395,7 @@ pub(crate) fn status(node: &Node) -> serde_json::Value {
         })
         .collect();
     let gossip = node.gossip.as_ref().map(|g| {
-        let freshness = g.world.freshness(now);
+        let freshness = g.world.freshness(node.clock.elapsed());
         serde_json::json!({
             "connected": g.status.connected.load(Relaxed),
             "fresh": freshness.is_fresh(),

@@ -43,7 +43,9 @@ fn scrape(node: &Node, f: &mut Families<'_>) -> fmt::Result {
             .chain(node.unrouted.origin.as_deref()),
     )?;
     if let Some(gossip) = node.gossip.as_ref() {
-        gossip.status.encode(f, &gossip.world, node.clock.now())?;
+        gossip
+            .status
+            .encode(f, &gossip.world, node.clock.elapsed())?;
         gossip.lease.encode(f)?;
     }
     Ok(())

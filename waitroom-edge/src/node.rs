@@ -447,7 +447,7 @@ impl Node {
     /// known share of the limits; the whole room if no answer ever came).
     pub fn refresh_from_world(&self, world: &gossip::WorldView, rates: &mut [AdmitRate]) {
         let now = self.clock.now();
-        let fresh = world.freshness(now).is_fresh();
+        let fresh = world.freshness(self.clock.elapsed()).is_fresh();
         let current = world.load();
         for (i, room) in self.rooms.iter().enumerate() {
             let view = current.room(room.spec.engine.id());

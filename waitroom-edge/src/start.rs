@@ -139,7 +139,13 @@ pub fn run(config: EdgeConfig, config_path: &std::path::Path) -> anyhow::Result<
 
 /// Starts a node: see the module docs for the steps.
 pub fn start(config: EdgeConfig, options: Options) -> anyhow::Result<Running> {
-    let clock = options.clock;
+    // A node that gossips counts on the cluster's time: its home's clock,
+    // carried forward on the monotonic clock (see `Clock::following`).
+    let clock = if config.aggregator.is_some() {
+        options.clock.following()
+    } else {
+        options.clock
+    };
     let (listeners, mut addresses, https_cert) = bind_listeners(&config)?;
     let workers = match config.node.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -585,7 +591,7 @@ fn spawn_state_refresh(
                 () = now.notified() => node.refresh_states(&mut rates),
                 _ = keep_shares.tick(), if world
                     .as_ref()
-                    .is_some_and(|w| w.freshness(node.clock.now()).is_fresh()) =>
+                    .is_some_and(|w| w.freshness(node.clock.elapsed()).is_fresh()) =>
                 {
                     let node = Arc::clone(&node);
                     // A few bytes, but still file I/O: off the runtime.

@@ -33,6 +33,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// timeout is longer than we want to wait).
 const MAX_MISSED_ANSWERS: u32 = 2;
 
+/// A move of the node's time to the aggregator's at least this large is
+/// logged as a warning (this machine's clock is off, or stepped).
+const CLOCK_STEP_WARN_MS: i64 = 1_000;
+
 /// Jittered exponential backoff ("equal jitter": half fixed, half random), so
 /// nodes that lost the aggregator together do not all come back in the same
 /// millisecond.
@@ -122,7 +126,7 @@ impl Client {
 
     /// This client's aggregator is the node's home at the moment.
     fn is_home(&self) -> bool {
-        self.homes.home(self.clock.now()) == self.index
+        self.homes.home(self.clock.elapsed()) == self.index
     }
 
     /// Runs until shutdown.
@@ -223,7 +227,7 @@ impl Client {
             }
             *seq += 1;
             let now = self.clock.now();
-            let home = self.homes.home(now) == self.index;
+            let home = self.homes.home(self.clock.elapsed()) == self.index;
             let rooms = self.reporter.report(now);
             let report = NodeReport {
                 node: self.identity.node.clone(),
@@ -261,7 +265,7 @@ impl Client {
                 Ok(answer) => {
                     missed = 0;
                     backoff.reset();
-                    self.homes.answered(self.index, self.clock.now());
+                    self.homes.answered(self.index, self.clock.elapsed());
                     self.status.answered_by[self.index].fetch_add(1, Relaxed);
                     // A peer's answer grants nothing: it only shows that
                     // this aggregator could take over.
@@ -339,6 +343,20 @@ impl Client {
     /// Swaps in a world built from `answer`, carrying each room's share over.
     fn store(&self, report: &NodeReport, answer: AnswerFrame) {
         let previous = self.world.load_full();
+        let received = self.clock.elapsed();
+        let step = self.clock.follow(answer.at, received);
+        self.status
+            .clock_offset_ms
+            .store(self.clock.offset_from_wall(), Relaxed);
+        if let Some(step) = step
+            && step.abs() >= CLOCK_STEP_WARN_MS
+        {
+            tracing::warn!(
+                step_ms = step,
+                offset_ms = self.clock.offset_from_wall(),
+                "this node's time moved to the aggregator's: the node counts minutes and sessions on the cluster's time (offset_ms: how far this machine's own clock is behind it); check its NTP"
+            );
+        }
         let received_at = self.clock.now();
         let rooms = answer
             .rooms
@@ -359,6 +377,7 @@ impl Client {
             .collect();
         self.world.store(World {
             received_at: Some(received_at),
+            received: Some(received),
             aggregator_at: Some(answer.at),
             rooms,
             settings: answer.settings.map(Arc::new),

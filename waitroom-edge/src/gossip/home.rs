@@ -20,7 +20,7 @@ use std::{
     sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed},
 };
 
-use waitroom_common::time::UnixMillis;
+use waitroom_runtime::clock::Elapsed;
 
 /// The aggregators of a node and when each last answered.
 #[derive(Debug)]
@@ -28,7 +28,7 @@ pub struct Homes {
     addresses: Vec<SocketAddr>,
     /// Indexes into `addresses`, the node's order of preference.
     order: Vec<usize>,
-    /// When each aggregator last answered (node clock, ms); 0: never.
+    /// When each aggregator last answered (the node clock's monotonic ms); 0: never.
     answered: Vec<AtomicU64>,
     /// An aggregator that answered within this long may be the home.
     grace_ms: u64,
@@ -67,7 +67,7 @@ impl Homes {
     /// The aggregator (index into the addresses) this node's grants come
     /// from at `now`: the first in its order that answered within the
     /// grace, else the first in its order.
-    pub fn home(&self, now: UnixMillis) -> usize {
+    pub fn home(&self, now: Elapsed) -> usize {
         let home = self
             .order
             .iter()
@@ -85,13 +85,13 @@ impl Homes {
     }
 
     /// Aggregator `i` answered at `now`.
-    pub fn answered(&self, i: usize, now: UnixMillis) {
+    pub fn answered(&self, i: usize, now: Elapsed) {
         self.answered[i].store(now.0.max(1), Relaxed);
     }
 
     /// Aggregator `i` answered within the grace before `now`.
     #[must_use]
-    pub fn answering(&self, i: usize, now: UnixMillis) -> bool {
+    pub fn answering(&self, i: usize, now: Elapsed) -> bool {
         match self.answered[i].load(Relaxed) {
             0 => false,
             at => now.0.saturating_sub(at) <= self.grace_ms,
@@ -131,10 +131,10 @@ mod tests {
         let mut per = [0_u32; 3];
         for n in 0..3_000 {
             let homes = Homes::new(&format!("node-{n}"), addrs(3), 1_000);
-            per[homes.home(UnixMillis(5))] += 1;
+            per[homes.home(Elapsed(5))] += 1;
             // The same node, later or restarted: the same home.
             let again = Homes::new(&format!("node-{n}"), addrs(3), 1_000);
-            assert_eq!(again.home(UnixMillis(9)), homes.current());
+            assert_eq!(again.home(Elapsed(9)), homes.current());
         }
         for count in per {
             assert!((850..=1_150).contains(&count), "{per:?}");
@@ -147,8 +147,8 @@ mod tests {
         let fewer: Vec<SocketAddr> = all[..2].to_vec();
         for n in 0..500 {
             let node = format!("node-{n}");
-            let before = all[Homes::new(&node, all.clone(), 1_000).home(UnixMillis(1))];
-            let after = fewer[Homes::new(&node, fewer.clone(), 1_000).home(UnixMillis(1))];
+            let before = all[Homes::new(&node, all.clone(), 1_000).home(Elapsed(1))];
+            let after = fewer[Homes::new(&node, fewer.clone(), 1_000).home(Elapsed(1))];
             if before != all[2] {
                 assert_eq!(before, after, "{node} moved though its home stayed");
             }
@@ -158,23 +158,19 @@ mod tests {
     #[test]
     fn a_silent_home_is_left_after_an_interval_and_a_half_and_taken_back() {
         let homes = Homes::new("ams-1", addrs(2), 1_000);
-        let first = homes.home(UnixMillis(1));
+        let first = homes.home(Elapsed(1));
         let other = 1 - first;
         // Nobody answered yet: the first in the order, even if it is down.
-        homes.answered(other, UnixMillis(1_000));
+        homes.answered(other, Elapsed(1_000));
+        assert_eq!(homes.home(Elapsed(1_000)), other, "the only one answering");
+        homes.answered(first, Elapsed(1_100));
+        assert_eq!(homes.home(Elapsed(1_200)), first, "preferred again");
+        homes.answered(other, Elapsed(2_000));
+        assert_eq!(homes.home(Elapsed(2_600)), first, "within the grace");
+        assert_eq!(homes.home(Elapsed(2_601)), other, "one answer missed");
+        assert!(!homes.answering(first, Elapsed(2_601)));
         assert_eq!(
-            homes.home(UnixMillis(1_000)),
-            other,
-            "the only one answering"
-        );
-        homes.answered(first, UnixMillis(1_100));
-        assert_eq!(homes.home(UnixMillis(1_200)), first, "preferred again");
-        homes.answered(other, UnixMillis(2_000));
-        assert_eq!(homes.home(UnixMillis(2_600)), first, "within the grace");
-        assert_eq!(homes.home(UnixMillis(2_601)), other, "one answer missed");
-        assert!(!homes.answering(first, UnixMillis(2_601)));
-        assert_eq!(
-            homes.home(UnixMillis(3_501)),
+            homes.home(Elapsed(3_501)),
             first,
             "nobody answering: the first"
         );

@@ -3,11 +3,11 @@ use std::{
     fmt,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed},
     },
 };
 
-use waitroom_common::time::UnixMillis;
+use waitroom_runtime::clock::Elapsed;
 
 use super::{home::Homes, world::WorldView};
 use waitroom_runtime::metrics::Families;
@@ -30,6 +30,10 @@ pub struct GossipStatus {
     /// The version of the aggregator's room settings the node runs, as each
     /// report says; 0 while it runs its own file's.
     pub settings_version: AtomicU64,
+    /// How far the cluster's time (the home aggregator's) is ahead of this
+    /// machine's own wall clock, in ms, as of the last answer that moved
+    /// the node's time.
+    pub clock_offset_ms: AtomicI64,
 }
 
 impl GossipStatus {
@@ -45,13 +49,14 @@ impl GossipStatus {
             homes,
             reports_total: AtomicU64::new(0),
             errors_total: AtomicU64::new(0),
+            clock_offset_ms: AtomicI64::new(0),
             connects_total: AtomicU64::new(0),
             settings_version: AtomicU64::new(0),
         }
     }
 
     /// The `waitroom_gossip_*` families.
-    pub fn encode(&self, f: &mut Families<'_>, world: &WorldView, now: UnixMillis) -> fmt::Result {
+    pub fn encode(&self, f: &mut Families<'_>, world: &WorldView, now: Elapsed) -> fmt::Result {
         f.gauge(
             "waitroom_gossip_connected",
             "1 while a connection to the aggregator is up and answering.",
@@ -64,6 +69,11 @@ impl GossipStatus {
                 at.0 as f64 / 1e3,
             )?;
         }
+        f.gauge(
+            "waitroom_clock_offset_seconds",
+            "How far the cluster's time (the home aggregator's clock, which the node counts minutes and sessions on) is ahead of this machine's own clock.",
+            self.clock_offset_ms.load(Relaxed) as f64 / 1e3,
+        )?;
         f.gauge(
             "waitroom_gossip_stale",
             "1 when the global state is older than stale_after_ms (or never came): local-only limits apply.",

@@ -6,17 +6,24 @@
 //! the world is still trustworthy is a function of its age and `now`
 //! ([`WorldView::freshness`]), so a view goes stale on its own when answers
 //! stop, and fresh again with the next answer: there is no flag to forget to
-//! reset.
+//! reset. Ages are measured on the monotonic clock ([`Clock::elapsed`]), so
+//! a step of the wall clock neither ages a fresh answer nor freshens an old
+//! one (`tests/tests/clock_jump.rs`).
+//!
+//! [`Clock::elapsed`]: waitroom_runtime::clock::Clock::elapsed
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use waitroom_common::{room::RoomId, state::GlobalState, time::UnixMillis};
+use waitroom_runtime::clock::Elapsed;
 
 /// The world as of the last answer from the aggregator.
 #[derive(Debug, Clone, Default)]
 pub struct World {
     /// The node's clock when the answer arrived; `None` before the first.
     pub received_at: Option<UnixMillis>,
+    /// The node's monotonic clock then: what ages are measured from.
+    pub received: Option<Elapsed>,
     /// The aggregator's clock when it computed the answer.
     pub aggregator_at: Option<UnixMillis>,
     /// One entry per room the aggregator answered for, in the order answered.
@@ -104,9 +111,9 @@ impl WorldView {
         self.current.load_full()
     }
 
-    /// How fresh the world is at `now`.
+    /// How fresh the world is at `now` (the node clock's monotonic reading).
     #[must_use]
-    pub fn freshness(&self, now: UnixMillis) -> Freshness {
+    pub fn freshness(&self, now: Elapsed) -> Freshness {
         freshness(&self.current.load(), now, self.stale_after_ms)
     }
 
@@ -131,11 +138,11 @@ impl WorldView {
 
 /// The freshness of `world` at `now` when it goes stale after `stale_after_ms`.
 #[must_use]
-pub fn freshness(world: &World, now: UnixMillis, stale_after_ms: u64) -> Freshness {
-    match world.received_at {
+pub fn freshness(world: &World, now: Elapsed, stale_after_ms: u64) -> Freshness {
+    match world.received {
         None => Freshness::Never,
         Some(at) => {
-            let age_ms = now.0.saturating_sub(at.0);
+            let age_ms = now.since(at);
             if age_ms <= stale_after_ms {
                 Freshness::Fresh { age_ms }
             } else {
@@ -152,23 +159,23 @@ mod tests {
     #[test]
     fn a_world_goes_stale_by_itself_and_is_fresh_again_with_the_next_answer() {
         let view = WorldView::new(10_000);
-        assert_eq!(view.freshness(UnixMillis(5)), Freshness::Never);
+        assert_eq!(view.freshness(Elapsed(5)), Freshness::Never);
         view.store(World {
-            received_at: Some(UnixMillis(1_000)),
+            received: Some(Elapsed(1_000)),
             ..World::default()
         });
         assert_eq!(
-            view.freshness(UnixMillis(3_000)),
+            view.freshness(Elapsed(3_000)),
             Freshness::Fresh { age_ms: 2_000 }
         );
         assert_eq!(
-            view.freshness(UnixMillis(11_001)),
+            view.freshness(Elapsed(11_001)),
             Freshness::Stale { age_ms: 10_001 }
         );
         view.store(World {
-            received_at: Some(UnixMillis(11_500)),
+            received: Some(Elapsed(11_500)),
             ..World::default()
         });
-        assert!(view.freshness(UnixMillis(11_600)).is_fresh());
+        assert!(view.freshness(Elapsed(11_600)).is_fresh());
     }
 }
