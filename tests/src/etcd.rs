@@ -43,7 +43,6 @@ struct Member {
     peer: SocketAddr,
     data: PathBuf,
     proc: Option<Proc>,
-    frozen: bool,
 }
 
 /// A running etcd cluster; every member stops when it drops.
@@ -68,7 +67,6 @@ impl EtcdCluster {
                 peer: addr(free_port()?)?,
                 data: dir.path().join(format!("m{i}.data")),
                 proc: None,
-                frozen: false,
             });
         }
         let mut cluster = Self { members, dir };
@@ -121,7 +119,6 @@ impl EtcdCluster {
         let proc = Proc::spawn(&m.name, cmd, self.dir.path())
             .with_context(|| format!("starting etcd member {}", m.name))?;
         self.members[i].proc = Some(proc);
-        self.members[i].frozen = false;
         Ok(())
     }
 
@@ -177,12 +174,8 @@ impl EtcdCluster {
 
     /// `SIGSTOP` (`true`) or `SIGCONT` (`false`) to member `i`.
     pub fn freeze(&mut self, i: usize, frozen: bool) {
-        let m = &mut self.members[i];
-        if let Some(pid) = m.proc.as_ref().and_then(Proc::pid) {
-            let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
-            // SAFETY: kill(2) on our own child, which we have not reaped.
-            unsafe { libc::kill(pid as libc::pid_t, signal) };
-            m.frozen = frozen;
+        if let Some(proc) = self.members[i].proc.as_mut() {
+            proc.freeze(frozen);
         }
     }
 }
@@ -190,10 +183,7 @@ impl EtcdCluster {
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
         for i in 0..self.members.len() {
-            // A frozen member would not see the SIGTERM of `Proc`'s drop.
-            if self.members[i].frozen {
-                self.freeze(i, false);
-            }
+            // SIGKILL, which a frozen member sees too.
             self.kill(i);
         }
     }

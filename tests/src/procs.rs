@@ -87,6 +87,8 @@ pub struct Proc {
     /// Lines the process printed on stdout, as they arrive.
     stdout: mpsc::Receiver<String>,
     stderr_log: PathBuf,
+    /// Stopped by `SIGSTOP` (see [`Proc::freeze`]).
+    frozen: bool,
 }
 
 impl Proc {
@@ -114,6 +116,7 @@ impl Proc {
             child: Some(child),
             stdout: rx,
             stderr_log,
+            frozen: false,
         })
     }
 
@@ -168,8 +171,23 @@ impl Proc {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Sends SIGTERM and waits up to `limit` for the exit status.
+    /// `SIGSTOP` (`true`: the process stops where it is, as a long GC pause
+    /// or a stalled VM would) or `SIGCONT` (`false`).
+    pub fn freeze(&mut self, frozen: bool) {
+        if let Some(pid) = self.pid() {
+            let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+            // SAFETY: kill(2) on our own child, which we have not reaped.
+            unsafe { libc::kill(pid as libc::pid_t, signal) };
+            self.frozen = frozen;
+        }
+    }
+
+    /// Sends SIGTERM (after SIGCONT to a frozen process, which would not
+    /// see it) and waits up to `limit` for the exit status.
     pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        if self.frozen {
+            self.freeze(false);
+        }
         let child = self.child.as_mut()?;
         // SAFETY: kill(2) on our own unreaped child.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };

@@ -16,7 +16,12 @@
 //!   within 4 s (measured and printed; target 2 s: one interval and a half to notice,
 //!   up to one interval to report);
 //! - the killed aggregator is restarted from its snapshot: the node goes
-//!   back to it, its preferred home, and the limit still holds.
+//!   back to it, its preferred home, and the limit still holds;
+//! - the home of a node is frozen (SIGSTOP) for longer than the nodes wait
+//!   for anything from it, as a stalled VM or a long pause would: the node
+//!   moves as for a crash; thawed (SIGCONT), the aggregator answers the
+//!   reports it had queued to nodes that gave up on them long ago, the node
+//!   goes back to it, and the minute's admits still stay within the limit.
 use std::{
     net::SocketAddr,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -80,125 +85,203 @@ fn both_hold_the_picture(edges: &[Edge], aggregators: &[&Aggregator]) -> bool {
     })
 }
 
-#[test]
-fn nodes_report_to_every_aggregator_take_grants_from_one_and_fail_over() {
-    let dir = TempDir::new("aggregators");
-    let certs = Certs::generate(&dir.path().join("certs"), &["ams-1", "sin-1"]).unwrap();
-    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
-    let listen = |_| -> SocketAddr {
-        format!("127.0.0.1:{}", free_udp_port().unwrap())
-            .parse()
-            .unwrap()
-    };
-    let addresses: Vec<SocketAddr> = (0..2).map(listen).collect();
-    let mut aggregators: Vec<Aggregator> = addresses
-        .iter()
-        .enumerate()
-        .map(|(i, &at)| {
-            let snapshot = dir.path().join(format!("aggregator-{i}.json"));
-            let config = aggregator_config(at, &certs, &snapshot, &room_table());
-            Aggregator::start(dir.path(), &format!("aggregator-{i}"), &config).unwrap()
-        })
-        .collect();
+/// Two aggregators and two nodes, settled: each node with a home of the
+/// two and both aggregators answering it.
+struct Cluster {
+    dir: TempDir,
+    _origin: waitroom_tests::procs::Proc,
+    addresses: Vec<SocketAddr>,
+    aggregators: Vec<Aggregator>,
+    edges: Vec<Edge>,
+    /// Each node's home, by index into `addresses`.
+    homes: Vec<usize>,
+}
 
-    let edges = start_nodes(
-        dir.path(),
-        &certs,
-        &addresses,
-        &[("ams-1", "ams"), ("sin-1", "sin")],
-        &room_table(),
-        origin,
-        INTERVAL_MS,
-    );
-
-    // --- Each node: one home of the two, and both aggregators answering.
-    let settled = |edge: &Edge| {
-        let text = get_text(&edge.admin_url("/metrics"));
-        let homes: Vec<Option<f64>> = addresses
+impl Cluster {
+    fn start(tag: &str) -> Self {
+        let dir = TempDir::new(tag);
+        let certs = Certs::generate(&dir.path().join("certs"), &["ams-1", "sin-1"]).unwrap();
+        let (origin_proc, origin) = start_origin(dir.path(), "origin").unwrap();
+        let listen = |_| -> SocketAddr {
+            format!("127.0.0.1:{}", free_udp_port().unwrap())
+                .parse()
+                .unwrap()
+        };
+        let addresses: Vec<SocketAddr> = (0..2).map(listen).collect();
+        let aggregators: Vec<Aggregator> = addresses
             .iter()
-            .map(|a| {
-                metric(
-                    &text,
-                    &format!("waitroom_gossip_home{{aggregator=\"{a}\"}}"),
-                )
+            .enumerate()
+            .map(|(i, &at)| {
+                let snapshot = dir.path().join(format!("aggregator-{i}.json"));
+                let config = aggregator_config(at, &certs, &snapshot, &room_table());
+                Aggregator::start(dir.path(), &format!("aggregator-{i}"), &config).unwrap()
             })
             .collect();
-        let answering = addresses.iter().all(|a| {
-            metric(
-                &text,
-                &format!("waitroom_gossip_aggregator_answering{{aggregator=\"{a}\"}}"),
-            ) == Some(1.0)
-        });
-        let mut sorted = homes.clone();
-        sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        answering
-            && sorted == [Some(0.0), Some(1.0)]
-            && metric(&text, "waitroom_gossip_connected") == Some(1.0)
-            && metric(&text, "waitroom_gossip_stale") == Some(0.0)
-    };
-    assert!(
-        eventually(Duration::from_secs(15), || edges.iter().all(settled)),
-        "every node reports to both aggregators and has one home"
-    );
-    let home_index = |edge: &Edge| {
-        addresses
+
+        let edges = start_nodes(
+            dir.path(),
+            &certs,
+            &addresses,
+            &[("ams-1", "ams"), ("sin-1", "sin")],
+            &room_table(),
+            origin,
+            INTERVAL_MS,
+        );
+
+        // --- Each node: one home of the two, and both aggregators answering.
+        let settled = |edge: &Edge| {
+            let text = get_text(&edge.admin_url("/metrics"));
+            let homes: Vec<Option<f64>> = addresses
+                .iter()
+                .map(|a| {
+                    metric(
+                        &text,
+                        &format!("waitroom_gossip_home{{aggregator=\"{a}\"}}"),
+                    )
+                })
+                .collect();
+            let answering = addresses.iter().all(|a| {
+                metric(
+                    &text,
+                    &format!("waitroom_gossip_aggregator_answering{{aggregator=\"{a}\"}}"),
+                ) == Some(1.0)
+            });
+            let mut sorted = homes.clone();
+            sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            answering
+                && sorted == [Some(0.0), Some(1.0)]
+                && metric(&text, "waitroom_gossip_connected") == Some(1.0)
+                && metric(&text, "waitroom_gossip_stale") == Some(0.0)
+        };
+        assert!(
+            eventually(Duration::from_secs(15), || edges.iter().all(settled)),
+            "every node reports to both aggregators and has one home"
+        );
+        let home_index = |edge: &Edge| {
+            addresses
+                .iter()
+                .position(|&a| home_of(edge, a) == Some(1.0))
+                .expect("a home")
+        };
+        let homes: Vec<usize> = edges.iter().map(home_index).collect();
+        eprintln!("homes: ams-1 → {homes:?}");
+        let peer_reports: f64 = aggregators
             .iter()
-            .position(|&a| home_of(edge, a) == Some(1.0))
-            .expect("a home")
-    };
-    let homes: Vec<usize> = edges.iter().map(home_index).collect();
-    eprintln!("homes: ams-1 → {homes:?}");
-    let peer_reports: f64 = aggregators
-        .iter()
-        .map(|a| aggregator_metric(a, "waitroom_aggregator_peer_reports_total").unwrap_or(0.0))
-        .sum();
-    assert!(peer_reports >= 2.0, "peer reports merged: {peer_reports}");
-    std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 200));
+            .map(|a| aggregator_metric(a, "waitroom_aggregator_peer_reports_total").unwrap_or(0.0))
+            .sum();
+        assert!(peer_reports >= 2.0, "peer reports merged: {peer_reports}");
+        std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 200));
+        Self {
+            dir,
+            _origin: origin_proc,
+            addresses,
+            aggregators,
+            edges,
+            homes,
+        }
+    }
+
+    /// Serves visitors at every node until each node in `moving` has
+    /// aggregator `to` as its home and a state newer than `since_secs`,
+    /// failing after `limit`; admitted per node meanwhile.
+    fn serve_until_fresh_from(
+        &self,
+        moving: &[usize],
+        to: usize,
+        since_secs: f64,
+        limit: Duration,
+    ) -> Vec<u64> {
+        let started = Instant::now();
+        let fresh_again = |i: usize| {
+            let text = get_text(&self.edges[i].admin_url("/metrics"));
+            let home = format!(
+                "waitroom_gossip_home{{aggregator=\"{}\"}}",
+                self.addresses[to]
+            );
+            metric(&text, &home) == Some(1.0)
+                && metric(&text, "waitroom_gossip_last_state_timestamp_seconds")
+                    .is_some_and(|at| at > since_secs)
+                && metric(&text, "waitroom_gossip_connected") == Some(1.0)
+        };
+        let mut during = vec![0; self.edges.len()];
+        while !moving.iter().all(|&i| fresh_again(i)) {
+            assert!(
+                started.elapsed() < limit,
+                "not fresh from aggregator {to} within {limit:?}"
+            );
+            // Visitors are served while the node moves.
+            for (i, edge) in self.edges.iter().enumerate() {
+                during[i] += u64::from(admits_new_visitor(edge));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        during
+    }
+
+    /// The minute's admits, `admitted` per node, stay within the limit, are
+    /// what the nodes count, and use most of it at both nodes.
+    fn check_the_minute(&self, admitted: &[u64]) {
+        let total: u64 = admitted.iter().sum();
+        let counted = metric_sum(&self.edges, "waitroom_admitted_this_minute{room=\"shop\"}");
+        eprintln!("admitted per node {admitted:?}, {total} in all; the nodes count {counted}");
+        assert!(
+            total <= NEW_USERS_PER_MINUTE,
+            "{total} admitted > {NEW_USERS_PER_MINUTE} per minute: {admitted:?}"
+        );
+        assert_eq!(
+            counted, total as f64,
+            "the counters agree with the visitors"
+        );
+        assert!(
+            total >= NEW_USERS_PER_MINUTE / 2,
+            "most of the minute's slots are used: {admitted:?}"
+        );
+        assert!(
+            admitted.iter().all(|&n| n > 0),
+            "both nodes admit: {admitted:?}"
+        );
+    }
+}
+
+fn add(total: &mut [u64], more: &[u64]) {
+    for (t, m) in total.iter_mut().zip(more) {
+        *t += m;
+    }
+}
+
+#[test]
+fn nodes_report_to_every_aggregator_take_grants_from_one_and_fail_over() {
+    let mut cluster = Cluster::start("aggregators");
+    let Cluster {
+        ref dir,
+        ref addresses,
+        ref edges,
+        ref homes,
+        ..
+    } = cluster;
 
     // --- One minute: traffic, the home of ams-1 killed, traffic, restart, traffic.
     waitroom_tests::minutes::early_in_a_minute(50);
-    let mut admitted = traffic(&edges, 3);
+    let mut admitted = traffic(edges, 3);
     eprintln!("before the kill: {admitted:?}");
     let victim = homes[0];
     let survivor = 1 - victim;
     let moving: Vec<usize> = (0..edges.len()).filter(|&i| homes[i] == victim).collect();
     let killed_at = now_secs();
     let killed = Instant::now();
-    aggregators[victim].proc.kill();
+    cluster.aggregators[victim].proc.kill();
     // Fresh again: the home moved to the survivor and a state newer than the kill came.
-    let fresh_again = |i: usize| {
-        let text = get_text(&edges[i].admin_url("/metrics"));
-        let home = format!(
-            "waitroom_gossip_home{{aggregator=\"{}\"}}",
-            addresses[survivor]
-        );
-        metric(&text, &home) == Some(1.0)
-            && metric(&text, "waitroom_gossip_last_state_timestamp_seconds")
-                .is_some_and(|at| at > killed_at)
-            && metric(&text, "waitroom_gossip_connected") == Some(1.0)
-    };
-    let mut during = vec![0; edges.len()];
-    while !moving.iter().all(|&i| fresh_again(i)) {
-        assert!(
-            killed.elapsed() < Duration::from_secs(4),
-            "not fresh again within 4 s of the crash (target 2 s; the bound leaves room for a loaded CI machine)"
-        );
-        // Visitors are served while the node moves.
-        for (i, edge) in edges.iter().enumerate() {
-            during[i] += u64::from(admits_new_visitor(edge));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // (Within 4 s: target 2 s, the bound leaves room for a loaded CI machine.)
+    let during =
+        cluster.serve_until_fresh_from(&moving, survivor, killed_at, Duration::from_secs(4));
     eprintln!(
         "fresh again {:?} after the crash (interval {INTERVAL_MS} ms); admitted meanwhile {during:?}",
         killed.elapsed()
     );
-    let after = traffic(&edges, 3);
-    for i in 0..edges.len() {
-        admitted[i] += during[i] + after[i];
-    }
+    add(&mut admitted, &during);
+    add(&mut admitted, &traffic(edges, 3));
 
-    let config = aggregators[victim].config.clone();
+    let config = cluster.aggregators[victim].config.clone();
     let restarted = Aggregator::start_with(dir.path(), "aggregator-restarted", &config).unwrap();
     assert!(
         restarted.proc.stderr().contains("restored snapshot"),
@@ -214,37 +297,58 @@ fn nodes_report_to_every_aggregator_take_grants_from_one_and_fail_over() {
         ))),
         "the node goes back to its preferred home once it answers"
     );
-    let last = traffic(&edges, 3);
-    for i in 0..edges.len() {
-        admitted[i] += last[i];
-    }
-    let total: u64 = admitted.iter().sum();
-    let counted = metric_sum(&edges, "waitroom_admitted_this_minute{room=\"shop\"}");
-    eprintln!("admitted per node {admitted:?}, {total} in all; the nodes count {counted}");
-    assert!(
-        total <= NEW_USERS_PER_MINUTE,
-        "{total} admitted > {NEW_USERS_PER_MINUTE} per minute: {admitted:?}"
-    );
-    assert_eq!(
-        counted, total as f64,
-        "the counters agree with the visitors"
-    );
-    assert!(
-        total >= NEW_USERS_PER_MINUTE / 2,
-        "most of the minute's slots are used: {admitted:?}"
-    );
-    assert!(
-        admitted.iter().all(|&n| n > 0),
-        "both nodes admit: {admitted:?}"
-    );
+    add(&mut admitted, &traffic(edges, 3));
+    cluster.check_the_minute(&admitted);
 
     // --- Both aggregators hold the whole picture again.
-    aggregators[victim] = restarted;
-    let all: Vec<&Aggregator> = aggregators.iter().collect();
+    cluster.aggregators[victim] = restarted;
+    let all: Vec<&Aggregator> = cluster.aggregators.iter().collect();
     assert!(
         eventually(Duration::from_secs(5), || both_hold_the_picture(
-            &edges, &all
+            edges, &all
         )),
         "both aggregators count every node's sessions"
+    );
+}
+
+#[test]
+fn a_frozen_home_is_left_like_a_dead_one_and_taken_back_when_it_thaws() {
+    let mut cluster = Cluster::start("aggregators-frozen");
+    waitroom_tests::minutes::early_in_a_minute(50);
+    let mut admitted = traffic(&cluster.edges, 3);
+    let victim = cluster.homes[0];
+    let survivor = 1 - victim;
+    let moving: Vec<usize> = (0..cluster.edges.len())
+        .filter(|&i| cluster.homes[i] == victim)
+        .collect();
+    let frozen_at = now_secs();
+    let frozen = Instant::now();
+    cluster.aggregators[victim].proc.freeze(true);
+    let during =
+        cluster.serve_until_fresh_from(&moving, survivor, frozen_at, Duration::from_secs(4));
+    eprintln!(
+        "fresh again {:?} after the freeze (interval {INTERVAL_MS} ms); admitted meanwhile {during:?}",
+        frozen.elapsed()
+    );
+    add(&mut admitted, &during);
+    // Frozen for 8 intervals in all, past the six after which a node counts
+    // an aggregator's answers stale: whatever it owed is long given up on.
+    while frozen.elapsed() < Duration::from_millis(8 * INTERVAL_MS) {
+        add(&mut admitted, &traffic(&cluster.edges, 1));
+    }
+    let thawed_at = now_secs();
+    cluster.aggregators[victim].proc.freeze(false);
+    let during = cluster.serve_until_fresh_from(&moving, victim, thawed_at, Duration::from_secs(5));
+    eprintln!("back home after the thaw; admitted meanwhile {during:?}");
+    add(&mut admitted, &during);
+    add(&mut admitted, &traffic(&cluster.edges, 3));
+    cluster.check_the_minute(&admitted);
+    let all: Vec<&Aggregator> = cluster.aggregators.iter().collect();
+    assert!(
+        eventually(Duration::from_secs(5), || both_hold_the_picture(
+            &cluster.edges,
+            &all
+        )),
+        "both aggregators count every node's sessions after the thaw"
     );
 }
