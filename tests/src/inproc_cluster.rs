@@ -61,6 +61,10 @@ impl ClusterNode {
 pub struct InProcCluster {
     pub nodes: Vec<ClusterNode>,
     driver: ClockDriver,
+    /// The aggregator's clock (the cluster's time) and the hand that steps
+    /// it alone.
+    aggregator_clock: Clock,
+    aggregator_stepper: Stepper,
     /// Runs the aggregator and the demo origin; dropped last but one.
     runtime: Option<tokio::runtime::Runtime>,
     aggregator: Option<waitroom_aggregator::Aggregator>,
@@ -92,7 +96,8 @@ impl InProcCluster {
             .enable_all()
             .build()
             .context("starting the cluster's runtime")?;
-        let (clock, driver) = Clock::driven(START);
+        let (_, driver) = Clock::driven(START);
+        let (clock, aggregator_stepper) = driver.stepped();
 
         let origin = runtime
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -158,6 +163,8 @@ impl InProcCluster {
         let cluster = Self {
             nodes: started,
             driver,
+            aggregator_clock: clock,
+            aggregator_stepper,
             runtime: Some(runtime),
             aggregator: Some(aggregator),
             _dir: dir,
@@ -169,13 +176,14 @@ impl InProcCluster {
     /// The cluster's time.
     #[must_use]
     pub fn now(&self) -> UnixMillis {
-        self.driver.now()
+        self.aggregator_clock.now()
     }
 
     /// Moves the clock forward by `by` and returns once every node decides
     /// with an aggregator answer computed at the new time or later.
     pub fn advance(&self, by: Duration) -> Result<UnixMillis> {
-        let now = self.driver.advance(by);
+        self.driver.advance(by);
+        let now = self.now();
         self.wait_fresh(now)?;
         Ok(now)
     }
@@ -186,6 +194,13 @@ impl InProcCluster {
     pub fn jump(&self, i: usize, by_ms: i64) -> UnixMillis {
         self.nodes[i].clock.step(by_ms);
         self.node(i).clock.wall()
+    }
+
+    /// Steps the aggregator's wall clock alone by `by_ms` (negative: back):
+    /// the cluster's time, which the nodes follow. Returns the new time.
+    pub fn jump_aggregator(&self, by_ms: i64) -> UnixMillis {
+        self.aggregator_stepper.step(by_ms);
+        self.now()
     }
 
     /// Waits until every room of every node holds a state computed at `now`
@@ -248,6 +263,14 @@ impl InProcCluster {
         if let (Some(runtime), Some(aggregator)) = (self.runtime.as_ref(), self.aggregator.take()) {
             runtime.block_on(aggregator.stop());
         }
+    }
+
+    /// The aggregator itself (its counters).
+    #[must_use]
+    pub fn aggregator(&self) -> &waitroom_aggregator::Aggregator {
+        self.aggregator
+            .as_ref()
+            .expect("the aggregator runs until the cluster is dropped")
     }
 
     /// The aggregator's view at the cluster's time.

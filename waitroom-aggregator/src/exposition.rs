@@ -19,14 +19,19 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
     let now = shared.clock.now();
     // One short hold of the cluster lock: the status, the corrections and
     // the rooms' limits, then everything is written without it.
-    let (status, implausible, limits) = {
+    let (status, implausible, departures, limits) = {
         let cluster = shared.cluster();
         let limits: Vec<(String, waitroom_common::room::RoomConfig)> = cluster
             .rooms()
             .iter()
             .map(|r| (r.name.clone(), r.room.config().clone()))
             .collect();
-        (cluster.status(now), cluster.implausible_by_reason(), limits)
+        (
+            cluster.status(now),
+            cluster.implausible_by_reason(),
+            cluster.departures_total(),
+            limits,
+        )
     };
     let m = &shared.metrics;
     f.gauge(
@@ -80,6 +85,11 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
             "Snapshots that could not be written.",
             &m.snapshot_errors_total,
         ),
+        (
+            "waitroom_aggregator_clock_steps_total",
+            "Steps of the wall clock of a second or more seen between merges (the nodes count on this clock; check NTP).",
+            &m.clock_steps_total,
+        ),
     ] {
         f.counter(name, help, value.load(Relaxed))?;
     }
@@ -98,6 +108,11 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
     }
     shared.reloads.encode(f)?;
 
+    f.counter(
+        "waitroom_aggregator_departures_total",
+        "Nodes taken for gone: silent for longer than node_timeout_ms (their leases are dropped, their sessions still count).",
+        departures,
+    )?;
     let departed = status.nodes.iter().filter(|n| n.departed).count();
     f.gauges(
         "waitroom_aggregator_nodes",

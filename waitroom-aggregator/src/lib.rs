@@ -149,6 +149,7 @@ impl Aggregator {
             history: waitroom_runtime::dashboard::History::new(),
             settings: parking_lot::Mutex::new(Arc::new(push_of(&settings))),
             node_settings: parking_lot::Mutex::default(),
+            clock_seen: parking_lot::Mutex::default(),
         });
         let control = Arc::new(Control {
             tokens,
@@ -316,6 +317,13 @@ impl Aggregator {
     #[must_use]
     pub fn status(&self, now: UnixMillis) -> cluster::Status {
         self.shared.cluster().status(now)
+    }
+
+    /// Nodes marked departed since the start (see
+    /// [`cluster::Cluster::departures_total`]).
+    #[must_use]
+    pub fn departures_total(&self) -> u64 {
+        self.shared.cluster().departures_total()
     }
 
     /// The QUIC server's counters (handshakes, frames refused, ...).

@@ -30,6 +30,10 @@ use waitroom_runtime::{
 /// tens to hundreds of nodes, so this only stops a flood).
 pub const MAX_CONNECTIONS: usize = 4_096;
 
+/// A step of the wall clock at least this large (against the monotonic
+/// clock) between two merges is handed to the cluster as a step.
+const CLOCK_STEP_MS: i64 = 1_000;
+
 /// A report must arrive in full within this long after its stream opens.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -52,6 +56,8 @@ pub struct ServerMetrics {
     /// Older connections closed because the same node connected again.
     pub connections_replaced_total: AtomicU64,
     pub snapshots_written_total: AtomicU64,
+    /// Steps of the wall clock seen (see [`Shared::cluster`]).
+    pub clock_steps_total: AtomicU64,
     pub snapshot_errors_total: AtomicU64,
     /// The clock's milliseconds at the last snapshot written, 0 if none.
     pub last_snapshot_ms: AtomicU64,
@@ -91,6 +97,13 @@ pub struct Shared {
     /// The settings version each node last said it runs (`None`: its own
     /// file's), by node: `/status` shows who is behind.
     pub node_settings: Mutex<std::collections::BTreeMap<String, Option<u64>>>,
+    /// The wall and monotonic clocks at the last lock of `cluster`.
+    pub clock_seen: Mutex<
+        Option<(
+            waitroom_common::time::UnixMillis,
+            waitroom_runtime::clock::Elapsed,
+        )>,
+    >,
 }
 
 /// What one node last said about its origin pools.
@@ -109,9 +122,28 @@ impl Shared {
     }
 
     /// The cluster, even if a task panicked while holding the lock: the
-    /// state is plain data and every update leaves it consistent.
+    /// state is plain data and every update leaves it consistent. A step of
+    /// the wall clock since the last lock is handed to it first
+    /// ([`Cluster::shift_clock`]).
     pub fn cluster(&self) -> parking_lot::MutexGuard<'_, Cluster> {
-        self.cluster.lock()
+        let mut cluster = self.cluster.lock();
+        let (wall, elapsed) = (self.clock.now(), self.clock.elapsed());
+        let mut last = self.clock_seen.lock();
+        if let Some((last_wall, last_elapsed)) = *last {
+            let wall_moved = i64::try_from(wall.0).unwrap_or(i64::MAX)
+                - i64::try_from(last_wall.0).unwrap_or(i64::MAX);
+            let step = wall_moved - i64::try_from(elapsed.since(last_elapsed)).unwrap_or(i64::MAX);
+            if step.abs() >= CLOCK_STEP_MS {
+                tracing::warn!(
+                    step_ms = step,
+                    "the wall clock stepped; nodes' silences are kept as they were (check NTP: the nodes count on this clock)"
+                );
+                cluster.shift_clock(step);
+                self.metrics.clock_steps_total.fetch_add(1, Relaxed);
+            }
+        }
+        *last = Some((wall, elapsed));
+        cluster
     }
 
     /// Records `connection` as `node`'s live one, closing an older one.

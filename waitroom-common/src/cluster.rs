@@ -131,6 +131,8 @@ pub struct Cluster {
     /// Corrections made to reported numbers (see [`crate::plausible`]):
     /// entries dropped for a future minute, counts clamped.
     implausible: [u64; 2],
+    /// Nodes marked departed (silent past the timeout) since the start.
+    departures: u64,
     /// The last minute a correction was logged for each node: at most one
     /// warning per node per minute, however often it sends nonsense.
     implausible_logged: BTreeMap<String, Minute>,
@@ -344,6 +346,7 @@ impl Cluster {
             node_timeout_ms,
             unknown_rooms: BTreeSet::new(),
             implausible: [0; 2],
+            departures: 0,
             implausible_logged: BTreeMap::new(),
             sums: BTreeMap::new(),
             positions: HashMap::new(),
@@ -507,6 +510,12 @@ impl Cluster {
         for i in 0..self.reports.len() {
             self.account(i, 1, false);
         }
+    }
+
+    /// Nodes marked departed (silent past `node_timeout_ms`) since start.
+    #[must_use]
+    pub fn departures_total(&self) -> u64 {
+        self.departures
     }
 
     /// Corrections made to reported numbers since start.
@@ -901,6 +910,28 @@ impl Cluster {
         answers
     }
 
+    /// The aggregator's wall clock stepped by `step_ms` (positive: forward)
+    /// without that much time passing: every node's last report moves with
+    /// it, so a node's silence (`node_timeout_ms`) stays what it really was.
+    /// Without this a step forward past the timeout would mark every node
+    /// departed at the next merge and drop the leases they hold, which the
+    /// first nodes to report could then be granted again.
+    pub fn shift_clock(&mut self, step_ms: i64) {
+        for meta in &mut self.meta {
+            meta.last_seen = UnixMillis(meta.last_seen.0.saturating_add_signed(step_ms));
+        }
+        self.by_last_seen = self
+            .by_last_seen
+            .iter()
+            .map(|(seen, node)| {
+                (
+                    UnixMillis(seen.0.saturating_add_signed(step_ms)),
+                    node.clone(),
+                )
+            })
+            .collect();
+    }
+
     /// Marks nodes silent for longer than the timeout as departed, keeps only
     /// what still counts of them, and forgets those of whom nothing does.
     pub fn expire(&mut self, now: UnixMillis) {
@@ -924,6 +955,7 @@ impl Cluster {
             self.account(i, -1, true);
             let report = &mut self.reports[i];
             self.meta[i].departed = true;
+            self.departures += 1;
             tracing::warn!(node = %report.node, colo = %report.colo, silent_ms = now.0.saturating_sub(seen.0),
                 "node silent past node_timeout_ms: forgetting its live counts, keeping its sessions");
             for memory in self.memory.values_mut() {
@@ -1387,6 +1419,53 @@ mod tests {
         let status = cluster.status(later);
         assert!(!status.nodes[0].departed);
         assert_eq!(status.rooms[0].active_users, 4);
+    }
+
+    #[test]
+    fn a_clock_step_is_not_a_silence() {
+        // Two nodes hold Anywhere leases; the aggregator's clock steps 45 s
+        // forward (within the minute), past the 30 s timeout, and a reports.
+        let at = T0.minute().start().plus_millis(5_000);
+        let stepped = at.plus_millis(45_500);
+        let run = |shift: bool| {
+            let mut cluster = Cluster::new(vec![room(10_000, 100)], 30_000);
+            let b_cap = ["b", "a"]
+                .iter()
+                .map(|node| {
+                    let answer = cluster.apply(report(node, "x", at, sessions(at, 0, 0, 10)), at);
+                    answer[0].state.allowance.anywhere
+                })
+                .next()
+                .unwrap();
+            if shift {
+                cluster.shift_clock(45_000);
+            }
+            let answer = cluster.apply(
+                report("a", "x", stepped, sessions(stepped, 0, 0, 10)),
+                stepped,
+            );
+            let departed = cluster
+                .status(stepped)
+                .nodes
+                .iter()
+                .filter(|n| n.departed)
+                .count();
+            (answer[0].state.allowance.anywhere, b_cap, departed)
+        };
+        // Unshifted: b looks silent, is departed, and a is granted what b holds.
+        let (a_cap, b_cap, departed) = run(false);
+        assert_eq!(departed, 1);
+        assert!(
+            a_cap + b_cap > 100,
+            "a {a_cap} + b {b_cap}: the failure this guards"
+        );
+        // Shifted: b is not departed and its lease still counts.
+        let (a_cap, b_cap, departed) = run(true);
+        assert_eq!(departed, 0);
+        assert!(
+            a_cap + b_cap <= 100,
+            "a was granted {a_cap} while b holds {b_cap}"
+        );
     }
 
     #[test]
