@@ -84,6 +84,18 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// From a node's `/metrics` text: it takes its grants from `aggregator`
+/// (its home), is connected, and holds a state that arrived after
+/// `since_secs` (Unix seconds).
+#[must_use]
+pub fn fresh_from(text: &str, aggregator: std::net::SocketAddr, since_secs: f64) -> bool {
+    let home = format!("waitroom_gossip_home{{aggregator=\"{aggregator}\"}}");
+    metric(text, &home) == Some(1.0)
+        && metric(text, "waitroom_gossip_last_state_timestamp_seconds")
+            .is_some_and(|at| at > since_secs)
+        && metric(text, "waitroom_gossip_connected") == Some(1.0)
+}
+
 /// What the demo origin's pages say (the visitor reached the site).
 pub const SITE: &str = "Demo Shop";
 /// What the queue page says.

@@ -31,7 +31,7 @@ use std::{
 
 use waitroom_tests::{
     cluster::{Aggregator, Certs, aggregator_config, random_room, start_nodes},
-    edge::{Edge, admits_new_visitor, get_text, metric, metric_sum},
+    edge::{Edge, admits_new_visitor, fresh_from, get_text, metric, metric_sum},
     eventually,
     netns::NetNs,
     procs::{Proc, TempDir, start_origin},
@@ -237,14 +237,11 @@ fn answers_lost_from_the_home_move_the_node_and_keep_the_limit() {
     let cut_at = now_secs();
     let cut = Instant::now();
     let fresh_again = |i: usize| {
-        let text = Cluster::metrics(&cluster.edges[i]);
-        let home = format!(
-            "waitroom_gossip_home{{aggregator=\"{}\"}}",
-            cluster.addresses[survivor]
-        );
-        metric(&text, &home) == Some(1.0)
-            && metric(&text, "waitroom_gossip_last_state_timestamp_seconds")
-                .is_some_and(|at| at > cut_at)
+        fresh_from(
+            &Cluster::metrics(&cluster.edges[i]),
+            cluster.addresses[survivor],
+            cut_at,
+        )
     };
     while !moving.iter().all(|&i| fresh_again(i)) {
         assert!(

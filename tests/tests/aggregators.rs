@@ -29,7 +29,7 @@ use std::{
 
 use waitroom_tests::{
     cluster::{Aggregator, Certs, aggregator_config, free_udp_port, random_room, start_nodes},
-    edge::{Edge, admits_new_visitor, get_text, metric, metric_sum},
+    edge::{Edge, admits_new_visitor, fresh_from, get_text, metric, metric_sum},
     eventually,
     procs::{TempDir, start_origin},
 };
@@ -193,15 +193,11 @@ impl Cluster {
     ) -> Vec<u64> {
         let started = Instant::now();
         let fresh_again = |i: usize| {
-            let text = get_text(&self.edges[i].admin_url("/metrics"));
-            let home = format!(
-                "waitroom_gossip_home{{aggregator=\"{}\"}}",
-                self.addresses[to]
-            );
-            metric(&text, &home) == Some(1.0)
-                && metric(&text, "waitroom_gossip_last_state_timestamp_seconds")
-                    .is_some_and(|at| at > since_secs)
-                && metric(&text, "waitroom_gossip_connected") == Some(1.0)
+            fresh_from(
+                &get_text(&self.edges[i].admin_url("/metrics")),
+                self.addresses[to],
+                since_secs,
+            )
         };
         let mut during = vec![0; self.edges.len()];
         while !moving.iter().all(|&i| fresh_again(i)) {

@@ -70,10 +70,6 @@ pub struct Clock {
 /// The offset of a following clock before its first reference.
 const UNSET: i64 = i64::MIN;
 
-/// A reference that puts a following clock back by less than this is taken
-/// for a late answer, not a clock that went back, and ignored.
-pub const FOLLOW_BACK_TOLERANCE_MS: i64 = 250;
-
 /// A driven clock's two readings.
 #[derive(Debug)]
 struct Driven {
@@ -104,30 +100,37 @@ impl Clock {
         }
     }
 
-    /// The reference clock read `reference` and the reading reached this
-    /// clock at `received` (its monotonic reading). Taken when it moves this
-    /// clock forward (the fastest answer tells the most), or back by more
-    /// than [`FOLLOW_BACK_TOLERANCE_MS`] (the reference went back); a
-    /// reading that arrived late is ignored. Returns the step taken, in ms
+    /// The reference clock read `reference` some time between `sent` and
+    /// `received` (this clock's monotonic readings when the question left
+    /// and the answer came): so the reference is at least `reference` at
+    /// `received` and at most `reference` at `sent`, as NTP bounds it. The
+    /// clock keeps what it follows while that lies within these bounds (a
+    /// late answer, however late, moves nothing) and otherwise moves to the
+    /// nearer bound: forward to the earliest the reference can be, back to
+    /// the latest (the reference went back). Returns the step taken, in ms
     /// (positive: forward), if any. Does nothing on a clock that does not
     /// follow.
-    pub fn follow(&self, reference: UnixMillis, received: Elapsed) -> Option<i64> {
+    pub fn follow(&self, reference: UnixMillis, sent: Elapsed, received: Elapsed) -> Option<i64> {
         let cell = self.follow.as_ref()?;
-        let offset = i64::try_from(reference.0)
-            .unwrap_or(i64::MAX)
-            .saturating_sub(i64::try_from(received.0).unwrap_or(i64::MAX));
-        let current = cell.load(Ordering::Acquire);
-        let step = if current == UNSET {
-            offset.saturating_sub(self.wall_offset(received))
-        } else {
-            offset.saturating_sub(current)
+        let at = |e: Elapsed| {
+            i64::try_from(reference.0)
+                .unwrap_or(i64::MAX)
+                .saturating_sub(i64::try_from(e.0).unwrap_or(i64::MAX))
         };
-        if current == UNSET || !(-FOLLOW_BACK_TOLERANCE_MS..=0).contains(&step) {
-            cell.store(offset, Ordering::Release);
-            Some(step)
+        // Offsets (reference − monotonic) the reading allows.
+        let (lowest, highest) = (at(received), at(sent.min(received)));
+        let current = cell.load(Ordering::Acquire);
+        let (from, to) = if current == UNSET {
+            (self.wall_offset(received), lowest)
+        } else if current < lowest {
+            (current, lowest)
+        } else if current > highest {
+            (current, highest)
         } else {
-            None
-        }
+            return None;
+        };
+        cell.store(to, Ordering::Release);
+        Some(to.saturating_sub(from))
     }
 
     /// What `now` is ahead of this process's own wall clock, in ms: the
@@ -311,33 +314,36 @@ mod tests {
         let (own, driver) = Clock::driven(UnixMillis(100_000));
         let clock = own.following();
         assert_eq!(clock.now(), UnixMillis(100_000), "its own until told");
-        assert_eq!(Clock::system().follow(UnixMillis(1), Elapsed(0)), None);
-        // The reference is 5 s ahead; the answer left it 10 ms before.
+        let e = Elapsed;
+        assert_eq!(Clock::system().follow(UnixMillis(1), e(0), e(0)), None);
+        // The reference is 5 s ahead; asked at 0, answered at 10 ms.
         driver.advance(Duration::from_millis(10));
-        assert_eq!(
-            clock.follow(UnixMillis(104_990), clock.elapsed()),
-            Some(4_980)
-        );
-        assert_eq!(clock.now(), UnixMillis(104_990));
-        assert_eq!(clock.offset_from_wall(), 4_980);
+        assert_eq!(clock.follow(UnixMillis(104_995), e(0), e(10)), Some(4_985));
+        assert_eq!(clock.now(), UnixMillis(104_995), "the earliest it can be");
+        assert_eq!(clock.offset_from_wall(), 4_985);
         // Time passes: carried forward. Its own clock steps: nothing.
         driver.advance(Duration::from_secs(1));
-        assert_eq!(clock.now(), UnixMillis(105_990));
-        driver.set(UnixMillis(42));
-        assert_eq!(clock.now(), UnixMillis(105_990));
-        assert_eq!(clock.wall(), UnixMillis(42));
-        // A late answer (100 ms behind) is ignored; a faster one moves it on.
-        assert_eq!(clock.follow(UnixMillis(105_890), clock.elapsed()), None);
-        assert_eq!(clock.follow(UnixMillis(105_995), clock.elapsed()), Some(5));
         assert_eq!(clock.now(), UnixMillis(105_995));
-        // The reference went back a minute: followed.
+        driver.set(UnixMillis(42));
+        assert_eq!(clock.now(), UnixMillis(105_995));
+        assert_eq!(clock.wall(), UnixMillis(42));
+        // An answer 900 ms late (sent at 110 ms, read at 1,010): it allows
+        // what the clock says, so nothing moves.
+        assert_eq!(clock.follow(UnixMillis(105_100), e(110), e(1_010)), None);
+        // One that proves the reference later than thought moves it on.
         assert_eq!(
-            clock.follow(UnixMillis(45_995), clock.elapsed()),
-            Some(-60_000)
+            clock.follow(UnixMillis(106_000), e(1_000), e(1_010)),
+            Some(5)
         );
-        assert_eq!(clock.now(), UnixMillis(45_995));
+        assert_eq!(clock.now(), UnixMillis(106_000));
+        // The reference went back a minute: followed, to the latest it can be.
+        assert_eq!(
+            clock.follow(UnixMillis(46_000), e(1_000), e(1_010)),
+            Some(-59_990)
+        );
+        assert_eq!(clock.now(), UnixMillis(46_010));
         // Clones share it; the clock it was made from does not follow.
-        assert_eq!(clock.clone().now(), UnixMillis(45_995));
+        assert_eq!(clock.clone().now(), UnixMillis(46_010));
         assert_eq!(own.now(), UnixMillis(42));
     }
 

@@ -9,7 +9,7 @@ use waitroom_common::{
     wire::{self, AnswerFrame, HeldLease, Message, PeerReportFrame, RefusalReason, ReportFrame},
 };
 use waitroom_runtime::{
-    clock::Clock,
+    clock::{Clock, Elapsed},
     frames::{self, FrameError},
     shutdown::Shutdown,
 };
@@ -256,6 +256,7 @@ impl Client {
             } else {
                 Message::Report(frame)
             };
+            let sent = self.clock.elapsed();
             let result =
                 match tokio::time::timeout(timeout, exchange(connection, *seq, &message)).await {
                     Ok(result) => result,
@@ -270,7 +271,7 @@ impl Client {
                     // A peer's answer grants nothing: it only shows that
                     // this aggregator could take over.
                     if home {
-                        self.store(&report, answer);
+                        self.store(&report, answer, sent);
                         self.status.reports_total.fetch_add(1, Relaxed);
                         if !self.status.connected.swap(true, Relaxed) {
                             tracing::info!("aggregator answering");
@@ -341,10 +342,12 @@ impl Client {
     }
 
     /// Swaps in a world built from `answer`, carrying each room's share over.
-    fn store(&self, report: &NodeReport, answer: AnswerFrame) {
+    /// `sent`: the monotonic clock when the report left, which bounds when
+    /// the aggregator read its clock for `answer.at`.
+    fn store(&self, report: &NodeReport, answer: AnswerFrame, sent: Elapsed) {
         let previous = self.world.load_full();
         let received = self.clock.elapsed();
-        let step = self.clock.follow(answer.at, received);
+        let step = self.clock.follow(answer.at, sent, received);
         self.status
             .clock_offset_ms
             .store(self.clock.offset_from_wall(), Relaxed);
