@@ -149,7 +149,7 @@ impl Aggregator {
             history: waitroom_runtime::dashboard::History::new(),
             settings: parking_lot::Mutex::new(Arc::new(push_of(&settings))),
             node_settings: parking_lot::Mutex::default(),
-            clock_seen: parking_lot::Mutex::default(),
+            clock_seen: std::sync::atomic::AtomicI64::new(clock.wall_over_elapsed()),
         });
         let control = Arc::new(Control {
             tokens,

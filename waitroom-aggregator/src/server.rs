@@ -6,7 +6,7 @@
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicI64, AtomicU64, Ordering::Relaxed},
     },
     time::Duration,
 };
@@ -97,13 +97,9 @@ pub struct Shared {
     /// The settings version each node last said it runs (`None`: its own
     /// file's), by node: `/status` shows who is behind.
     pub node_settings: Mutex<std::collections::BTreeMap<String, Option<u64>>>,
-    /// The wall and monotonic clocks at the last lock of `cluster`.
-    pub clock_seen: Mutex<
-        Option<(
-            waitroom_common::time::UnixMillis,
-            waitroom_runtime::clock::Elapsed,
-        )>,
-    >,
+    /// `clock.wall_over_elapsed()` at the last lock of `cluster`: a change
+    /// is a step of the wall clock.
+    pub clock_seen: AtomicI64,
 }
 
 /// What one node last said about its origin pools.
@@ -127,22 +123,16 @@ impl Shared {
     /// ([`Cluster::shift_clock`]).
     pub fn cluster(&self) -> parking_lot::MutexGuard<'_, Cluster> {
         let mut cluster = self.cluster.lock();
-        let (wall, elapsed) = (self.clock.now(), self.clock.elapsed());
-        let mut last = self.clock_seen.lock();
-        if let Some((last_wall, last_elapsed)) = *last {
-            let wall_moved = i64::try_from(wall.0).unwrap_or(i64::MAX)
-                - i64::try_from(last_wall.0).unwrap_or(i64::MAX);
-            let step = wall_moved - i64::try_from(elapsed.since(last_elapsed)).unwrap_or(i64::MAX);
-            if step.abs() >= CLOCK_STEP_MS {
-                tracing::warn!(
-                    step_ms = step,
-                    "the wall clock stepped; nodes' silences are kept as they were (check NTP: the nodes count on this clock)"
-                );
-                cluster.shift_clock(step);
-                self.metrics.clock_steps_total.fetch_add(1, Relaxed);
-            }
+        let offset = self.clock.wall_over_elapsed();
+        let step = offset.saturating_sub(self.clock_seen.swap(offset, Relaxed));
+        if step.abs() >= CLOCK_STEP_MS {
+            tracing::warn!(
+                step_ms = step,
+                "the wall clock stepped; nodes' silences are kept as they were (check NTP: the nodes count on this clock)"
+            );
+            cluster.shift_clock(step);
+            self.metrics.clock_steps_total.fetch_add(1, Relaxed);
         }
-        *last = Some((wall, elapsed));
         cluster
     }
 

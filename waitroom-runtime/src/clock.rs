@@ -141,6 +141,14 @@ impl Clock {
         now.saturating_sub(i64::try_from(self.wall().0).unwrap_or(i64::MAX))
     }
 
+    /// How far the wall clock is ahead of the monotonic reading, in ms:
+    /// steady while time passes, moved by a step of the wall clock (by the
+    /// step), so two readings tell whether and how far it stepped.
+    #[must_use]
+    pub fn wall_over_elapsed(&self) -> i64 {
+        self.wall_offset(self.elapsed())
+    }
+
     /// The wall clock's offset from the monotonic one at `at`.
     fn wall_offset(&self, at: Elapsed) -> i64 {
         i64::try_from(self.wall().0)
@@ -293,7 +301,9 @@ mod tests {
         assert_eq!(driver.advance(Duration::from_secs(60)), UnixMillis(61_000));
         assert_eq!(clock.clone().now(), UnixMillis(61_000));
         assert_eq!(clock.elapsed(), Elapsed(60_000));
+        assert_eq!(clock.wall_over_elapsed(), 1_000);
         driver.set(UnixMillis(5));
+        assert_eq!(clock.wall_over_elapsed(), -59_995, "moved by the step");
         assert_eq!(clock.now(), UnixMillis(5));
         assert_eq!(
             clock.elapsed(),

@@ -348,15 +348,14 @@ impl Client {
         let previous = self.world.load_full();
         let received = self.clock.elapsed();
         let step = self.clock.follow(answer.at, sent, received);
-        self.status
-            .clock_offset_ms
-            .store(self.clock.offset_from_wall(), Relaxed);
+        let offset_ms = self.clock.offset_from_wall();
+        self.status.clock_offset_ms.store(offset_ms, Relaxed);
         if let Some(step) = step
             && step.abs() >= CLOCK_STEP_WARN_MS
         {
             tracing::warn!(
                 step_ms = step,
-                offset_ms = self.clock.offset_from_wall(),
+                offset_ms,
                 "this node's time moved to the aggregator's: the node counts minutes and sessions on the cluster's time (offset_ms: how far this machine's own clock is behind it); check its NTP"
             );
         }
