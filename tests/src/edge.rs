@@ -84,6 +84,37 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// From a node's `/metrics` text: the index in `aggregators` of its home
+/// (`waitroom_gossip_home` 1), if one is.
+#[must_use]
+pub fn home_among(text: &str, aggregators: &[std::net::SocketAddr]) -> Option<usize> {
+    aggregators.iter().position(|a| {
+        metric(text, &format!("waitroom_gossip_home{{aggregator=\"{a}\"}}")) == Some(1.0)
+    })
+}
+
+/// From a node's `/metrics` text: every one of `aggregators` answering,
+/// exactly one of them its home (the others 0), connected and fresh.
+#[must_use]
+pub fn settled_among(text: &str, aggregators: &[std::net::SocketAddr]) -> bool {
+    let series = |family: &str, a: &std::net::SocketAddr| {
+        metric(text, &format!("{family}{{aggregator=\"{a}\"}}"))
+    };
+    let homes: Vec<Option<f64>> = aggregators
+        .iter()
+        .map(|a| series("waitroom_gossip_home", a))
+        .collect();
+    aggregators
+        .iter()
+        .all(|a| series("waitroom_gossip_aggregator_answering", a) == Some(1.0))
+        && homes.iter().filter(|h| **h == Some(1.0)).count() == 1
+        && homes
+            .iter()
+            .all(|h| matches!(h, Some(v) if *v == 0.0 || *v == 1.0))
+        && metric(text, "waitroom_gossip_connected") == Some(1.0)
+        && metric(text, "waitroom_gossip_stale") == Some(0.0)
+}
+
 /// From a node's `/metrics` text: it takes its grants from `aggregator`
 /// (its home), is connected, and holds a state that arrived after
 /// `since_secs` (Unix seconds).

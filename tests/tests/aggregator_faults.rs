@@ -31,7 +31,10 @@ use std::{
 
 use waitroom_tests::{
     cluster::{Aggregator, Certs, aggregator_config, random_room, start_nodes},
-    edge::{Edge, admits_new_visitor, fresh_from, get_text, metric, metric_sum},
+    edge::{
+        Edge, admits_new_visitor, fresh_from, get_text, home_among, metric, metric_sum,
+        settled_among,
+    },
     eventually,
     netns::NetNs,
     procs::{Proc, TempDir, start_origin},
@@ -131,39 +134,13 @@ impl Cluster {
         get_text(&edge.admin_url("/metrics"))
     }
 
-    /// Both aggregators answering, one home, fresh.
+    /// Both aggregators answering, one home, connected and fresh.
     fn settled(&self, edge: &Edge) -> bool {
-        let text = Self::metrics(edge);
-        let homes: f64 = self
-            .addresses
-            .iter()
-            .filter_map(|a| {
-                metric(
-                    &text,
-                    &format!("waitroom_gossip_home{{aggregator=\"{a}\"}}"),
-                )
-            })
-            .sum();
-        self.addresses.iter().all(|a| {
-            metric(
-                &text,
-                &format!("waitroom_gossip_aggregator_answering{{aggregator=\"{a}\"}}"),
-            ) == Some(1.0)
-        }) && homes == 1.0
-            && metric(&text, "waitroom_gossip_stale") == Some(0.0)
+        settled_among(&Self::metrics(edge), &self.addresses)
     }
 
     fn home(&self, edge: &Edge) -> usize {
-        let text = Self::metrics(edge);
-        self.addresses
-            .iter()
-            .position(|a| {
-                metric(
-                    &text,
-                    &format!("waitroom_gossip_home{{aggregator=\"{a}\"}}"),
-                ) == Some(1.0)
-            })
-            .expect("a home")
+        home_among(&Self::metrics(edge), &self.addresses).expect("a home")
     }
 
     /// One round: three new visitors at each node; admitted per node. No

@@ -29,7 +29,10 @@ use std::{
 
 use waitroom_tests::{
     cluster::{Aggregator, Certs, aggregator_config, free_udp_port, random_room, start_nodes},
-    edge::{Edge, admits_new_visitor, fresh_from, get_text, metric, metric_sum},
+    edge::{
+        Edge, admits_new_visitor, fresh_from, get_text, home_among, metric, metric_sum,
+        settled_among,
+    },
     eventually,
     procs::{TempDir, start_origin},
 };
@@ -40,17 +43,6 @@ const TOTAL_ACTIVE_USERS: u64 = 60;
 
 fn room_table() -> String {
     random_room(TOTAL_ACTIVE_USERS, NEW_USERS_PER_MINUTE)
-}
-
-fn node_metric(edge: &Edge, series: &str) -> Option<f64> {
-    metric(&get_text(&edge.admin_url("/metrics")), series)
-}
-
-fn home_of(edge: &Edge, aggregator: SocketAddr) -> Option<f64> {
-    node_metric(
-        edge,
-        &format!("waitroom_gossip_home{{aggregator=\"{aggregator}\"}}"),
-    )
 }
 
 fn aggregator_metric(aggregator: &Aggregator, series: &str) -> Option<f64> {
@@ -129,40 +121,14 @@ impl Cluster {
         );
 
         // --- Each node: one home of the two, and both aggregators answering.
-        let settled = |edge: &Edge| {
-            let text = get_text(&edge.admin_url("/metrics"));
-            let homes: Vec<Option<f64>> = addresses
-                .iter()
-                .map(|a| {
-                    metric(
-                        &text,
-                        &format!("waitroom_gossip_home{{aggregator=\"{a}\"}}"),
-                    )
-                })
-                .collect();
-            let answering = addresses.iter().all(|a| {
-                metric(
-                    &text,
-                    &format!("waitroom_gossip_aggregator_answering{{aggregator=\"{a}\"}}"),
-                ) == Some(1.0)
-            });
-            let mut sorted = homes.clone();
-            sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            answering
-                && sorted == [Some(0.0), Some(1.0)]
-                && metric(&text, "waitroom_gossip_connected") == Some(1.0)
-                && metric(&text, "waitroom_gossip_stale") == Some(0.0)
-        };
+        let metrics = |edge: &Edge| get_text(&edge.admin_url("/metrics"));
         assert!(
-            eventually(Duration::from_secs(15), || edges.iter().all(settled)),
+            eventually(Duration::from_secs(15), || edges
+                .iter()
+                .all(|e| settled_among(&metrics(e), &addresses))),
             "every node reports to both aggregators and has one home"
         );
-        let home_index = |edge: &Edge| {
-            addresses
-                .iter()
-                .position(|&a| home_of(edge, a) == Some(1.0))
-                .expect("a home")
-        };
+        let home_index = |edge: &Edge| home_among(&metrics(edge), &addresses).expect("a home");
         let homes: Vec<usize> = edges.iter().map(home_index).collect();
         eprintln!("homes: ams-1 → {homes:?}");
         let peer_reports: f64 = aggregators
@@ -285,12 +251,9 @@ fn nodes_report_to_every_aggregator_take_grants_from_one_and_fail_over() {
         restarted.proc.stderr()
     );
     assert!(
-        eventually(Duration::from_secs(5), || moving.iter().all(|&i| home_of(
-            &edges[i],
-            addresses[victim]
-        ) == Some(
-            1.0
-        ))),
+        eventually(Duration::from_secs(5), || moving.iter().all(
+            |&i| home_among(&get_text(&edges[i].admin_url("/metrics")), addresses) == Some(victim)
+        )),
         "the node goes back to its preferred home once it answers"
     );
     add(&mut admitted, &traffic(edges, 3));
