@@ -127,7 +127,7 @@ impl InProcCluster {
 
         let mut started = Vec::new();
         for &(name, colo) in nodes {
-            let (node_clock, node_driver) = driver.stepped();
+            let (node_clock, node_stepper) = driver.stepped();
             let path = dir.path().join(format!("{name}.toml"));
             std::fs::write(
                 &path,
@@ -157,7 +157,7 @@ impl InProcCluster {
                 colo: colo.to_owned(),
                 http: running.addresses.http,
                 running: Some(running),
-                clock: node_driver,
+                clock: node_stepper,
             });
         }
         let cluster = Self {
