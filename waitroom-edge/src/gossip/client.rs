@@ -227,7 +227,18 @@ impl Client {
             }
             *seq += 1;
             let now = self.clock.now();
-            let home = self.homes.home(self.clock.elapsed()) == self.index;
+            let at = self.clock.elapsed();
+            // Asks for grants only as the home, with no other aggregator's
+            // grant still to come, and waits for the answer no longer than
+            // this aggregator stays the home (module `home`).
+            let wait = self.homes.grant_wait(self.index, at);
+            let home = self.homes.home(at) == self.index
+                && wait != Some(0)
+                && self.homes.begin_grant(self.index);
+            let _granting = home.then(|| Granting {
+                homes: &self.homes,
+                index: self.index,
+            });
             let rooms = self.reporter.report(now);
             let report = NodeReport {
                 node: self.identity.node.clone(),
@@ -235,7 +246,11 @@ impl Client {
                 at: now,
                 rooms,
             };
-            let timeout = self.answer_timeout();
+            let full = self.answer_timeout();
+            let (timeout, home_moves) = match wait.map(Duration::from_millis) {
+                Some(wait) if home && wait < full => (wait, true),
+                _ => (full, false),
+            };
             let lease_report = home && self.lease.sends_lease_reports();
             let frame = ReportFrame {
                 seq: *seq,
@@ -299,6 +314,12 @@ impl Client {
                         self.lease.failed();
                     }
                     match err {
+                        ExchangeError::Timeout { .. } if home_moves => {
+                            // Past its grace: the next report goes to the
+                            // next home. Not a sign of a dead connection
+                            // by itself (the full timeout is).
+                            tracing::debug!("no answer within the home's grace; the home moves");
+                        }
                         ExchangeError::Timeout { .. } => {
                             missed += 1;
                             tracing::debug!(missed, "no answer in time");
@@ -384,6 +405,20 @@ impl Client {
             rooms,
             settings: answer.settings.map(Arc::new),
         });
+    }
+}
+
+/// A report asking for grants in flight ([`Homes::begin_grant`]); ends it
+/// when dropped: answered, failed, timed out, or the session dropped
+/// mid-exchange.
+struct Granting<'a> {
+    homes: &'a Homes,
+    index: usize,
+}
+
+impl Drop for Granting<'_> {
+    fn drop(&mut self) {
+        self.homes.end_grant(self.index);
     }
 }
 

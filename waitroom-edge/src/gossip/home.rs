@@ -15,9 +15,20 @@
 //! id with each aggregator's address (highest random weight): stable across
 //! restarts, spread evenly over the aggregators, and when one aggregator is
 //! removed only its nodes move. Before any answer, the first in the order.
+//!
+//! A node holds one home's grant at a time: while a report to its home is
+//! unanswered no other aggregator is sent a report that asks for grants
+//! ([`Homes::begin_grant`]), and a home that has gone past its grace is no
+//! longer waited for ([`Homes::grant_wait`]), so its answer can never land
+//! on top of the next home's. (Without this, an answer delayed past the
+//! grace replaced the grant of the aggregator the node had moved to, whose
+//! ledger then counted a lease the node did not hold.)
 use std::{
     net::SocketAddr,
-    sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed},
+    sync::atomic::{
+        AtomicU64, AtomicUsize,
+        Ordering::{AcqRel, Acquire, Relaxed},
+    },
 };
 
 use waitroom_runtime::clock::Elapsed;
@@ -34,7 +45,13 @@ pub struct Homes {
     grace_ms: u64,
     /// The home chosen by the last report sent (for `/metrics`).
     current: AtomicUsize,
+    /// The aggregator a report asking for grants is in flight to, or
+    /// [`NOBODY`].
+    granting: AtomicUsize,
 }
+
+/// No report asking for grants is in flight.
+const NOBODY: usize = usize::MAX;
 
 impl Homes {
     /// The aggregators at `addresses` as seen by the node `node`, which
@@ -50,6 +67,7 @@ impl Homes {
             order,
             grace_ms: interval_ms + interval_ms / 2,
             current: AtomicUsize::new(first),
+            granting: AtomicUsize::new(NOBODY),
         }
     }
 
@@ -87,6 +105,36 @@ impl Homes {
     /// Aggregator `i` answered at `now`.
     pub fn answered(&self, i: usize, now: Elapsed) {
         self.answered[i].store(now.0.max(1), Relaxed);
+    }
+
+    /// Aggregator `i`, the home at the moment, is about to be sent a report
+    /// that asks for grants: true unless another aggregator's is still in
+    /// flight (its grant may still come; the caller then sends a peer
+    /// report). [`Homes::end_grant`] when the exchange is over, whatever
+    /// its outcome.
+    pub fn begin_grant(&self, i: usize) -> bool {
+        self.granting
+            .compare_exchange(NOBODY, i, AcqRel, Acquire)
+            .is_ok()
+    }
+
+    /// The exchange [`Homes::begin_grant`] allowed for `i` is over.
+    pub fn end_grant(&self, i: usize) {
+        let _ = self.granting.compare_exchange(i, NOBODY, AcqRel, Acquire);
+    }
+
+    /// How long a report to the home `i`, sent at `now`, is waited for when
+    /// another aggregator could take over: until `i`'s grace runs out, when
+    /// the home moves anyway. `None` (the caller's own timeout) with a
+    /// single aggregator, or when `i` is the home only because nobody
+    /// answers.
+    #[must_use]
+    pub fn grant_wait(&self, i: usize, now: Elapsed) -> Option<u64> {
+        if self.addresses.len() < 2 || !self.answering(i, now) {
+            return None;
+        }
+        let at = self.answered[i].load(Relaxed);
+        Some((at + self.grace_ms).saturating_sub(now.0))
     }
 
     /// Aggregator `i` answered within the grace before `now`.
@@ -153,6 +201,31 @@ mod tests {
                 assert_eq!(before, after, "{node} moved though its home stayed");
             }
         }
+    }
+
+    #[test]
+    fn one_report_asking_for_grants_at_a_time_waited_for_until_the_grace_ends() {
+        let homes = Homes::new("ams-1", addrs(2), 1_000);
+        assert!(homes.begin_grant(0));
+        assert!(!homes.begin_grant(1), "another's grant may still come");
+        homes.end_grant(1);
+        assert!(!homes.begin_grant(1), "only the holder ends it");
+        homes.end_grant(0);
+        assert!(homes.begin_grant(1));
+        homes.end_grant(1);
+
+        assert_eq!(homes.grant_wait(0, Elapsed(5)), None, "never answered");
+        homes.answered(0, Elapsed(1_000));
+        assert_eq!(homes.grant_wait(0, Elapsed(1_900)), Some(600));
+        assert_eq!(homes.grant_wait(0, Elapsed(2_500)), Some(0));
+        assert_eq!(homes.grant_wait(0, Elapsed(2_501)), None, "past the grace");
+        let alone = Homes::new("ams-1", addrs(1), 1_000);
+        alone.answered(0, Elapsed(1_000));
+        assert_eq!(
+            alone.grant_wait(0, Elapsed(1_900)),
+            None,
+            "nobody to move to"
+        );
     }
 
     #[test]
