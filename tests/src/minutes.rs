@@ -24,3 +24,12 @@ pub fn early_in_a_minute(needed: u64) {
         sleep_into_next_minute(1);
     }
 }
+
+/// Sleeps until the next time the clock reads `secs` seconds into a minute
+/// (`secs` < 60): at most a minute.
+pub fn sleep_until_second(secs: u64) {
+    let now = unix_secs();
+    let this = now / 60 * 60 + secs;
+    let target = if this > now { this } else { this + 60 };
+    std::thread::sleep(Duration::from_secs(target - now));
+}

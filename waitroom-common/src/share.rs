@@ -100,6 +100,45 @@ pub fn local_only_state(
     GlobalState::standalone(room, counters, rate, now)
 }
 
+/// The local-only `state`, kept within the leases of the node's last answer
+/// (`lease`, that answer's state) while it is still that answer's minute.
+///
+/// The aggregators go on counting those leases as this node's (until it
+/// departs) and hand every other slot of the minute to the other nodes, so
+/// a share must not add to them. A share is only an estimate, taken from
+/// reports that had not all arrived: once in `aggregator_faults.rs`, under
+/// loss, a node whose share read 0.8 instead of 0.5 went stale and admitted
+/// 20 of a limit of 24 where its lease had left it 12. From the next minute
+/// on (nobody counts the old lease by then) the share alone decides.
+#[must_use]
+pub fn within_lease(mut state: GlobalState, lease: &GlobalState, now: UnixMillis) -> GlobalState {
+    use crate::counters::Pool;
+    if lease.minute() != now.minute() || state.minute() != now.minute() {
+        return state;
+    }
+    let cap = |pool| {
+        lease
+            .used
+            .get(pool)
+            .saturating_add(lease.allowance.get(pool))
+    };
+    // The local-only state hands out shared slots from its colo-share pool
+    // only; what the node took from either shared pool counts against both
+    // leases together.
+    let shared_left = cap(Pool::ColoShare)
+        .saturating_add(cap(Pool::Anywhere))
+        .saturating_sub(state.used.colo_share.saturating_add(state.used.anywhere));
+    state.allowance.colo_share = state.allowance.colo_share.min(shared_left);
+    state.allowance.anywhere = 0;
+    let eligible_left = cap(Pool::Eligible).saturating_sub(state.used.eligible);
+    state.allowance.eligible = state.allowance.eligible.min(eligible_left);
+    state.allowance.uncapped = state
+        .allowance
+        .uncapped
+        .min(cap(Pool::Uncapped).saturating_sub(state.used.uncapped));
+    state
+}
+
 /// What a node does while it has no share to go by: it never heard from the
 /// aggregator since it started and kept none from an earlier run (or the
 /// room was too empty for one). Taking the whole room, as a single node
@@ -203,6 +242,73 @@ mod tests {
             (7, 6),
             "expired sessions and last minute's admits left out"
         );
+    }
+
+    /// A FIFO room "shop" of 100 users, `per_minute` new ones a minute.
+    fn shop(per_minute: u64) -> Room {
+        RoomConfig {
+            total_active_users: 100,
+            new_users_per_minute: per_minute,
+            session_duration: 5,
+            disable_session_renewal: false,
+            queueing_method: QueueingMethod::Fifo,
+            queue_all: false,
+            refresh_interval: 20,
+            cookie_same_site: CookieSameSite::Auto,
+            cookie_secure: CookieSecure::Auto,
+            ticket_connection_budget: crate::room::DEFAULT_TICKET_CONNECTION_BUDGET,
+            ticket_connection_window_secs: crate::room::DEFAULT_TICKET_CONNECTION_WINDOW_SECS,
+            ticket_binding: crate::room::TicketBinding::None,
+        }
+        .validate()
+        .unwrap()
+        .named("shop")
+    }
+
+    /// A node gone stale mid-minute with a share that reads far too high
+    /// (0.8 of a limit of 40: 32) admits no more than its lease had left it
+    /// (a cap of 12 shared slots, of which it used 10 by then) until the
+    /// minute ends; the next minute its share decides alone.
+    #[test]
+    fn a_stale_node_keeps_within_its_lease_until_the_minute_ends() {
+        use crate::counters::{Pool, PoolCounts};
+        let room = shop(40);
+        let counters = RoomCounters::new_boxed(room.id());
+        let answered = UnixMillis(1_622_073_600_000 + 5_000);
+        let now = answered.plus_millis(8_000);
+        let mut lease = GlobalState::empty(answered);
+        lease.used = PoolCounts {
+            colo_share: 4,
+            anywhere: 4,
+            ..PoolCounts::default()
+        };
+        lease.allowance = PoolCounts {
+            colo_share: 2,
+            anywhere: 2,
+            ..PoolCounts::default()
+        };
+        for _ in 0..10 {
+            assert!(counters.take_ticket(Pool::ColoShare, now.minute(), u64::MAX));
+        }
+        let mut rate = AdmitRate::default();
+        let count = |state: &GlobalState, at: UnixMillis| {
+            (0..40)
+                .take_while(|_| admits_a_new_visitor(&room, state, &counters, at))
+                .count()
+        };
+        let share = local_only_state(&room, &counters, &mut rate, Some(0.8), now);
+        assert_eq!(share.allowance.colo_share, 22, "the share alone: 32 − 10");
+        let kept = within_lease(share, &lease, now);
+        assert_eq!(count(&kept, now), 2, "12 − 10: what the lease had left");
+
+        let next = UnixMillis(answered.minute().plus(1).start().0 + 1_000);
+        let share = local_only_state(&room, &counters, &mut rate, Some(0.8), next);
+        let after = within_lease(share.clone(), &lease, next);
+        assert_eq!(
+            after.allowance, share.allowance,
+            "the next minute: the share"
+        );
+        assert!(count(&after, next) > 12);
     }
 
     #[test]

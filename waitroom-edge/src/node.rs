@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use waitroom_common::{
     counters::{Pool, RoomCounters},
     room::Room,
-    share::{ColdStart, cold_start_state, local_only_state},
+    share::{ColdStart, cold_start_state, local_only_state, within_lease},
     state::{AdmitRate, GlobalState},
     time::UnixMillis,
 };
@@ -455,13 +455,21 @@ impl Node {
             let state = match view {
                 Some(view) if fresh => Arc::clone(&view.state),
                 _ => match view.and_then(|v| v.share).or(self.restored_shares[i]) {
-                    Some(share) => Arc::new(local_only_state(
-                        engine,
-                        self.room_counters(i),
-                        &mut rates[i],
-                        Some(share),
-                        now,
-                    )),
+                    Some(share) => {
+                        let local = local_only_state(
+                            engine,
+                            self.room_counters(i),
+                            &mut rates[i],
+                            Some(share),
+                            now,
+                        );
+                        // Within the last answer's leases until its minute
+                        // ends: the aggregators still count them.
+                        Arc::new(match view {
+                            Some(view) => within_lease(local, &view.state, now),
+                            None => local,
+                        })
+                    }
                     // Never a share: not the whole room (see `ColdStart`).
                     None => Arc::new(cold_start_state(
                         engine,

@@ -69,7 +69,7 @@ use waitroom_common::{
     engine::{AdmitReason, Decision, QueueReason, decide, is_new_visitor, short_of_slots},
     ledger::TicketLedger,
     room::Room,
-    share::{local_only_state, observed_share, own_counts, smooth_share},
+    share::{local_only_state, observed_share, own_counts, smooth_share, within_lease},
     state::{AdmitRate, GlobalState},
     ticket::Ticket,
     time::{MILLIS_PER_MINUTE, Minute, UnixMillis},
@@ -477,6 +477,8 @@ struct Node {
     heard: Option<Heard>,
     /// When `state` was last computed as local-only; `None` while it is the answer's.
     local_since_ms: Option<u64>,
+    /// The last answer's state, kept when the node goes local-only.
+    lease: Option<GlobalState>,
     /// The node's admit rate for local-only states.
     rate: AdmitRate,
     /// The node's last gossip tick (its report went out then, plus jitter).
@@ -604,6 +606,7 @@ impl Sim {
                 state: GlobalState::empty(START),
                 heard: None,
                 local_since_ms: None,
+                lease: None,
                 rate: AdmitRate::default(),
                 tick_ms: 0,
                 offset_ms: 0,
@@ -1208,6 +1211,7 @@ impl Sim {
         };
         node.heard = Some(heard);
         node.local_since_ms = None;
+        node.lease = None;
     }
 
     /// `Node::refresh_from_world` for node `i` at `now_ms`: the answer while
@@ -1227,7 +1231,16 @@ impl Sim {
             .is_none_or(|since| now_ms >= since + REFRESH_MS)
         {
             let share = node.heard.as_ref().and_then(|h| h.share);
-            node.state = local_only_state(&self.room, &node.counters, &mut node.rate, share, now);
+            let local = local_only_state(&self.room, &node.counters, &mut node.rate, share, now);
+            // Within the last answer's leases until its minute ends, as
+            // the edge does (`share::within_lease`).
+            if node.local_since_ms.is_none() && node.heard.as_ref().is_some_and(|h| h.answered) {
+                node.lease = Some(node.state.clone());
+            }
+            node.state = match &node.lease {
+                Some(lease) => within_lease(local, lease, now),
+                None => local,
+            };
             node.local_since_ms = Some(now_ms);
         }
         true
