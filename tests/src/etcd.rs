@@ -110,7 +110,9 @@ impl EtcdCluster {
             .arg("--initial-cluster-state")
             .arg("new")
             .arg("--initial-cluster-token")
-            .arg("waitroom-test")
+            // One token per cluster: members of two tests' clusters never
+            // take each other for peers.
+            .arg(self.dir.path().file_name().unwrap_or_default())
             // Fast elections: the fault tests wait for them.
             .arg("--heartbeat-interval")
             .arg("50")

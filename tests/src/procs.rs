@@ -243,9 +243,24 @@ pub fn start_origin(dir: &Path, name: &str) -> Result<(Proc, SocketAddr)> {
 
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    // The tests of one binary run at once, and a port is only free until
+    // its process binds it: never hand the same one out twice in this
+    // process, or two tests' servers meet (an etcd test once talked to the
+    // other test's cluster and got a quorum it should not have had).
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..64 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
+    bail!("no port not handed out before in 64 tries")
 }
 
 /// Waits until `addr` accepts TCP connections.
