@@ -557,6 +557,31 @@ fn ctl_changes_every_aggregator_of_a_cluster_or_none() {
     for aggregator in &aggregators {
         assert_eq!(shop_at(aggregator), (json!(4), json!(600)));
     }
+
+    // A wrong address in the list: an HTTP server that is no aggregator
+    // (the demo origin answers every path with a page, not JSON). Refused
+    // before anything is written, naming it; reading shows its text as is.
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let stranger = format!("http://{origin}");
+    let mut listed = all(&aggregators);
+    listed.push(stranger.clone());
+    let (ok, _, err) = ctl_all(&listed, &tokens, &["set", "shop", "total_active_users=700"]);
+    assert!(!ok);
+    assert!(
+        err.contains(&stranger) && err.contains("nothing was changed"),
+        "{err}"
+    );
+    for aggregator in &aggregators {
+        assert_eq!(shop_at(aggregator), (json!(4), json!(600)));
+    }
+    let (_, out, err) = ctl_all(&listed, &tokens, &["get", "shop"]);
+    let got: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert!(got[&stranger].is_string(), "{out}");
+    assert_eq!(
+        got[&url(&aggregators[0])]["room"]["total_active_users"],
+        600,
+        "{out}"
+    );
 }
 
 #[test]
