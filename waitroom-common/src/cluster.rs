@@ -1303,7 +1303,7 @@ mod tests {
     use crate::{
         aggregate::MinuteAdmits,
         counters::PoolCounts,
-        room::{CookieSameSite, CookieSecure, QueueingMethod, RoomConfig},
+        room::{QueueingMethod, RoomConfig},
     };
 
     use super::*;
@@ -1312,20 +1312,7 @@ mod tests {
     const T0: UnixMillis = UnixMillis(1_622_073_600_000 + 16 * 3_600_000 + 10_000);
 
     fn room(total: u64, per_minute: u64) -> RoomDef {
-        let config = RoomConfig {
-            total_active_users: total,
-            new_users_per_minute: per_minute,
-            session_duration: 5,
-            disable_session_renewal: false,
-            queueing_method: QueueingMethod::Fifo,
-            queue_all: false,
-            refresh_interval: 20,
-            cookie_same_site: CookieSameSite::Auto,
-            cookie_secure: CookieSecure::Auto,
-            ticket_connection_budget: crate::room::DEFAULT_TICKET_CONNECTION_BUDGET,
-            ticket_connection_window_secs: crate::room::DEFAULT_TICKET_CONNECTION_WINDOW_SECS,
-            ticket_binding: crate::room::TicketBinding::None,
-        };
+        let config = crate::room::tests::config(total, per_minute);
         RoomDef {
             name: "shop".into(),
             room: config.validate().unwrap().named("shop"),

@@ -182,8 +182,6 @@ pub fn cold_start_state(
 
 #[cfg(test)]
 mod tests {
-    use crate::room::{CookieSameSite, CookieSecure, QueueingMethod};
-
     /// Whether `decide` admits one new visitor with `state`.
     fn admits_a_new_visitor(
         room: &Room,
@@ -246,23 +244,10 @@ mod tests {
 
     /// A FIFO room "shop" of 100 users, `per_minute` new ones a minute.
     fn shop(per_minute: u64) -> Room {
-        RoomConfig {
-            total_active_users: 100,
-            new_users_per_minute: per_minute,
-            session_duration: 5,
-            disable_session_renewal: false,
-            queueing_method: QueueingMethod::Fifo,
-            queue_all: false,
-            refresh_interval: 20,
-            cookie_same_site: CookieSameSite::Auto,
-            cookie_secure: CookieSecure::Auto,
-            ticket_connection_budget: crate::room::DEFAULT_TICKET_CONNECTION_BUDGET,
-            ticket_connection_window_secs: crate::room::DEFAULT_TICKET_CONNECTION_WINDOW_SECS,
-            ticket_binding: crate::room::TicketBinding::None,
-        }
-        .validate()
-        .unwrap()
-        .named("shop")
+        crate::room::tests::config(100, per_minute)
+            .validate()
+            .unwrap()
+            .named("shop")
     }
 
     /// A node gone stale mid-minute with a share that reads far too high
@@ -313,23 +298,7 @@ mod tests {
 
     #[test]
     fn local_only_uses_the_share_of_the_limits() {
-        let room = RoomConfig {
-            total_active_users: 100,
-            new_users_per_minute: 40,
-            session_duration: 5,
-            disable_session_renewal: false,
-            queueing_method: QueueingMethod::Fifo,
-            queue_all: false,
-            refresh_interval: 20,
-            cookie_same_site: CookieSameSite::Auto,
-            cookie_secure: CookieSecure::Auto,
-            ticket_connection_budget: crate::room::DEFAULT_TICKET_CONNECTION_BUDGET,
-            ticket_connection_window_secs: crate::room::DEFAULT_TICKET_CONNECTION_WINDOW_SECS,
-            ticket_binding: crate::room::TicketBinding::None,
-        }
-        .validate()
-        .unwrap()
-        .named("shop");
+        let room = shop(40);
         let counters = RoomCounters::new_boxed(room.id());
         let now = UnixMillis(1_622_073_600_000);
         let mut rate = AdmitRate::default();
