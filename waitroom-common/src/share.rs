@@ -106,10 +106,11 @@ pub fn local_only_state(
 /// The aggregators go on counting those leases as this node's (until it
 /// departs) and hand every other slot of the minute to the other nodes, so
 /// a share must not add to them. A share is only an estimate, taken from
-/// reports that had not all arrived: once in `aggregator_faults.rs`, under
-/// loss, a node whose share read 0.8 instead of 0.5 went stale and admitted
-/// 20 of a limit of 24 where its lease had left it 12. From the next minute
-/// on (nobody counts the old lease by then) the share alone decides.
+/// reports that had not all arrived, and can read far above the node's real
+/// part (the likeliest cause of one node admitting 20 of a limit of 24 in a
+/// CI run of `aggregator_faults.rs` under loss, where a half was its due).
+/// From the next minute on (nobody counts the old lease by then) the share
+/// alone decides.
 #[must_use]
 pub fn within_lease(mut state: GlobalState, lease: &GlobalState, now: UnixMillis) -> GlobalState {
     use crate::counters::Pool;
