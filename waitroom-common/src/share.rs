@@ -117,12 +117,8 @@ pub fn within_lease(mut state: GlobalState, lease: &GlobalState, now: UnixMillis
     if lease.minute() != now.minute() || state.minute() != now.minute() {
         return state;
     }
-    let cap = |pool| {
-        lease
-            .used
-            .get(pool)
-            .saturating_add(lease.allowance.get(pool))
-    };
+    // In the lease's own minute: its used plus its allowance.
+    let cap = |pool| lease.cap(pool, now, false);
     // The local-only state hands out shared slots from its colo-share pool
     // only; what the node took from either shared pool counts against both
     // leases together.
