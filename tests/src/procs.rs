@@ -15,25 +15,33 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 
 /// The directory holding the workspace's debug binaries (next to this test's own).
-pub fn bin_dir() -> PathBuf {
-    // Measurements against optimized binaries with debug-built tests:
-    // `cargo build --release --bins` and WAITROOM_BIN_DIR=target/release.
-    if let Some(dir) = std::env::var_os("WAITROOM_BIN_DIR") {
-        return PathBuf::from(dir);
+/// Where the workspace's binaries are looked for, in order.
+///
+/// `WAITROOM_BIN_DIR` (a `:`-separated list, searched in order) is for
+/// measurements against optimized binaries with debug-built tests, e.g.
+/// `target/release:target/debug` after `cargo build --release -p
+/// waitroom-edge`: the node comes from the first directory, the test
+/// helpers only built in debug (the demo origin) from the second.
+/// Otherwise the directory of the running test's own profile.
+pub fn bin_dirs() -> Vec<PathBuf> {
+    if let Some(dirs) = std::env::var_os("WAITROOM_BIN_DIR") {
+        return std::env::split_paths(&dirs).collect();
     }
     // target/debug/deps/<test> → target/debug
     let exe = std::env::current_exe().expect("current_exe");
     let deps = exe.parent().expect("test binary has a directory");
-    deps.parent().unwrap_or(deps).to_path_buf()
+    vec![deps.parent().unwrap_or(deps).to_path_buf()]
 }
 
 static BUILD: Mutex<bool> = Mutex::new(false);
 
-/// Path of a workspace binary, building the package once if it is missing.
+/// Path of a workspace binary, building the workspace's binaries once if it
+/// is missing from every directory of [`bin_dirs`].
 pub fn binary(name: &str) -> PathBuf {
-    let path = bin_dir().join(name);
+    let dirs = bin_dirs();
+    let find = || dirs.iter().map(|d| d.join(name)).find(|p| p.exists());
     let mut built = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    if !path.exists() && !*built {
+    if find().is_none() && !*built {
         let status = Command::new(env!("CARGO"))
             .args(["build", "--workspace", "--bins"])
             .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap())
@@ -42,12 +50,9 @@ pub fn binary(name: &str) -> PathBuf {
         assert!(status.success(), "cargo build of the binaries failed");
         *built = true;
     }
-    assert!(
-        path.exists(),
-        "{} missing (run `cargo build --workspace --bins`)",
-        path.display()
-    );
-    path
+    find().unwrap_or_else(|| {
+        panic!("{name} missing from {dirs:?} (run `cargo build --workspace --bins`)")
+    })
 }
 
 /// A scratch directory removed on drop.

@@ -81,6 +81,13 @@ struct Binary {
     postinst_extra: String,
 }
 
+/// The release node's build, as packaged (`cargo xtask test` reuses it).
+pub fn build_release_node() -> Command {
+    let mut c = cmd::cargo();
+    c.args(["build", "--release", "--package", "waitroom-edge", "--bins"]);
+    c
+}
+
 pub fn run(args: &Args) -> Result<Vec<PathBuf>> {
     let ws = cmd::workspace_root();
     let target =
@@ -91,7 +98,7 @@ pub fn run(args: &Args) -> Result<Vec<PathBuf>> {
         // and the node would link the aggregator's certificate generator.
         cmd::run(
             "building the release node (with its eBPF object)",
-            cmd::cargo().args(["build", "--release", "--package", "waitroom-edge", "--bins"]),
+            &mut build_release_node(),
         )?;
         cmd::run(
             "building the release aggregator",
