@@ -35,6 +35,7 @@ fn config(dir: &Path, tls: TlsFiles, listen: SocketAddr) -> AggregatorConfig {
         snapshot_path: dir.join("snapshot.json"),
         snapshot_interval_ms: 200,
         node_timeout_ms: 5_000,
+        learning_ms: 3_000,
         rooms: vec![shop()],
         control: waitroom_aggregator::config::ControlConfig::beside(&dir.join("snapshot.json")),
     }

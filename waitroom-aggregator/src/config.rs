@@ -57,6 +57,8 @@ struct Raw {
     snapshot_interval_ms: u64,
     #[serde(default = "default_node_timeout_ms")]
     node_timeout_ms: u64,
+    #[serde(default = "default_learning_ms")]
+    learning_ms: u64,
     #[serde(default)]
     control_token_file: Option<PathBuf>,
     #[serde(default)]
@@ -78,6 +80,12 @@ fn default_node_timeout_ms() -> u64 {
     15_000
 }
 
+/// Two of the nodes' default report intervals (1 s) and the answer's
+/// round trip: by then every node that is up has said what it holds.
+fn default_learning_ms() -> u64 {
+    3_000
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct AggregatorConfig {
@@ -91,6 +99,9 @@ pub struct AggregatorConfig {
     pub snapshot_interval_ms: u64,
     /// Silence after which a node's live counts are forgotten.
     pub node_timeout_ms: u64,
+    /// After a start, how long nobody is granted more than it holds, while
+    /// the nodes' reports say what they hold (`Cluster::learn_until`).
+    pub learning_ms: u64,
     /// The `[[rooms]]` tables: where the cluster's room settings start.
     pub rooms: Vec<RoomTable>,
     pub control: ControlConfig,
@@ -152,6 +163,15 @@ impl AggregatorConfig {
                 "must be at least 1000 (several report intervals)",
             ));
         }
+        if raw.learning_ms > raw.node_timeout_ms {
+            return Err(file.invalid(
+                "learning_ms",
+                format!(
+                    "{} is longer than node_timeout_ms ({}): a node silent that long is gone, so there is nothing left to learn from it",
+                    raw.learning_ms, raw.node_timeout_ms
+                ),
+            ));
+        }
         if raw.rooms.is_empty() {
             return Err(file.invalid("rooms", "at least one [[rooms]] table is required"));
         }
@@ -173,6 +193,7 @@ impl AggregatorConfig {
             snapshot_path: raw.snapshot_path,
             snapshot_interval_ms: raw.snapshot_interval_ms,
             node_timeout_ms: raw.node_timeout_ms,
+            learning_ms: raw.learning_ms,
             rooms: raw.rooms,
             control,
         })
@@ -215,6 +236,7 @@ new_users_per_minute = 50
         assert_eq!(config.rooms[0].total_active_users, 200);
         assert_eq!(config.rooms[0].id, "shop");
         assert_eq!(config.node_timeout_ms, 15_000);
+        assert_eq!(config.learning_ms, 3_000);
         assert_eq!(
             config.control,
             ControlConfig {
@@ -275,6 +297,19 @@ new_users_per_minute = 50
             err.starts_with(&format!("agg.toml:{FIRST_EXTRA_LINE}:19: node_timeout_ms:")),
             "{err}"
         );
+
+        // A learning longer than a node may be silent learns nothing more.
+        let err = parse("learning_ms = 20000\n[[rooms]]\nid = \"a\"\ntotal_active_users = 1\nnew_users_per_minute = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(&format!("agg.toml:{FIRST_EXTRA_LINE}:15: learning_ms: 20000 is longer than node_timeout_ms (15000)")),
+            "{err}"
+        );
+        let err = parse("learning_ms = -1\n[[rooms]]\nid = \"a\"\ntotal_active_users = 1\nnew_users_per_minute = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("learning_ms"), "{err}");
 
         let two = "[[rooms]]\nid = \"a\"\ntotal_active_users = 1\nnew_users_per_minute = 1\n";
         let err = parse(&format!("{two}{two}")).unwrap_err().to_string();

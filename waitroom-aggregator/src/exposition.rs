@@ -19,7 +19,7 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
     let now = shared.clock.now();
     // One short hold of the cluster lock: the status, the corrections and
     // the rooms' limits, then everything is written without it.
-    let (status, implausible, departures, limits) = {
+    let (status, implausible, departures, limits, learning) = {
         let cluster = shared.cluster();
         let limits: Vec<(String, waitroom_common::room::RoomConfig)> = cluster
             .rooms()
@@ -31,6 +31,7 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
             cluster.implausible_by_reason(),
             cluster.departures_total(),
             limits,
+            cluster.learning(now),
         )
     };
     let m = &shared.metrics;
@@ -59,6 +60,11 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
             "waitroom_aggregator_peer_reports_total",
             "Of the reports merged, those of nodes whose home is another aggregator (no grant).",
             &m.peer_reports_total,
+        ),
+        (
+            "waitroom_aggregator_holding_reports_total",
+            "Of the reports merged, home reports that said which leases the node holds.",
+            &m.holding_reports_total,
         ),
         (
             "waitroom_aggregator_frames_refused_total",
@@ -107,6 +113,11 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
         )?;
     }
     shared.reloads.encode(f)?;
+    f.gauge(
+        "waitroom_aggregator_learning",
+        "1 while the aggregator, just started, learns what the nodes hold and grants nobody more (learning_ms).",
+        u64::from(learning),
+    )?;
 
     f.counter(
         "waitroom_aggregator_departures_total",

@@ -138,7 +138,17 @@ impl Aggregator {
         let settings = store.current().clone();
         let mut cluster =
             cluster::Cluster::new(config::room_defs(&settings.rooms)?, config.node_timeout_ms);
-        restore(&mut cluster, &config.snapshot_path, clock.now());
+        // Grants made since the snapshot was taken are known only to the
+        // nodes holding them: learn them from their reports first. Without
+        // a snapshot this aggregator has not granted before (or its state
+        // was deleted, which OPERATIONS warns about), so it grants at once.
+        if restore(&mut cluster, &config.snapshot_path, clock.now()) && config.learning_ms > 0 {
+            cluster.learn_until(UnixMillis(clock.now().0.saturating_add(config.learning_ms)));
+            tracing::info!(
+                learning_ms = config.learning_ms,
+                "learning what the nodes hold before granting more"
+            );
+        }
         let shared = Arc::new(server::Shared {
             reloads: waitroom_runtime::metrics::ReloadOutcomes::new(clock.now()),
             clock: clock.clone(),
@@ -380,9 +390,15 @@ fn apply(shared: &server::Shared, settings: &RoomSettings) -> Result<(), String>
 /// Takes over the snapshot at `path`, if there is a usable one. One that
 /// cannot be read is set aside (`.corrupt`) rather than trusted or deleted:
 /// the state rebuilds from the nodes' next reports either way.
-fn restore(cluster: &mut cluster::Cluster, path: &std::path::Path, now: UnixMillis) {
+/// Restores the state from the snapshot at `path`, if there is a usable one.
+/// `true` when a snapshot was there, usable or not: this aggregator granted
+/// before, and the nodes may hold grants it does not know of.
+fn restore(cluster: &mut cluster::Cluster, path: &std::path::Path, now: UnixMillis) -> bool {
     match snapshot::read(path) {
-        Ok(None) => tracing::info!(path = %path.display(), "no snapshot yet; starting empty"),
+        Ok(None) => {
+            tracing::info!(path = %path.display(), "no snapshot yet; starting empty");
+            false
+        }
         Ok(Some(snapshot)) => {
             let age_ms = now.0.saturating_sub(snapshot.taken_at.0);
             let nodes = snapshot.nodes.len();
@@ -393,9 +409,12 @@ fn restore(cluster: &mut cluster::Cluster, path: &std::path::Path, now: UnixMill
                     }
                     cluster.expire(now);
                     tracing::info!(path = %path.display(), age_ms, nodes, corrected = dropped.len(), "restored snapshot");
+                    true
                 }
                 Err(err) => {
-                    tracing::warn!(path = %path.display(), %err, "snapshot not used; starting empty")
+                    tracing::warn!(path = %path.display(), %err, "snapshot not used; starting empty");
+                    // It was there: this aggregator granted before.
+                    true
                 }
             }
         }
@@ -403,6 +422,7 @@ fn restore(cluster: &mut cluster::Cluster, path: &std::path::Path, now: UnixMill
             let aside = path.with_extension("corrupt");
             tracing::warn!(%err, moved_to = %aside.display(), "snapshot unreadable; starting empty");
             let _ = std::fs::rename(path, aside);
+            true
         }
     }
 }
@@ -502,6 +522,7 @@ mod tests {
             snapshot_path: dir.join("snapshot.json"),
             snapshot_interval_ms: 200,
             node_timeout_ms: 5_000,
+            learning_ms: 3_000,
             rooms: vec![shop()],
             control: config::ControlConfig::beside(&dir.join("snapshot.json")),
         }

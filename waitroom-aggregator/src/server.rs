@@ -48,6 +48,9 @@ pub struct ServerMetrics {
     pub reports_total: AtomicU64,
     /// Of them, reports from nodes whose home is another aggregator.
     pub peer_reports_total: AtomicU64,
+    /// Of them, reports that said which leases the node holds
+    /// (`Message::HomeReport`).
+    pub holding_reports_total: AtomicU64,
     /// Frames answered with a refusal (bad version, malformed, too large).
     pub frames_refused_total: AtomicU64,
     /// Reports refused because they name a node the connection's certificate
@@ -262,9 +265,18 @@ async fn serve_stream(
     // A lease report is a report from a node that asks on demand: merged
     // the same way, promised by its need (`cluster::promise`). A peer
     // report is a report from a node whose home is another aggregator:
-    // merged, answered with no grant, its held leases counted.
+    // merged, answered with no grant, its held leases counted. A home
+    // report is either of the first two that also names the leases the
+    // node holds, which the ledger counts until the node confirms.
     let (message, kind) = match message {
         Message::LeaseReport(frame) => (Message::Report(frame), Kind::Asking),
+        Message::HomeReport(home) => (
+            Message::Report(home.frame),
+            Kind::Home {
+                held: home.held,
+                asks: home.asks,
+            },
+        ),
         Message::PeerReport(peer) => (Message::Report(peer.frame), Kind::Peer(peer.held)),
         other => (other, Kind::Plain),
     };
@@ -312,6 +324,12 @@ async fn serve_stream(
             let rooms = match kind {
                 Kind::Asking => shared.cluster().apply_asking(frame.report, now),
                 Kind::Plain => shared.cluster().apply(frame.report, now),
+                Kind::Home { held, asks } => {
+                    shared.metrics.holding_reports_total.fetch_add(1, Relaxed);
+                    shared
+                        .cluster()
+                        .apply_holding(frame.report, &held, asks, now)
+                }
                 Kind::Peer(held) => {
                     shared.cluster().apply_peer(frame.report, &held, now);
                     shared.metrics.peer_reports_total.fetch_add(1, Relaxed);
@@ -329,7 +347,8 @@ async fn serve_stream(
         Message::Answer(_)
         | Message::Refused(_)
         | Message::LeaseReport(_)
-        | Message::PeerReport(_) => {
+        | Message::PeerReport(_)
+        | Message::HomeReport(_) => {
             shared.metrics.frames_refused_total.fetch_add(1, Relaxed);
             if let Some(suppressed) = shared.metrics.logs.frames.pass(shared.now_secs()) {
                 tracing::warn!(
@@ -355,6 +374,10 @@ enum Kind {
     Plain,
     Asking,
     Peer(Vec<wire::HeldLease>),
+    Home {
+        held: Vec<wire::HeldLease>,
+        asks: bool,
+    },
 }
 
 /// Answers a bad frame with a refusal; a peer of another protocol version is

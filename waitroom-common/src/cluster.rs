@@ -89,6 +89,52 @@ impl Lease {
         };
         cap.saturating_sub(used)
     }
+
+    /// The cap of this lease in `minute`: `used_at_grant + allowance` in the
+    /// lease's own minute, the bare allowance in any other.
+    fn cap_in(&self, minute: Minute) -> u64 {
+        if self.minute == minute {
+            self.used_at_grant.saturating_add(self.allowance)
+        } else {
+            self.allowance
+        }
+    }
+
+    /// One lease of `minute` that counts at least as much as each of `a`
+    /// and `b` does, this minute and later, for a holder with `used` admits
+    /// this minute: this minute the larger cap, later the larger of that
+    /// cap's rest and either bare allowance. What a ledger counts for a node
+    /// that may hold either until it says which.
+    #[must_use]
+    pub fn covering(a: &Self, b: &Self, minute: Minute, used: u64) -> Self {
+        let cap = a.cap_in(minute).max(b.cap_in(minute));
+        let allowance = cap
+            .saturating_sub(used)
+            .max(a.allowance)
+            .max(b.allowance)
+            .min(cap);
+        Self {
+            minute,
+            used_at_grant: cap - allowance,
+            allowance,
+        }
+    }
+
+    /// The lease `held` names for one of its pools (Anywhere with
+    /// `anywhere`, else the colo share), a claim never taken as more than
+    /// `limit`.
+    fn from_held(held: &HeldLease, anywhere: bool, limit: u64) -> Self {
+        let (allowance, used) = if anywhere {
+            (held.anywhere, held.anywhere_used)
+        } else {
+            (held.colo_share, held.colo_share_used)
+        };
+        Self {
+            minute: held.minute,
+            used_at_grant: used.min(limit),
+            allowance: allowance.min(limit),
+        }
+    }
 }
 
 /// Bookkeeping about a node besides its report.
@@ -162,6 +208,24 @@ pub struct Cluster {
     promises: PromisePolicy,
     /// The Anywhere grants of the last merge, for a shared ledger.
     last_grants: Vec<AnywhereGrant>,
+    /// Until then nobody is granted more than it holds (see
+    /// [`Cluster::learn_until`]).
+    learning_until: Option<UnixMillis>,
+}
+
+/// Who a merge grants to, and how it asked.
+struct Grantee<'a> {
+    node: String,
+    /// It asks on demand (`Message::LeaseReport`, or a home report that asks).
+    asks: bool,
+    /// The leases it says it holds (`Message::HomeReport`); `None` for a
+    /// report that does not say.
+    held: Option<&'a [HeldLease]>,
+    /// When it was last seen before this report.
+    previous_seen: Option<UnixMillis>,
+    /// Its distinct visitors this minute by its previous report (a node
+    /// that asks).
+    previous_visitors: Vec<(RoomId, u64)>,
 }
 
 /// One Anywhere grant of a merge, as a shared grant ledger takes it
@@ -359,6 +423,7 @@ impl Cluster {
             stripped: None,
             promises: PromisePolicy::default(),
             last_grants: Vec::new(),
+            learning_until: None,
         };
         cluster.rebuild(None);
         cluster
@@ -599,7 +664,7 @@ impl Cluster {
     /// sums: the node's previous report is taken away and this one added,
     /// so a merge costs this report's entries, not every node's.
     pub fn apply(&mut self, report: NodeReport, now: UnixMillis) -> Vec<RoomAnswer> {
-        self.apply_as(report, now, false)
+        self.apply_as(report, now, false, None)
     }
 
     /// [`Cluster::apply`] for a node that asks on demand when its promise
@@ -608,7 +673,44 @@ impl Cluster {
     /// for whoever asks next ([`promise`]). Out-of-cycle reports are the
     /// asking; they are merged like any other.
     pub fn apply_asking(&mut self, report: NodeReport, now: UnixMillis) -> Vec<RoomAnswer> {
-        self.apply_as(report, now, true)
+        self.apply_as(report, now, true, None)
+    }
+
+    /// [`Cluster::apply`] (or, with `asks`, [`Cluster::apply_asking`]) for
+    /// a report that says which leases the node holds
+    /// (`Message::HomeReport`). Until its next report, the node's leases
+    /// count as the larger of what it holds and what this answer grants
+    /// ([`Lease::covering`]): the answer may be lost, and then the node
+    /// still holds the old lease. Without this, an aggregator that lowered a
+    /// node's cap and whose answer was lost counted the lower cap and handed
+    /// the difference to others; and one restarted from an old snapshot did
+    /// not know the grants made since it was taken. A claim is never taken
+    /// as more than the room's per-minute limit.
+    pub fn apply_holding(
+        &mut self,
+        report: NodeReport,
+        held: &[HeldLease],
+        asks: bool,
+        now: UnixMillis,
+    ) -> Vec<RoomAnswer> {
+        self.apply_as(report, now, asks, Some(held))
+    }
+
+    /// Until `until`, no node is granted more than the leases it holds (by
+    /// its home report; for a node whose reports do not say, by this
+    /// ledger's record), so a ledger that may have forgotten grants (an
+    /// aggregator restarted, from a snapshot or none) learns them from the
+    /// nodes' reports before it grants from its pools again. Google's
+    /// Doorman runs such a learning mode after a failover; unlike Doorman's,
+    /// nobody is given what it claims beyond what it holds.
+    pub fn learn_until(&mut self, until: UnixMillis) {
+        self.learning_until = Some(until);
+    }
+
+    /// Whether the ledger is still learning at `now` ([`Cluster::learn_until`]).
+    #[must_use]
+    pub fn learning(&self, now: UnixMillis) -> bool {
+        self.learning_until.is_some_and(|until| now < until)
     }
 
     /// The Anywhere grants of the last [`Cluster::apply`] (or
@@ -689,9 +791,25 @@ impl Cluster {
         }
     }
 
-    fn apply_as(&mut self, report: NodeReport, now: UnixMillis, asks: bool) -> Vec<RoomAnswer> {
+    fn apply_as(
+        &mut self,
+        report: NodeReport,
+        now: UnixMillis,
+        asks: bool,
+        held: Option<&[HeldLease]>,
+    ) -> Vec<RoomAnswer> {
         let (index, node, previous_seen, previous_visitors) = self.merge(report, now, asks);
-        self.grant(index, node, now, asks, previous_seen, previous_visitors)
+        self.grant(
+            index,
+            Grantee {
+                node,
+                asks,
+                held,
+                previous_seen,
+                previous_visitors,
+            },
+            now,
+        )
     }
 
     /// Takes `report` into the cluster (its node's previous one out of the
@@ -761,16 +879,16 @@ impl Cluster {
 
     /// This round's answers for the node at `index`: its state per room,
     /// with what the ledgers grant it.
-    fn grant(
-        &mut self,
-        index: usize,
-        node: String,
-        now: UnixMillis,
-        asks: bool,
-        previous_seen: Option<UnixMillis>,
-        previous_visitors: Vec<(RoomId, u64)>,
-    ) -> Vec<RoomAnswer> {
+    fn grant(&mut self, index: usize, grantee: Grantee<'_>, now: UnixMillis) -> Vec<RoomAnswer> {
+        let Grantee {
+            node,
+            asks,
+            held,
+            previous_seen,
+            previous_visitors,
+        } = grantee;
         let minute = now.minute();
+        let learning = self.learning(now);
         self.last_grants.clear();
         self.refresh(minute);
         let colo = self.colo_ids.get(&self.reports[index].colo).copied();
@@ -873,6 +991,24 @@ impl Cluster {
                 (colo_granted, granted) =
                     self.promises.promise((colo_granted, granted), free, need);
             }
+            // What the node holds: by its report, or (a report that does
+            // not say) by this ledger's record.
+            let limit = room_now.new_users_per_minute();
+            let claim = held.map(|held| {
+                let h = held.iter().find(|h| h.room == id);
+                (
+                    h.map(|h| Lease::from_held(h, false, limit)),
+                    h.map(|h| Lease::from_held(h, true, limit)),
+                )
+            });
+            if learning {
+                let (colo_holds, holds) = claim.unwrap_or((leases.0.copied(), leases.1.copied()));
+                let rest = |lease: Option<Lease>, used: u64| {
+                    lease.map_or(0, |l| l.outstanding(minute, used))
+                };
+                colo_granted = colo_granted.min(rest(colo_holds, state.used.colo_share));
+                granted = granted.min(rest(holds, state.used.anywhere));
+            }
             tracing::debug!(
                 %node,
                 room = %def.name,
@@ -893,18 +1029,26 @@ impl Cluster {
                 allowance: granted,
                 budget: shares.pool.saturating_add(sums.admits.anywhere_in(minute)),
             });
-            let new_colo = Lease {
+            let mut new_colo = Lease {
                 minute,
                 used_at_grant: state.used.colo_share,
                 allowance: colo_granted,
             };
-            let old_colo = replace_lease(&mut memory.colo_leases, &node, new_colo);
-            sums.swap_colo_lease(room_report, key, old_colo.as_ref(), Some(&new_colo));
-            let new = Lease {
+            let mut new = Lease {
                 minute,
                 used_at_grant: state.used.anywhere,
                 allowance: granted,
             };
+            if let Some((colo_holds, holds)) = claim {
+                if let Some(h) = colo_holds {
+                    new_colo = Lease::covering(&h, &new_colo, minute, state.used.colo_share);
+                }
+                if let Some(h) = holds {
+                    new = Lease::covering(&h, &new, minute, state.used.anywhere);
+                }
+            }
+            let old_colo = replace_lease(&mut memory.colo_leases, &node, new_colo);
+            sums.swap_colo_lease(room_report, key, old_colo.as_ref(), Some(&new_colo));
             let old = replace_lease(&mut memory.leases, &node, new);
             sums.swap_lease(room_report, old.as_ref(), Some(&new));
             answers.push(RoomAnswer { room: id, state });
@@ -1695,6 +1839,140 @@ mod tests {
         assert_eq!(shared_cap(&b_at_home[0].state), b_cap);
     }
 
+    /// A home lowers a node's cap and the answer is lost: the node still
+    /// holds the higher one. With home reports (`apply_holding`) the ledger
+    /// counts the higher cap until the node's next report says what it
+    /// holds, so another node's burst is never granted those slots; with
+    /// plain reports it is (the test that shows the hole).
+    #[test]
+    fn a_lowered_cap_counts_until_the_node_says_it_got_it() {
+        let run = |holding: bool| {
+            let mut cluster = Cluster::new(vec![room(10_000, 100)], 60_000);
+            let quiet = PoolCounts::default();
+            let ask = |c: &mut Cluster, r, held: &[HeldLease], t| {
+                if holding {
+                    c.apply_holding(r, held, true, t)
+                } else {
+                    c.apply_asking(r, t)
+                }
+            };
+            // a's burst: it asks and is promised much of the pool.
+            let first = ask(&mut cluster, asking_report("a", T0, quiet, 400), &[], T0);
+            let holds = held(&first[0].state, T0.minute());
+            let a_cap = shared_cap(&first[0].state);
+            // Its burst is over: its next report is promised little. That
+            // answer is lost; a still holds `holds`.
+            let t = T0.plus_millis(1_000);
+            let lowered = ask(&mut cluster, asking_report("a", t, quiet, 400), &[holds], t);
+            let a_lowered = shared_cap(&lowered[0].state);
+            // b bursts and asks for all it can get.
+            let t = T0.plus_millis(1_500);
+            let b = ask(&mut cluster, asking_report("b", t, quiet, 900), &[], t);
+            let b_cap = shared_cap(&b[0].state);
+            // a's next report gets through and says it holds the lowered
+            // cap (this time the answer came): the rest is free again.
+            let confirmed = held(&lowered[0].state, T0.minute());
+            let t = T0.plus_millis(2_000);
+            let again = ask(
+                &mut cluster,
+                asking_report("a", t, quiet, 400),
+                &[confirmed],
+                t,
+            );
+            let a_now = shared_cap(&again[0].state);
+            let t = T0.plus_millis(2_500);
+            let b_later = ask(&mut cluster, asking_report("b", t, quiet, 1_800), &[], t);
+            (
+                a_cap,
+                a_lowered,
+                b_cap,
+                a_now,
+                shared_cap(&b_later[0].state),
+            )
+        };
+        let (a_cap, a_lowered, b_cap, ..) = run(false);
+        assert!(
+            a_lowered < a_cap,
+            "the cap is lowered: {a_cap} → {a_lowered}"
+        );
+        assert!(
+            a_cap + b_cap > 100,
+            "plain reports: b is granted what a still holds ({a_cap} + {b_cap})"
+        );
+        let (a_cap, a_lowered, b_cap, a_now, b_later) = run(true);
+        assert!(
+            a_lowered < a_cap,
+            "the cap is lowered: {a_cap} → {a_lowered}"
+        );
+        assert!(b_cap > 0, "b is granted what is free");
+        assert!(
+            a_cap + b_cap <= 100,
+            "home reports: what a still holds is not granted again ({a_cap} + {b_cap})"
+        );
+        assert!(
+            b_later > b_cap && a_now + b_later <= 100,
+            "once a says it holds less, b gets the rest: {b_cap} → {b_later} beside a's {a_now}"
+        );
+    }
+
+    /// An aggregator restarted from a snapshot taken before its last grant
+    /// does not know that grant. While it learns (`learn_until`) nobody is
+    /// granted more than it holds, and the first report of the node holding
+    /// the forgotten grant puts it back in the ledger: another node's burst
+    /// is never granted those slots. Without learning, it is.
+    #[test]
+    fn a_restarted_ledger_learns_what_the_nodes_hold_before_granting() {
+        let run = |learn: bool| {
+            let quiet = PoolCounts::default();
+            let mut before = Cluster::new(vec![room(10_000, 100)], 60_000);
+            let b0 = before.apply_holding(asking_report("b", T0, quiet, 1), &[], true, T0);
+            let b_holds = held(&b0[0].state, T0.minute());
+            let b0_cap = shared_cap(&b0[0].state);
+            let snapshot = before.snapshot(T0);
+            // The grant the snapshot misses: a's burst.
+            let t = T0.plus_millis(500);
+            let a = before.apply_holding(asking_report("a", t, quiet, 400), &[], true, t);
+            let a_holds = held(&a[0].state, T0.minute());
+            let a_cap = shared_cap(&a[0].state);
+            // kill -9; a restart from the snapshot.
+            let t = T0.plus_millis(1_000);
+            let mut after = Cluster::new(vec![room(10_000, 100)], 60_000);
+            assert!(after.restore(snapshot, t).unwrap().is_empty());
+            if learn {
+                after.learn_until(t.plus_millis(3_000));
+            }
+            // b bursts first; a reports a moment later, then b again.
+            let b1 = after.apply_holding(asking_report("b", t, quiet, 900), &[b_holds], true, t);
+            let b1_cap = shared_cap(&b1[0].state);
+            let t = T0.plus_millis(1_500);
+            let a1 = after.apply_holding(asking_report("a", t, quiet, 400), &[a_holds], true, t);
+            let a1_cap = shared_cap(&a1[0].state);
+            let b1_holds = held(&b1[0].state, T0.minute());
+            let t = T0.plus_millis(4_500);
+            assert!(!after.learning(t));
+            let b2 = after.apply_holding(asking_report("b", t, quiet, 900), &[b1_holds], true, t);
+            (b0_cap, a_cap, b1_cap, a1_cap, shared_cap(&b2[0].state))
+        };
+        let (_, a_cap, b1_cap, ..) = run(false);
+        assert!(
+            a_cap + b1_cap > 100,
+            "without learning b is granted what a holds: {a_cap} + {b1_cap}"
+        );
+        let (b0_cap, a_cap, b1_cap, a1_cap, b2_cap) = run(true);
+        assert!(
+            b1_cap <= b0_cap,
+            "learning: b is granted no more than it held ({b1_cap} of {b0_cap})"
+        );
+        assert!(
+            a1_cap <= a_cap,
+            "a keeps no more than it held: {a1_cap} of {a_cap}"
+        );
+        assert!(
+            a_cap + b2_cap <= 100 && b2_cap > 0,
+            "after learning, b is granted what a does not hold: {a_cap} + {b2_cap}"
+        );
+    }
+
     /// The 7:1 burst at the aggregator: with fair parts, the quiet node
     /// holds half the colo and the bursting node's out-of-cycle report finds
     /// nothing free; with small promises the quiet node holds a little and
@@ -1797,6 +2075,72 @@ mod tests {
             "fresh counters, bare allowance"
         );
         assert_eq!(lease.outstanding(Minute(11), 9), 0);
+    }
+
+    /// The lease a ledger counts for a node that may hold either of two
+    /// counts at least as much as each, this minute and the next, and no
+    /// more than the larger cap this minute.
+    #[test]
+    fn a_covering_lease_counts_at_least_either_one() {
+        let m = Minute(10);
+        let cases = [
+            // the same minute, a higher old cap (a lowered cap, its answer lost)
+            (
+                Lease {
+                    minute: m,
+                    used_at_grant: 2,
+                    allowance: 30,
+                },
+                Lease {
+                    minute: m,
+                    used_at_grant: 8,
+                    allowance: 4,
+                },
+                8,
+            ),
+            // an old lease of last minute beside this minute's grant
+            (
+                Lease {
+                    minute: Minute(9),
+                    used_at_grant: 40,
+                    allowance: 25,
+                },
+                Lease {
+                    minute: m,
+                    used_at_grant: 5,
+                    allowance: 10,
+                },
+                5,
+            ),
+            // the new grant is the larger
+            (
+                Lease {
+                    minute: m,
+                    used_at_grant: 0,
+                    allowance: 3,
+                },
+                Lease {
+                    minute: m,
+                    used_at_grant: 6,
+                    allowance: 50,
+                },
+                6,
+            ),
+        ];
+        for (a, b, used) in cases {
+            let c = Lease::covering(&a, &b, m, used);
+            assert_eq!(c.minute, m);
+            for later_used in [used, used + 3, used + 40] {
+                let now = |l: &Lease| l.outstanding(m, later_used);
+                assert!(now(&c) >= now(&a).max(now(&b)), "{a:?} {b:?} {c:?}");
+                assert_eq!(now(&c), now(&a).max(now(&b)), "no more this minute");
+                let next = |l: &Lease| l.outstanding(m.plus(1), later_used.min(5));
+                assert!(
+                    next(&c) >= next(&a).max(next(&b)),
+                    "next minute: {a:?} {b:?} {c:?}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -2074,7 +2418,7 @@ mod tests {
                         };
                         // Even nodes ask on demand (small promises), odd ones do not.
                         let asks = node % 2 == 0;
-                        let got = cluster.apply_as(report.clone(), now, asks);
+                        let got = cluster.apply_as(report.clone(), now, asks, None);
                         let want = reference.apply_as(report, now, asks);
                         proptest::prop_assert_eq!(got, want);
                     }

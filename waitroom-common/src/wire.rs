@@ -77,6 +77,28 @@ pub enum Message {
     /// version change, like [`Message::LeaseReport`]; only nodes configured
     /// with more than one aggregator send it.
     PeerReport(PeerReportFrame),
+    /// Node → its home aggregator: a report (asking on demand or not) that
+    /// also says which leases the node holds, as [`Message::PeerReport`]
+    /// does for the others. The home then counts, until the node's next
+    /// report confirms what it received, the larger of what it last granted
+    /// and what the node holds: a lowered cap whose answer was lost, or a
+    /// grant an aggregator restarted from an old snapshot no longer knows
+    /// of, is still counted as spent (`Cluster::apply_holding`). Appended
+    /// without a version change; an aggregator that predates it refuses it
+    /// as malformed, on which the node goes back to [`Message::Report`] and
+    /// [`Message::LeaseReport`].
+    HomeReport(HomeReportFrame),
+}
+
+/// A report to the node's home aggregator, with the leases the node holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HomeReportFrame {
+    pub frame: ReportFrame,
+    /// The node asks on demand (what [`Message::LeaseReport`] says).
+    pub asks: bool,
+    /// The leases the node holds, from its last answer, one per room (none
+    /// before its first answer).
+    pub held: Vec<HeldLease>,
 }
 
 /// A report to an aggregator that is not the node's home.
@@ -470,6 +492,29 @@ mod tests {
         assert_eq!(decode(&bytes).unwrap(), peer);
     }
 
+    /// The home report is appended too (tag 5), and round-trips.
+    #[test]
+    fn a_home_report_is_appended_and_round_trips() {
+        let Message::Report(frame) = sample_report() else {
+            unreachable!()
+        };
+        let home = Message::HomeReport(HomeReportFrame {
+            frame,
+            asks: true,
+            held: vec![HeldLease {
+                room: RoomId::from_name("shop"),
+                minute: crate::time::Minute(29_000_000),
+                anywhere: 7,
+                anywhere_used: 3,
+                colo_share: 2,
+                colo_share_used: 1,
+            }],
+        });
+        let bytes = encode(&home).unwrap();
+        assert_eq!(bytes[HEADER_LEN], 5);
+        assert_eq!(decode(&bytes).unwrap(), home);
+    }
+
     #[test]
     fn bad_frames_are_refused_with_a_reason() {
         let good = encode(&sample_report()).unwrap();
@@ -538,7 +583,13 @@ mod tests {
         let frames = [
             encode(&sample_report()).unwrap(),
             encode(&sample_answer()).unwrap(),
-            encode(&Message::LeaseReport(frame)).unwrap(),
+            encode(&Message::LeaseReport(frame.clone())).unwrap(),
+            encode(&Message::HomeReport(HomeReportFrame {
+                frame,
+                asks: false,
+                held: Vec::new(),
+            }))
+            .unwrap(),
         ];
         let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
         for frame in &frames {

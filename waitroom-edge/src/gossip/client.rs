@@ -6,7 +6,10 @@ use tracing::Instrument as _;
 use waitroom_common::{
     aggregate::NodeReport,
     share::{observed_share, own_counts, smooth_share},
-    wire::{self, AnswerFrame, HeldLease, Message, PeerReportFrame, RefusalReason, ReportFrame},
+    wire::{
+        self, AnswerFrame, HeldLease, HomeReportFrame, Message, PeerReportFrame, RefusalReason,
+        ReportFrame,
+    },
 };
 use waitroom_runtime::{
     clock::{Clock, Elapsed},
@@ -213,6 +216,13 @@ impl Client {
         let mut tick = tokio::time::interval(self.interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut missed = 0;
+        // Home reports name the leases held; an aggregator from before them
+        // refuses them as malformed, and then this connection sends the
+        // plain ones.
+        let mut holding_reports = true;
+        // When a report last went at once to confirm a lowered cap (see
+        // below): at most one such report per interval.
+        let mut confirmed_at: Option<u64> = None;
         loop {
             // On the interval, or at once for visitors held on the lease
             // (and prefetches): one report answers them all. Only the home
@@ -266,11 +276,18 @@ impl Client {
                     frame,
                     held: self.held(),
                 })
+            } else if holding_reports {
+                Message::HomeReport(HomeReportFrame {
+                    frame,
+                    asks: lease_report,
+                    held: self.held(),
+                })
             } else if lease_report {
                 Message::LeaseReport(frame)
             } else {
                 Message::Report(frame)
             };
+            let holding_report = matches!(message, Message::HomeReport(_));
             let sent = self.clock.elapsed();
             let result =
                 match tokio::time::timeout(timeout, exchange(connection, *seq, &message)).await {
@@ -286,7 +303,22 @@ impl Client {
                     // A peer's answer grants nothing: it only shows that
                     // this aggregator could take over.
                     if home {
+                        let before = self.held();
                         self.store(&report, answer, sent);
+                        // A lowered cap stays counted at the home until
+                        // this node says it got it: say so at once (once
+                        // per interval), so the slots go back to the pool
+                        // within a round trip, not an interval.
+                        let now = self.clock.elapsed().0;
+                        let interval_ms =
+                            u64::try_from(self.interval().as_millis()).unwrap_or(u64::MAX);
+                        if holding_report
+                            && confirmed_at.is_none_or(|at| now.saturating_sub(at) >= interval_ms)
+                            && lowered(&before, &self.held())
+                        {
+                            confirmed_at = Some(now);
+                            tick.reset_immediately();
+                        }
                         self.status.reports_total.fetch_add(1, Relaxed);
                         if !self.status.connected.swap(true, Relaxed) {
                             tracing::info!("aggregator answering");
@@ -295,6 +327,24 @@ impl Client {
                 }
                 Err(err) => {
                     self.status.errors_total.fetch_add(1, Relaxed);
+                    if holding_report
+                        && matches!(
+                            err,
+                            ExchangeError::Refused {
+                                reason: RefusalReason::Malformed,
+                                ..
+                            }
+                        )
+                    {
+                        // An aggregator from before home reports: the
+                        // plain (or lease) reports again, at once.
+                        tracing::info!(
+                            "the aggregator does not take home reports; sending plain reports"
+                        );
+                        holding_reports = false;
+                        tick.reset_immediately();
+                        continue;
+                    }
                     if lease_report
                         && matches!(
                             err,
@@ -342,7 +392,7 @@ impl Client {
     }
 
     /// The leases this node holds from its home, as its last answer gave
-    /// them, for a peer report.
+    /// them, for a peer or home report.
     fn held(&self) -> Vec<HeldLease> {
         self.world
             .load()
@@ -446,9 +496,12 @@ async fn exchange(
             reason: refusal.reason,
             detail: refusal.detail,
         }),
-        Ok(Message::Report(_) | Message::LeaseReport(_) | Message::PeerReport(_)) => {
-            Err(ExchangeError::Unexpected)
-        }
+        Ok(
+            Message::Report(_)
+            | Message::LeaseReport(_)
+            | Message::PeerReport(_)
+            | Message::HomeReport(_),
+        ) => Err(ExchangeError::Unexpected),
         // A stream reset or connection loss shows up as a read error; surface
         // the connection's own reason when there is one.
         Err(source) => Err(match connection.close_reason() {
@@ -456,6 +509,24 @@ async fn exchange(
             None => ExchangeError::Wire { source },
         }),
     }
+}
+
+/// Whether a room's cap (admits at grant plus allowance, both pools) in
+/// `after` is below the one in `before` for the same minute: an answer took
+/// back slots the node held.
+fn lowered(before: &[HeldLease], after: &[HeldLease]) -> bool {
+    let cap = |h: &HeldLease| {
+        h.anywhere
+            .saturating_add(h.anywhere_used)
+            .saturating_add(h.colo_share)
+            .saturating_add(h.colo_share_used)
+    };
+    after.iter().any(|a| {
+        before
+            .iter()
+            .find(|b| b.room == a.room && b.minute == a.minute)
+            .is_some_and(|b| cap(a) < cap(b))
+    })
 }
 
 #[cfg(test)]
@@ -478,5 +549,27 @@ mod tests {
         );
         b.reset();
         assert_eq!(b.next_delay(0.0), Duration::from_millis(50));
+    }
+
+    /// An answer lowers a cap only against a lease of the same room and
+    /// minute; a new minute's smaller lease is not taking anything back.
+    #[test]
+    fn a_cap_is_lowered_only_within_its_minute() {
+        use waitroom_common::{room::RoomId, time::Minute};
+        let lease = |minute: u64, anywhere: u64, used: u64| HeldLease {
+            room: RoomId::from_name("shop"),
+            minute: Minute(minute),
+            anywhere,
+            anywhere_used: used,
+            colo_share: 1,
+            colo_share_used: 0,
+        };
+        assert!(lowered(&[lease(5, 30, 2)], &[lease(5, 4, 8)]), "32 → 12");
+        assert!(!lowered(&[lease(5, 30, 2)], &[lease(5, 24, 8)]), "32 → 32");
+        assert!(
+            !lowered(&[lease(5, 30, 2)], &[lease(6, 1, 0)]),
+            "another minute"
+        );
+        assert!(!lowered(&[], &[lease(5, 1, 0)]), "nothing held before");
     }
 }

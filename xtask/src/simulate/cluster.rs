@@ -362,6 +362,10 @@ pub struct GossipCounts {
     /// holds that ended without an answer (the node then holds nobody until
     /// its next answer).
     pub lease_asks: u64,
+    /// Reports sent at once to confirm a cap an answer had lowered, and
+    /// those of them lost (not in `lost`).
+    pub confirms: u64,
+    pub confirms_lost: u64,
     pub lease_holds: u64,
     pub lease_holds_timed_out: u64,
     /// Largest |report time − true time| over all reports, in ms (the skew).
@@ -483,6 +487,9 @@ struct Node {
     rate: AdmitRate,
     /// The node's last gossip tick (its report went out then, plus jitter).
     tick_ms: u64,
+    /// When the node last reported at once to confirm a lowered cap (at
+    /// most once per interval, as the edge's gossip client does).
+    confirmed_ms: Option<u64>,
     /// The node's clock minus the true time (`--skew-ms`).
     offset_ms: i64,
     /// The exchange whose answer the node waits for: the only answer it reads.
@@ -609,6 +616,7 @@ impl Sim {
                 lease: None,
                 rate: AdmitRate::default(),
                 tick_ms: 0,
+                confirmed_ms: None,
                 offset_ms: 0,
                 in_flight: None,
                 missed: 0,
@@ -915,17 +923,21 @@ impl Sim {
         let exchange = self.exchanges.get_mut(&id).expect("applied once");
         let k = self.peers.len() + 1;
         let home = exchange.node % k;
+        // The leases the node holds, by its last answer: a node reports
+        // them to its home (`Message::HomeReport`) and, with
+        // `peer_leases`, to the others.
+        let state = &self.nodes[exchange.node].state;
+        let holding = vec![HeldLease {
+            room: self.room.id(),
+            minute: state.as_of.minute(),
+            anywhere: state.allowance.anywhere,
+            anywhere_used: state.used.anywhere,
+            colo_share: state.allowance.colo_share,
+            colo_share_used: state.used.colo_share,
+        }];
         if k > 1 {
-            let state = &self.nodes[exchange.node].state;
             let held = if self.topology.conditions.peer_leases {
-                vec![HeldLease {
-                    room: self.room.id(),
-                    minute: state.as_of.minute(),
-                    anywhere: state.allowance.anywhere,
-                    anywhere_used: state.used.anywhere,
-                    colo_share: state.allowance.colo_share,
-                    colo_share_used: state.used.colo_share,
-                }]
+                holding.clone()
             } else {
                 Vec::new()
             };
@@ -943,11 +955,8 @@ impl Sim {
         } else {
             &mut self.peers[home - 1]
         };
-        let mut answers = if self.topology.conditions.lease_wait_ms > 0 {
-            aggregator.apply_asking(exchange.report.clone(), now)
-        } else {
-            aggregator.apply(exchange.report.clone(), now)
-        };
+        let asks = self.topology.conditions.lease_wait_ms > 0;
+        let mut answers = aggregator.apply_holding(exchange.report.clone(), &holding, asks, now);
         if self.topology.conditions.shared_ledger {
             let node = &exchange.report.node;
             for g in aggregator.anywhere_grants().to_vec() {
@@ -1100,7 +1109,9 @@ impl Sim {
             self.gossip.answers_taken += 1;
             let i = exchange.node;
             self.nodes[i].asking_until = None;
+            let before = shared_cap(&self.nodes[i].state);
             self.take_answer(exchange, now_ms);
+            self.confirm_if_lowered(i, before, now_ms);
             self.release_held(i, now_ms);
             return;
         }
@@ -1113,13 +1124,36 @@ impl Sim {
             self.gossip.late_taken += 1;
         }
         let i = exchange.node;
+        let before = shared_cap(&self.nodes[i].state);
         self.take_answer(exchange, now_ms);
         let node = &mut self.nodes[i];
         node.in_flight = None;
         node.missed = 0;
         node.reconnect_attempt = 0;
         self.next_tick(i, now_ms);
+        self.confirm_if_lowered(i, before, now_ms);
         self.release_held(i, now_ms);
+    }
+
+    /// The answer node `i` just took in lowered its cap from `before`: the
+    /// home counts the higher one until the node says it got the lower, so
+    /// the node reports at once (at most once per interval), as the edge's
+    /// client does. On the open connection like an ask: one
+    /// `lease_rtt_ms` round trip.
+    fn confirm_if_lowered(&mut self, i: usize, before: Option<(Minute, u64)>, now_ms: u64) {
+        let after = shared_cap(&self.nodes[i].state);
+        let lowered = before
+            .zip(after)
+            .is_some_and(|((m0, c0), (m1, c1))| m0 == m1 && c1 < c0);
+        let node = &self.nodes[i];
+        let interval = self.topology.gossip_interval_ms;
+        if lowered
+            && node.confirmed_ms.is_none_or(|at| now_ms >= at + interval)
+            && node.asking_until.is_none_or(|t| now_ms >= t)
+        {
+            self.nodes[i].confirmed_ms = Some(now_ms);
+            self.ask(i, now_ms, true);
+        }
     }
 
     /// The node's held visitors decide again with its new answer (the
@@ -1133,10 +1167,16 @@ impl Sim {
 
     /// The node asks the aggregator out of cycle: a report on the open
     /// connection, answered one `lease_rtt_ms` later (or lost as answers are).
-    fn ask(&mut self, i: usize, now_ms: u64) {
+    /// `confirm`: the report confirms a lowered cap (counted apart, its
+    /// loss too, so the periodic reports' counts stay what they were).
+    fn ask(&mut self, i: usize, now_ms: u64, confirm: bool) {
         let now = self.node_at(i, now_ms);
         let report = self.node_report(i, now);
-        self.gossip.lease_asks += 1;
+        if confirm {
+            self.gossip.confirms += 1;
+        } else {
+            self.gossip.lease_asks += 1;
+        }
         let id = self.next_exchange;
         self.next_exchange += 1;
         let rtt = self.topology.conditions.lease_rtt_ms;
@@ -1145,7 +1185,9 @@ impl Sim {
             .is_some_and(|(from, to)| (from..to).contains(&now_ms));
         let lost = report_lost || self.chance(self.topology.conditions.lost_answers_pct);
         let answer_ms = (!lost).then_some(now_ms + rtt);
-        if lost {
+        if lost && confirm {
+            self.gossip.confirms_lost += 1;
+        } else if lost {
             self.gossip.lost += 1;
         }
         self.nodes[i].asking_until =
@@ -1336,7 +1378,7 @@ impl Sim {
             self.gossip.lease_holds += 1;
             self.nodes[i].held.push(v);
             if self.nodes[i].asking_until.is_none_or(|t| now_ms >= t) {
-                self.ask(i, now_ms);
+                self.ask(i, now_ms, false);
             }
             self.schedule(now_ms + wait, Event::HoldEnd(v, i));
             return;
@@ -1447,4 +1489,18 @@ pub fn traffic_rng(seed: u64) -> ChaCha8Rng {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     rng.set_stream(1);
     rng
+}
+
+/// A node's cap over both shared pools (admits at grant plus allowance)
+/// and the minute it is for; `None` before its first answer.
+fn shared_cap(state: &GlobalState) -> Option<(Minute, u64)> {
+    (state.as_of.0 > 0).then(|| {
+        (
+            state.as_of.minute(),
+            state.used.anywhere
+                + state.allowance.anywhere
+                + state.used.colo_share
+                + state.allowance.colo_share,
+        )
+    })
 }
