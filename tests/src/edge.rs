@@ -170,3 +170,24 @@ pub fn metric_sum(edges: &[Edge], series: &str) -> f64 {
         .map(|e| metric(&get_text(&e.admin_url("/metrics")), series).unwrap_or(0.0))
         .sum()
 }
+
+/// The minute's admits of room `shop`, `admitted` per node as the visitors
+/// saw them, stay within `limit` with no slack, are what the nodes count,
+/// and use at least half of it.
+pub fn check_the_minute(edges: &[Edge], admitted: &[u64], limit: u64) {
+    let total: u64 = admitted.iter().sum();
+    let counted = metric_sum(edges, "waitroom_admitted_this_minute{room=\"shop\"}");
+    eprintln!("admitted per node {admitted:?}, {total} in all; the nodes count {counted}");
+    assert!(
+        total <= limit,
+        "{total} admitted > {limit} per minute: {admitted:?}"
+    );
+    assert_eq!(
+        counted, total as f64,
+        "the counters agree with the visitors"
+    );
+    assert!(
+        total >= limit / 2,
+        "most of the minute's slots are used: {admitted:?}"
+    );
+}

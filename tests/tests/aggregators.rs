@@ -30,8 +30,8 @@ use std::{
 use waitroom_tests::{
     cluster::{Aggregator, Certs, aggregator_config, free_udp_port, random_room, start_nodes},
     edge::{
-        Edge, admits_new_visitor, fresh_from, get_text, home_among, metric, metric_sum,
-        settled_among,
+        Edge, admits_new_visitor, check_the_minute, fresh_from, get_text, home_among, metric,
+        metric_sum, settled_among,
     },
     eventually,
     procs::{TempDir, start_origin},
@@ -183,21 +183,7 @@ impl Cluster {
     /// The minute's admits, `admitted` per node, stay within the limit, are
     /// what the nodes count, and use most of it at both nodes.
     fn check_the_minute(&self, admitted: &[u64]) {
-        let total: u64 = admitted.iter().sum();
-        let counted = metric_sum(&self.edges, "waitroom_admitted_this_minute{room=\"shop\"}");
-        eprintln!("admitted per node {admitted:?}, {total} in all; the nodes count {counted}");
-        assert!(
-            total <= NEW_USERS_PER_MINUTE,
-            "{total} admitted > {NEW_USERS_PER_MINUTE} per minute: {admitted:?}"
-        );
-        assert_eq!(
-            counted, total as f64,
-            "the counters agree with the visitors"
-        );
-        assert!(
-            total >= NEW_USERS_PER_MINUTE / 2,
-            "most of the minute's slots are used: {admitted:?}"
-        );
+        check_the_minute(&self.edges, admitted, NEW_USERS_PER_MINUTE);
         assert!(
             admitted.iter().all(|&n| n > 0),
             "both nodes admit: {admitted:?}"

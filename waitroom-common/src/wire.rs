@@ -469,6 +469,17 @@ mod tests {
         assert_eq!(decode(&lease).unwrap(), Message::LeaseReport(frame));
     }
 
+    fn sample_held() -> HeldLease {
+        HeldLease {
+            room: RoomId::from_name("shop"),
+            minute: crate::time::Minute(29_000_000),
+            anywhere: 7,
+            anywhere_used: 3,
+            colo_share: 2,
+            colo_share_used: 1,
+        }
+    }
+
     /// The peer report is appended too (tag 4): an aggregator from before
     /// it refuses it as malformed, every earlier frame keeps its bytes.
     #[test]
@@ -478,14 +489,7 @@ mod tests {
         };
         let peer = Message::PeerReport(PeerReportFrame {
             frame,
-            held: vec![HeldLease {
-                room: RoomId::from_name("shop"),
-                minute: crate::time::Minute(29_000_000),
-                anywhere: 7,
-                anywhere_used: 3,
-                colo_share: 2,
-                colo_share_used: 1,
-            }],
+            held: vec![sample_held()],
         });
         let bytes = encode(&peer).unwrap();
         assert_eq!(bytes[HEADER_LEN], 4);
@@ -501,14 +505,7 @@ mod tests {
         let home = Message::HomeReport(HomeReportFrame {
             frame,
             asks: true,
-            held: vec![HeldLease {
-                room: RoomId::from_name("shop"),
-                minute: crate::time::Minute(29_000_000),
-                anywhere: 7,
-                anywhere_used: 3,
-                colo_share: 2,
-                colo_share_used: 1,
-            }],
+            held: vec![sample_held()],
         });
         let bytes = encode(&home).unwrap();
         assert_eq!(bytes[HEADER_LEN], 5);
