@@ -66,16 +66,30 @@ pub fn run(args: &Args) -> Result<()> {
         }
         None => TARGETS.iter().map(|(t, _)| *t).collect(),
     };
-    run_targets(&names, args.seconds)
+    run_targets(&names, args.seconds, Build::Optimized)
 }
 
 /// Every target for [`CI_SECONDS`] (the `cargo xtask test` step).
 pub fn run_all_bounded() -> Result<()> {
     let names: Vec<&str> = TARGETS.iter().map(|(t, _)| *t).collect();
-    run_targets(&names, CI_SECONDS)
+    run_targets(&names, CI_SECONDS, Build::Quick)
 }
 
-fn run_targets(names: &[&str], seconds: u64) -> Result<()> {
+/// How the targets are built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Build {
+    /// Optimized (cargo-fuzz's release build, 16 codegen units): the most
+    /// executions per second, for runs of minutes (`cargo xtask fuzz`).
+    Optimized,
+    /// Unoptimized (`--dev`): the whole node's dependency tree, instrumented,
+    /// in about half the time of the optimized build (which took 7 of CI's
+    /// 40 minutes with one codegen unit or sixteen alike: two cores are busy
+    /// either way). Fewer executions per second, which CI's 25 s per target
+    /// can spare: they are a smoke check of every parser, not a search.
+    Quick,
+}
+
+fn run_targets(names: &[&str], seconds: u64, build: Build) -> Result<()> {
     let root = cmd::workspace_root();
     let fuzz_dir = root.join("fuzz");
     cmd::run(
@@ -86,7 +100,7 @@ fn run_targets(names: &[&str], seconds: u64) -> Result<()> {
     )?;
     cmd::run(
         "building the fuzz targets (nightly, no sanitizer)",
-        &mut cargo_fuzz(&root, &["build"]),
+        &mut cargo_fuzz(&root, &["build"], build),
     )?;
     let mut failed = Vec::new();
     for name in names {
@@ -97,7 +111,7 @@ fn run_targets(names: &[&str], seconds: u64) -> Result<()> {
         let seeds = fuzz_dir.join("corpus").join(name);
         let mut artifact_prefix = artifacts.into_os_string();
         artifact_prefix.push("/");
-        let mut fuzz = cargo_fuzz(&root, &["run", name]);
+        let mut fuzz = cargo_fuzz(&root, &["run", name], build);
         fuzz.arg(&scratch).arg(&seeds).arg("--").args([
             format!("-max_total_time={seconds}"),
             // One input taking seconds is a bug too (a quadratic parser).
@@ -126,18 +140,20 @@ fn run_targets(names: &[&str], seconds: u64) -> Result<()> {
 /// `cargo +nightly fuzz SUBCOMMAND` in `fuzz/`, built in `fuzz/target`
 /// (cargo-fuzz's own default, whatever `CARGO_TARGET_DIR` the caller has:
 /// other flags and another toolchain than the workspace's build).
-fn cargo_fuzz(root: &std::path::Path, args: &[&str]) -> Command {
+fn cargo_fuzz(root: &std::path::Path, args: &[&str], build: Build) -> Command {
     let mut c = Command::new("cargo");
     crate::cmd::without_run_env(&mut c);
     c.current_dir(root.join("fuzz"))
         .arg("+nightly")
         .arg("fuzz")
         .args(args)
-        // cargo-fuzz builds with one codegen unit by default: 7.5 of CI's
-        // minutes for the whole node, where 16 take about half (at some
-        // cost in executions per second). `run` must pass the same, or it
-        // builds everything again.
-        .args(["--sanitizer", "none", "--codegen-units", "16"])
+        // `run` must pass the same build flags as `build`, or it builds
+        // everything again.
+        .args(["--sanitizer", "none"])
+        .args(match build {
+            Build::Optimized => ["--codegen-units", "16"].as_slice(),
+            Build::Quick => ["--dev"].as_slice(),
+        })
         .env("AYA_BUILD_SKIP", "1")
         .env("CARGO_TARGET_DIR", root.join("fuzz/target"));
     c
