@@ -262,6 +262,11 @@ impl Aggregator {
     pub fn admin_url(&self, path: &str) -> String {
         format!("http://{}{path}", self.admin)
     }
+
+    /// `series` from this aggregator's `/metrics`.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        crate::edge::metric(&crate::edge::get_text(&self.admin_url("/metrics")), series)
+    }
 }
 
 /// Writes a control API token file (`NAME TOKEN` lines), private as the

@@ -9,6 +9,14 @@ pub fn unix_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Seconds since the epoch, with their fraction (to compare with the
+/// nodes' `waitroom_gossip_last_state_timestamp_seconds`).
+pub fn now_secs() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Sleeps until `secs` seconds into the next minute.
 pub fn sleep_into_next_minute(secs: u64) {
     let now = unix_secs();

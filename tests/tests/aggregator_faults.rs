@@ -27,7 +27,7 @@
 use std::{
     net::SocketAddr,
     process::Command,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use waitroom_tests::{
@@ -37,6 +37,7 @@ use waitroom_tests::{
         settled_among,
     },
     eventually,
+    minutes::now_secs,
     netns::NetNs,
     procs::{Proc, TempDir, start_origin},
     require_root,
@@ -182,12 +183,6 @@ fn ip(args: &[&str]) {
         "ip {args:?}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-}
-
-fn now_secs() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 fn add(total: &mut [u64], more: &[u64]) {

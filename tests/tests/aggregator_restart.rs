@@ -25,13 +25,14 @@
 //! `waitroom_common::cluster`.
 use std::{
     net::SocketAddr,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use waitroom_tests::{
     cluster::{Aggregator, Certs, aggregator_config, free_udp_port, random_room, start_nodes},
-    edge::{Edge, admits_new_visitor, check_the_minute, fresh_from, get_text, metric},
-    eventually, minutes,
+    edge::{Edge, admits_new_visitor, check_the_minute, fresh_from, get_text},
+    eventually,
+    minutes::{self, now_secs},
     procs::{TempDir, start_origin},
 };
 
@@ -41,16 +42,6 @@ const TOTAL_ACTIVE_USERS: u64 = 60;
 /// Admits per node before the kill: the nodes then hold leases on most of
 /// what is left of the minute, which the old snapshot does not know.
 const BEFORE_KILL: u64 = 6;
-
-fn aggregator_metric(aggregator: &Aggregator, series: &str) -> Option<f64> {
-    metric(&get_text(&aggregator.admin_url("/metrics")), series)
-}
-
-fn now_secs() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
 
 #[test]
 fn an_aggregator_killed_mid_grant_and_restarted_from_an_old_snapshot_keeps_the_limit() {
@@ -129,7 +120,7 @@ fn an_aggregator_killed_mid_grant_and_restarted_from_an_old_snapshot_keeps_the_l
     let third = Aggregator::start_with(dir.path(), "aggregator-3", &config_path).unwrap();
     let restart = Instant::now();
     let restart_secs = now_secs();
-    let learning_at_start = aggregator_metric(&third, "waitroom_aggregator_learning");
+    let learning_at_start = third.metric("waitroom_aggregator_learning");
 
     // --- Demand past the limit at both nodes until the minute's end nears.
     let mut fresh_after = None;
@@ -170,12 +161,13 @@ fn an_aggregator_killed_mid_grant_and_restarted_from_an_old_snapshot_keeps_the_l
         "learning just after the start"
     );
     assert_eq!(
-        aggregator_metric(&third, "waitroom_aggregator_learning"),
+        third.metric("waitroom_aggregator_learning"),
         Some(0.0),
         "learning ends after learning_ms"
     );
     assert!(
-        aggregator_metric(&third, "waitroom_aggregator_holding_reports_total")
+        third
+            .metric("waitroom_aggregator_holding_reports_total")
             .is_some_and(|n| n >= 2.0),
         "the nodes' home reports name what they hold"
     );

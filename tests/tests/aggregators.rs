@@ -24,16 +24,17 @@
 //!   goes back to it, and the minute's admits still stay within the limit.
 use std::{
     net::SocketAddr,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use waitroom_tests::{
     cluster::{Aggregator, Certs, aggregator_config, free_udp_port, random_room, start_nodes},
     edge::{
-        Edge, admits_new_visitor, check_the_minute, fresh_from, get_text, home_among, metric,
-        metric_sum, settled_among,
+        Edge, admits_new_visitor, check_the_minute, fresh_from, get_text, home_among, metric_sum,
+        settled_among,
     },
     eventually,
+    minutes::now_secs,
     procs::{TempDir, start_origin},
 };
 
@@ -43,16 +44,6 @@ const TOTAL_ACTIVE_USERS: u64 = 60;
 
 fn room_table() -> String {
     random_room(TOTAL_ACTIVE_USERS, NEW_USERS_PER_MINUTE)
-}
-
-fn aggregator_metric(aggregator: &Aggregator, series: &str) -> Option<f64> {
-    metric(&get_text(&aggregator.admin_url("/metrics")), series)
-}
-
-fn now_secs() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// `rounds` rounds of three new visitors at each node; admitted per node.
@@ -72,9 +63,9 @@ fn traffic(edges: &[Edge], rounds: usize) -> Vec<u64> {
 /// Both aggregators' active users equal the sum of the nodes' own.
 fn both_hold_the_picture(edges: &[Edge], aggregators: &[&Aggregator]) -> bool {
     let own = metric_sum(edges, "waitroom_active_users{room=\"shop\",scope=\"node\"}");
-    aggregators.iter().all(|a| {
-        aggregator_metric(a, "waitroom_aggregator_active_users{room=\"shop\"}") == Some(own)
-    })
+    aggregators
+        .iter()
+        .all(|a| a.metric("waitroom_aggregator_active_users{room=\"shop\"}") == Some(own))
 }
 
 /// Two aggregators and two nodes, settled: each node with a home of the
@@ -133,7 +124,10 @@ impl Cluster {
         eprintln!("homes: ams-1 → {homes:?}");
         let peer_reports: f64 = aggregators
             .iter()
-            .map(|a| aggregator_metric(a, "waitroom_aggregator_peer_reports_total").unwrap_or(0.0))
+            .map(|a| {
+                a.metric("waitroom_aggregator_peer_reports_total")
+                    .unwrap_or(0.0)
+            })
             .sum();
         assert!(peer_reports >= 2.0, "peer reports merged: {peer_reports}");
         std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 200));

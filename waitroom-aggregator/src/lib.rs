@@ -389,10 +389,9 @@ fn apply(shared: &server::Shared, settings: &RoomSettings) -> Result<(), String>
 
 /// Takes over the snapshot at `path`, if there is a usable one. One that
 /// cannot be read is set aside (`.corrupt`) rather than trusted or deleted:
-/// the state rebuilds from the nodes' next reports either way.
-/// Restores the state from the snapshot at `path`, if there is a usable one.
-/// `true` when a snapshot was there, usable or not: this aggregator granted
-/// before, and the nodes may hold grants it does not know of.
+/// the state rebuilds from the nodes' next reports either way. `true` when
+/// a snapshot was there, usable or not: this aggregator granted before, and
+/// the nodes may hold grants it does not know of.
 fn restore(cluster: &mut cluster::Cluster, path: &std::path::Path, now: UnixMillis) -> bool {
     match snapshot::read(path) {
         Ok(None) => {

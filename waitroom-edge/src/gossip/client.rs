@@ -271,6 +271,10 @@ impl Client {
                     v => Some(v),
                 },
             };
+            // What this node holds as it reports: sent to its home, and
+            // compared with the answer's (one home grant at a time, so
+            // nothing else changes it meanwhile).
+            let held_before = if home { self.held() } else { Vec::new() };
             let message = if !home {
                 Message::PeerReport(PeerReportFrame {
                     frame,
@@ -280,7 +284,7 @@ impl Client {
                 Message::HomeReport(HomeReportFrame {
                     frame,
                     asks: lease_report,
-                    held: self.held(),
+                    held: held_before.clone(),
                 })
             } else if lease_report {
                 Message::LeaseReport(frame)
@@ -303,7 +307,6 @@ impl Client {
                     // A peer's answer grants nothing: it only shows that
                     // this aggregator could take over.
                     if home {
-                        let before = self.held();
                         self.store(&report, answer, sent);
                         // A lowered cap stays counted at the home until
                         // this node says it got it: say so at once (once
@@ -314,7 +317,7 @@ impl Client {
                             u64::try_from(self.interval().as_millis()).unwrap_or(u64::MAX);
                         if holding_report
                             && confirmed_at.is_none_or(|at| now.saturating_sub(at) >= interval_ms)
-                            && lowered(&before, &self.held())
+                            && lowered(&held_before, &self.held())
                         {
                             confirmed_at = Some(now);
                             tick.reset_immediately();
@@ -327,15 +330,14 @@ impl Client {
                 }
                 Err(err) => {
                     self.status.errors_total.fetch_add(1, Relaxed);
-                    if holding_report
-                        && matches!(
-                            err,
-                            ExchangeError::Refused {
-                                reason: RefusalReason::Malformed,
-                                ..
-                            }
-                        )
-                    {
+                    let malformed = matches!(
+                        err,
+                        ExchangeError::Refused {
+                            reason: RefusalReason::Malformed,
+                            ..
+                        }
+                    );
+                    if holding_report && malformed {
                         // An aggregator from before home reports: the
                         // plain (or lease) reports again, at once.
                         tracing::info!(
@@ -345,15 +347,7 @@ impl Client {
                         tick.reset_immediately();
                         continue;
                     }
-                    if lease_report
-                        && matches!(
-                            err,
-                            ExchangeError::Refused {
-                                reason: RefusalReason::Malformed,
-                                ..
-                            }
-                        )
-                    {
+                    if lease_report && malformed {
                         // An aggregator from before lease reports: plain
                         // reports again, at once.
                         self.lease.unsupported();
