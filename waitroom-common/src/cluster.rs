@@ -121,7 +121,7 @@ impl Lease {
     }
 
     /// The lease `held` names for one of its pools (Anywhere with
-    /// `anywhere`, else the colo share), a claim never taken as more than
+    /// `anywhere`, else the colo share), each part never taken as more than
     /// `limit`.
     fn from_held(held: &HeldLease, anywhere: bool, limit: u64) -> Self {
         let (allowance, used) = if anywhere {
@@ -684,8 +684,10 @@ impl Cluster {
     /// still holds the old lease. Without this, an aggregator that lowered a
     /// node's cap and whose answer was lost counted the lower cap and handed
     /// the difference to others; and one restarted from an old snapshot did
-    /// not know the grants made since it was taken. A claim is never taken
-    /// as more than the room's per-minute limit.
+    /// not know the grants made since it was taken. Each part of a claim
+    /// (admits at grant, allowance) is capped at the room's per-minute
+    /// limit, so a lying node can hold the room while its claim stands but
+    /// cannot overflow the ledger.
     pub fn apply_holding(
         &mut self,
         report: NodeReport,
@@ -1913,6 +1915,35 @@ mod tests {
             b_later > b_cap && a_now + b_later <= 100,
             "once a says it holds less, b gets the rest: {b_cap} → {b_later} beside a's {a_now}"
         );
+    }
+
+    /// A home report that claims absurd leases (a lying or broken node):
+    /// each field of the claim is capped at the room's limit, nothing
+    /// overflows the ledger's sums, others are starved at most while the
+    /// claim stands, and the claimant's next sane report frees the room.
+    #[test]
+    fn an_absurd_held_claim_is_capped_and_does_not_stick() {
+        let quiet = PoolCounts::default();
+        let mut cluster = Cluster::new(vec![room(10_000, 100)], 60_000);
+        let absurd = HeldLease {
+            room: RoomId::from_name("shop"),
+            minute: T0.minute(),
+            anywhere: u64::MAX,
+            anywhere_used: u64::MAX,
+            colo_share: u64::MAX,
+            colo_share_used: u64::MAX,
+        };
+        let a = cluster.apply_holding(asking_report("a", T0, quiet, 400), &[absurd], true, T0);
+        assert!(shared_cap(&a[0].state) <= 100, "{:?}", a[0].state);
+        let t = T0.plus_millis(500);
+        let b = cluster.apply_holding(asking_report("b", t, quiet, 400), &[], true, t);
+        assert_eq!(shared_cap(&b[0].state), 0, "a's claim holds the room");
+        // a reports again, holding nothing: b is granted again.
+        let t = T0.plus_millis(1_000);
+        cluster.apply_holding(asking_report("a", t, quiet, 400), &[], true, t);
+        let t = T0.plus_millis(1_500);
+        let b = cluster.apply_holding(asking_report("b", t, quiet, 800), &[], true, t);
+        assert!(shared_cap(&b[0].state) > 0, "{:?}", b[0].state);
     }
 
     /// An aggregator restarted from a snapshot taken before its last grant
