@@ -206,8 +206,11 @@ pub struct Cluster {
     stripped: Option<ExpirySlot>,
     /// What a node that asks on demand is promised (see [`promise`]).
     promises: PromisePolicy,
-    /// The Anywhere grants of the last merge, for a shared ledger.
-    last_grants: Vec<AnywhereGrant>,
+    /// The grants of the last merge, for a shared ledger (with
+    /// [`Cluster::with_shared_ledger`]).
+    last_grants: Vec<SharedGrant>,
+    /// Whether grants are recorded for a shared ledger.
+    shared_ledger: bool,
     /// Until then nobody is granted more than it holds (see
     /// [`Cluster::learn_until`]).
     learning_until: Option<UnixMillis>,
@@ -228,18 +231,55 @@ struct Grantee<'a> {
     previous_visitors: Vec<(RoomId, u64)>,
 }
 
-/// One Anywhere grant of a merge, as a shared grant ledger takes it
-/// ([`grants::GrantLedger`]): the node may reach `used + allowance`
-/// Anywhere admits this minute (its cap), of a budget of `budget` for the
-/// minute over every node (the round's free Anywhere pool plus the Anywhere
-/// admits every node reported this minute).
+/// One grant of a merge, as a shared grant ledger takes it
+/// ([`grants::GrantLedger`], docs/adr/0001): both shared pools (colo share
+/// and Anywhere) together, since two aggregators race on both. The node may
+/// reach `used + colo_allowance + anywhere_allowance` shared admits this
+/// minute, its cap; every node's cap together must stay within `budget`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AnywhereGrant {
+pub struct SharedGrant {
     pub room: RoomId,
     pub minute: Minute,
+    /// The node's colo-share and Anywhere admits this minute.
     pub used: u64,
-    pub allowance: u64,
+    pub colo_allowance: u64,
+    pub anywhere_allowance: u64,
+    /// The cap the ledger is to record for the node: the grant's, or more
+    /// while the node may still hold a larger lease ([`Lease::covering`]),
+    /// so a lowered cap whose answer is lost stays counted there too.
+    pub record: u64,
+    /// The minute's shared budget over every node, as this aggregator sees
+    /// it: the shared admits every node reported this minute, the round's
+    /// free shared slots, less what leases of an earlier minute that other
+    /// nodes still hold may admit (a node uses such a lease's allowance
+    /// until its next answer).
     pub budget: u64,
+    /// What the node holds and has not used (colo share, Anywhere): what it
+    /// keeps when no ledger can be written (nothing new is granted then).
+    pub holds: (u64, u64),
+}
+
+impl SharedGrant {
+    /// The grant's cap: `used` and both allowances.
+    #[must_use]
+    pub fn cap(&self) -> u64 {
+        self.used
+            .saturating_add(self.colo_allowance)
+            .saturating_add(self.anywhere_allowance)
+    }
+
+    /// The allowances (colo share, Anywhere) when the ledger set the node's
+    /// cap to `cap`: the grant cut by what it exceeds, Anywhere first.
+    #[must_use]
+    pub fn cut_to(&self, cap: u64) -> (u64, u64) {
+        let mut over = self.cap().saturating_sub(cap);
+        let anywhere_cut = over.min(self.anywhere_allowance);
+        over -= anywhere_cut;
+        (
+            self.colo_allowance.saturating_sub(over),
+            self.anywhere_allowance - anywhere_cut,
+        )
+    }
 }
 
 /// A node's shared-pool admits (colo share and Anywhere) since its leases
@@ -423,6 +463,7 @@ impl Cluster {
             stripped: None,
             promises: PromisePolicy::default(),
             last_grants: Vec::new(),
+            shared_ledger: false,
             learning_until: None,
         };
         cluster.rebuild(None);
@@ -433,6 +474,15 @@ impl Cluster {
     #[must_use]
     pub fn with_promises(mut self, policy: PromisePolicy) -> Self {
         self.promises = policy;
+        self
+    }
+
+    /// The same cluster recording each merge's grants for a shared ledger
+    /// ([`Cluster::shared_grants`]; computing each grant's budget walks the
+    /// room's leases, which a cluster without one does not pay for).
+    #[must_use]
+    pub fn with_shared_ledger(mut self) -> Self {
+        self.shared_ledger = true;
         self
     }
 
@@ -715,34 +765,99 @@ impl Cluster {
         self.learning_until.is_some_and(|until| now < until)
     }
 
-    /// The Anywhere grants of the last [`Cluster::apply`] (or
-    /// `apply_asking`), one per room answered.
+    /// The grants of the last [`Cluster::apply`] (or `apply_asking`,
+    /// `apply_holding`), one per room answered, with
+    /// [`Cluster::with_shared_ledger`]; empty without.
     #[must_use]
-    pub fn anywhere_grants(&self) -> &[AnywhereGrant] {
+    pub fn shared_grants(&self) -> &[SharedGrant] {
         &self.last_grants
     }
 
-    /// A shared ledger cut the last grant of `room` to `node` down to
-    /// `allowance`: the ledger here holds that instead, so what was cut is
-    /// free for the next grant.
-    pub fn settle_anywhere(&mut self, node: &str, room: RoomId, allowance: u64) {
+    /// A shared ledger set the cap of `grant` (to the node `node`) lower than
+    /// the grant: the node is answered the allowances `(colo share,
+    /// Anywhere)` instead, and this ledger counts no more than that for
+    /// the node, so what was cut is free for the next grant.
+    pub fn settle_shared(&mut self, node: &str, grant: &SharedGrant, allowances: (u64, u64)) {
         let Some(index) = self.index_of(node) else {
             return;
         };
-        let Some(room_report) = self.reports[index].rooms.iter().find(|r| r.room == room) else {
-            return;
-        };
-        let (Some(memory), Some(sums)) = (self.memory.get_mut(&room), self.sums.get_mut(&room))
+        let Some(room_report) = self.reports[index]
+            .rooms
+            .iter()
+            .find(|r| r.room == grant.room)
         else {
             return;
         };
-        let Some(held) = memory.leases.get_mut(node) else {
+        let (Some(memory), Some(sums)) = (
+            self.memory.get_mut(&grant.room),
+            self.sums.get_mut(&grant.room),
+        ) else {
             return;
         };
-        let old = *held;
-        held.allowance = held.allowance.min(allowance);
-        let new = *held;
-        sums.swap_lease(room_report, Some(&old), Some(&new));
+        let used = running::admits_in(room_report, grant.minute);
+        let colo = self.colo_ids.get(&self.reports[index].colo).copied();
+        let key = NodeKey {
+            id: self.ids[index],
+            colo: colo.unwrap_or(u32::MAX),
+            position: index,
+        };
+        let lower = |held: &Lease, used: u64, allowance: u64| {
+            let cut = Lease {
+                minute: grant.minute,
+                used_at_grant: used,
+                allowance,
+            };
+            if cut.cap_in(grant.minute) < held.cap_in(grant.minute) {
+                cut
+            } else {
+                *held
+            }
+        };
+        if let Some(held) = memory.colo_leases.get_mut(node) {
+            let old = *held;
+            *held = lower(&old, used.colo_share, allowances.0);
+            let new = *held;
+            sums.swap_colo_lease(room_report, key, Some(&old), Some(&new));
+        }
+        if let Some(held) = memory.leases.get_mut(node) {
+            let old = *held;
+            *held = lower(&old, used.anywhere, allowances.1);
+            let new = *held;
+            sums.swap_lease(room_report, Some(&old), Some(&new));
+        }
+    }
+
+    /// What leases of a minute before `minute`, held by nodes other than
+    /// `node`, may still admit in `minute`: each its bare allowance less
+    /// the holder's admits this minute ([`Lease::outstanding`]).
+    fn earlier_leases_outstanding(
+        memory: &RoomMemory,
+        reports: &[NodeReport],
+        positions: &HashMap<String, usize>,
+        room: RoomId,
+        node: &str,
+        minute: Minute,
+    ) -> u64 {
+        let mut sum = 0_u64;
+        for (leases, anywhere) in [(&memory.leases, true), (&memory.colo_leases, false)] {
+            for (holder, lease) in leases {
+                if lease.minute == minute || holder == node {
+                    continue;
+                }
+                let used = positions
+                    .get(holder)
+                    .and_then(|&i| reports[i].rooms.iter().find(|r| r.room == room))
+                    .map(|r| running::admits_in(r, minute))
+                    .unwrap_or_default();
+                let used = if anywhere {
+                    used.anywhere
+                } else {
+                    used.colo_share
+                };
+                sum = sum.saturating_add(lease.outstanding(minute, used));
+            }
+        }
+        sum
     }
 
     /// A report from a node whose home is another aggregator
@@ -1003,13 +1118,19 @@ impl Cluster {
                     h.map(|h| Lease::from_held(h, true, limit)),
                 )
             });
-            if learning {
+            let rests = {
                 let (colo_holds, holds) = claim.unwrap_or((leases.0.copied(), leases.1.copied()));
                 let rest = |lease: Option<Lease>, used: u64| {
                     lease.map_or(0, |l| l.outstanding(minute, used))
                 };
-                colo_granted = colo_granted.min(rest(colo_holds, state.used.colo_share));
-                granted = granted.min(rest(holds, state.used.anywhere));
+                (
+                    rest(colo_holds, state.used.colo_share),
+                    rest(holds, state.used.anywhere),
+                )
+            };
+            if learning {
+                colo_granted = colo_granted.min(rests.0);
+                granted = granted.min(rests.1);
             }
             tracing::debug!(
                 %node,
@@ -1024,13 +1145,8 @@ impl Cluster {
             );
             state.allowance.anywhere = granted;
             state.allowance.colo_share = colo_granted;
-            self.last_grants.push(AnywhereGrant {
-                room: id,
-                minute,
-                used: state.used.anywhere,
-                allowance: granted,
-                budget: shares.pool.saturating_add(sums.admits.anywhere_in(minute)),
-            });
+            // What the node keeps when no shared ledger can be written.
+            let holds = (colo_granted.min(rests.0), granted.min(rests.1));
             let mut new_colo = Lease {
                 minute,
                 used_at_grant: state.used.colo_share,
@@ -1048,6 +1164,34 @@ impl Cluster {
                 if let Some(h) = holds {
                     new = Lease::covering(&h, &new, minute, state.used.anywhere);
                 }
+            }
+            if self.shared_ledger {
+                let earlier = Self::earlier_leases_outstanding(
+                    memory,
+                    &self.reports,
+                    &self.positions,
+                    id,
+                    &node,
+                    minute,
+                );
+                let used = state.used.colo_share.saturating_add(state.used.anywhere);
+                self.last_grants.push(SharedGrant {
+                    room: id,
+                    minute,
+                    used,
+                    colo_allowance: colo_granted,
+                    anywhere_allowance: granted,
+                    record: new_colo
+                        .cap_in(minute)
+                        .saturating_add(new.cap_in(minute))
+                        .max(used.saturating_add(colo_granted).saturating_add(granted)),
+                    budget: sums
+                        .admits
+                        .shared_in(minute)
+                        .saturating_add(plan.shared_slots)
+                        .saturating_sub(earlier),
+                    holds,
+                });
             }
             let old_colo = replace_lease(&mut memory.colo_leases, &node, new_colo);
             sums.swap_colo_lease(room_report, key, old_colo.as_ref(), Some(&new_colo));
@@ -1797,6 +1941,85 @@ mod tests {
             );
             assert_eq!(y.status(T0).nodes.len(), 2, "both nodes are in the picture");
         }
+    }
+
+    /// The worst case of two homes (each told nothing of the other's
+    /// grants, as when peer reports are lost): alone they promise more than
+    /// the pool (the test above, 100+ of 100); committing every grant to one
+    /// shared ledger first (what the etcd ledger does) keeps both within it,
+    /// each node told only what the ledger holds for it.
+    #[test]
+    fn two_homes_through_one_shared_ledger_never_promise_more_than_the_pool() {
+        let mut x = Cluster::new(vec![room(10_000, 100)], 5_000).with_shared_ledger();
+        let mut y = Cluster::new(vec![room(10_000, 100)], 5_000).with_shared_ledger();
+        let mut ledger = grants::GrantLedger::default();
+        let quiet = PoolCounts::default();
+        let mut cuts = 0;
+        let mut commit =
+            |cluster: &mut Cluster, node: &str, answers: &mut Vec<RoomAnswer>, id: String| {
+                let grant = cluster.shared_grants()[0];
+                let set = ledger.apply_asks(
+                    &id,
+                    &[grants::Ask {
+                        node: node.to_owned(),
+                        cap: grant.record,
+                        pool: grant.budget,
+                        used: grant.used,
+                    }],
+                );
+                let told = grant.cut_to(set[0].1);
+                if told != (grant.colo_allowance, grant.anywhere_allowance) {
+                    cuts += 1;
+                    cluster.settle_shared(node, &grant, told);
+                    (
+                        answers[0].state.allowance.colo_share,
+                        answers[0].state.allowance.anywhere,
+                    ) = told;
+                }
+            };
+        let mut caps = (0, 0);
+        for round in 0..3 {
+            let t = T0.plus_millis(1_000 * round);
+            let mut a = x.apply_asking(asking_report("a", t, quiet, 10 + 30 * round), t);
+            commit(&mut x, "a", &mut a, format!("x/{round}"));
+            caps.0 = shared_cap(&a[0].state);
+            y.apply_peer(asking_report("a", t, quiet, 10), &[], t);
+            let t = t.plus_millis(500);
+            let mut b = y.apply_asking(asking_report("b", t, quiet, 10 + 30 * round), t);
+            commit(&mut y, "b", &mut b, format!("y/{round}"));
+            caps.1 = shared_cap(&b[0].state);
+            x.apply_peer(asking_report("b", t, quiet, 10), &[], t);
+        }
+        let (a, b) = caps;
+        assert!(a > 0 && b > 0, "both nodes hold slots: {a} + {b}");
+        assert!(
+            a + b <= 100,
+            "through the ledger the grants fit the pool: {a} + {b}"
+        );
+        assert!(ledger.total() <= 100, "and so do the caps it holds");
+        assert!(cuts > 0, "the ledger cut what the other home had granted");
+    }
+
+    /// A grant cut by the ledger loses Anywhere slots first, then colo
+    /// share; a cap below what the node already used tells it nothing new.
+    #[test]
+    fn a_cut_takes_anywhere_first() {
+        let grant = SharedGrant {
+            room: RoomId::from_name("shop"),
+            minute: T0.minute(),
+            used: 10,
+            colo_allowance: 5,
+            anywhere_allowance: 7,
+            record: 22,
+            budget: 100,
+            holds: (0, 0),
+        };
+        assert_eq!(grant.cap(), 22);
+        assert_eq!(grant.cut_to(22), (5, 7));
+        assert_eq!(grant.cut_to(30), (5, 7), "a ledger never raises a grant");
+        assert_eq!(grant.cut_to(17), (5, 2));
+        assert_eq!(grant.cut_to(13), (3, 0));
+        assert_eq!(grant.cut_to(4), (0, 0));
     }
 
     /// At a minute's start a node still holds the last minute's lease (it

@@ -40,6 +40,19 @@ pub struct GrantLedger {
     pub recent: VecDeque<Applied>,
 }
 
+/// One node's ask in a batch: its cap, to be cut so that every node's cap
+/// stays within `pool` (the minute's budget as the asking aggregator saw
+/// it when it granted), but never below `used`, the admits the node has
+/// already made this minute: they are spent whatever the ledger says, and
+/// a cap below them would leave them free in the ledger for another node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ask {
+    pub node: String,
+    pub cap: u64,
+    pub pool: u64,
+    pub used: u64,
+}
+
 /// A batch the ledger applied, and what it gave.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Applied {
@@ -70,15 +83,40 @@ impl GrantLedger {
     /// `pool`. Returns the caps set. A batch already applied changes
     /// nothing and returns what it got then.
     pub fn apply(&mut self, id: &str, asks: &[(String, u64)], pool: u64) -> Vec<(String, u64)> {
+        let asks: Vec<Ask> = asks
+            .iter()
+            .map(|(node, cap)| Ask {
+                node: node.clone(),
+                cap: *cap,
+                pool,
+                used: 0,
+            })
+            .collect();
+        self.apply_asks(id, &asks)
+    }
+
+    /// [`GrantLedger::apply`] with a pool per ask: each cap is cut so that
+    /// the caps of all nodes stay within that ask's pool, but not below the
+    /// admits the node already made ([`Ask::used`]; the caps pass the pool
+    /// then only by admits no ledger can take back).
+    pub fn apply_asks(&mut self, id: &str, asks: &[Ask]) -> Vec<(String, u64)> {
         if let Some(done) = self.applied(id) {
             return done.to_vec();
         }
         let mut set = Vec::with_capacity(asks.len());
-        for (node, asked) in asks {
+        for Ask {
+            node,
+            cap,
+            pool,
+            used,
+        } in asks
+        {
             let others = self
                 .total()
                 .saturating_sub(self.caps.get(node).copied().unwrap_or(0));
-            let cap = (*asked).min(pool.saturating_sub(others));
+            let cap = (*cap)
+                .min(pool.saturating_sub(others))
+                .max((*used).min(*cap));
             self.caps.insert(node.clone(), cap);
             set.push((node.clone(), cap));
         }

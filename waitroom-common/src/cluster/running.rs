@@ -181,12 +181,14 @@ impl AdmitSums {
         }
     }
 
-    /// All pools' admits in `minute`, over every node.
-    /// Anywhere admits of `minute` over every node.
-    pub(crate) fn anywhere_in(&self, minute: Minute) -> u64 {
-        self.sums.get(&minute).map_or(0, |p| p[2])
+    /// Shared-pool (colo share and Anywhere) admits of `minute` over every node.
+    pub(crate) fn shared_in(&self, minute: Minute) -> u64 {
+        self.sums
+            .get(&minute)
+            .map_or(0, |p| p[1].wrapping_add(p[2]))
     }
 
+    /// All pools' admits in `minute`, over every node.
     pub(crate) fn total_in(&self, minute: Minute) -> u64 {
         self.sums
             .get(&minute)
@@ -199,7 +201,7 @@ fn first_in<T: Copy>(entries: &[(Minute, T)], minute: Minute) -> Option<T> {
     entries.iter().find(|&&(m, _)| m == minute).map(|&(_, n)| n)
 }
 
-fn admits_in(report: &RoomReport, minute: Minute) -> PoolCounts {
+pub(crate) fn admits_in(report: &RoomReport, minute: Minute) -> PoolCounts {
     report
         .admits
         .iter()

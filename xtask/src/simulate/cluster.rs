@@ -64,7 +64,10 @@ use rand::{Rng, RngExt as _, SeedableRng, rngs::ChaCha8Rng};
 use serde::Serialize;
 use waitroom_common::{
     aggregate::{NodeReport, aggregate},
-    cluster::{Cluster, Lease, PromisePolicy, RoomDef, grants::GrantLedger},
+    cluster::{
+        Cluster, Lease, PromisePolicy, RoomDef,
+        grants::{Ask, GrantLedger},
+    },
     counters::RoomCounters,
     engine::{AdmitReason, Decision, QueueReason, decide, is_new_visitor, short_of_slots},
     ledger::TicketLedger,
@@ -137,10 +140,11 @@ pub struct Conditions {
     /// Peer reports say which leases the node holds from its home (the
     /// real system); off: they say none, to show what that buys.
     pub peer_leases: bool,
-    /// Every aggregator commits its Anywhere grants to one grant ledger per
-    /// minute (`cluster::grants::GrantLedger`, the code the etcd ledger
-    /// runs, here without the store's latency) before answering: what the
-    /// replicated ledger of docs/adr/0001 buys.
+    /// Every aggregator commits its grants of both shared pools (colo share
+    /// and Anywhere, one cap per node) to one grant ledger per minute
+    /// (`cluster::grants::GrantLedger`, the code the etcd ledger runs, here
+    /// without the store's latency) before answering: what the replicated
+    /// ledger of docs/adr/0001 buys.
     pub shared_ledger: bool,
 }
 
@@ -640,6 +644,13 @@ impl Sim {
                 ..PromisePolicy::default()
             })
         };
+        let aggregator = || {
+            if topology.conditions.shared_ledger {
+                aggregator().with_shared_ledger()
+            } else {
+                aggregator()
+            }
+        };
         let cluster = aggregator();
         let peers = (1..topology.conditions.aggregators.max(1))
             .map(|_| aggregator())
@@ -959,19 +970,26 @@ impl Sim {
         let mut answers = aggregator.apply_holding(exchange.report.clone(), &holding, asks, now);
         if self.topology.conditions.shared_ledger {
             let node = &exchange.report.node;
-            for g in aggregator.anywhere_grants().to_vec() {
+            for g in aggregator.shared_grants().to_vec() {
                 let ledger = self.shared.entry(g.minute).or_default();
-                let set = ledger.apply(
+                let set = ledger.apply_asks(
                     &format!("{node}/{id}"),
-                    &[(node.clone(), g.used.saturating_add(g.allowance))],
-                    g.budget,
+                    &[Ask {
+                        node: node.clone(),
+                        cap: g.record,
+                        pool: g.budget,
+                        used: g.used,
+                    }],
                 );
-                let allowance = set[0].1.saturating_sub(g.used);
-                if allowance < g.allowance {
+                if g.cut_to(set[0].1) != (g.colo_allowance, g.anywhere_allowance) {
                     self.shared_cuts += 1;
-                    aggregator.settle_anywhere(node, g.room, allowance);
+                    let allowances = g.cut_to(set[0].1);
+                    aggregator.settle_shared(node, &g, allowances);
                     for answer in answers.iter_mut().filter(|a| a.room == g.room) {
-                        answer.state.allowance.anywhere = allowance;
+                        (
+                            answer.state.allowance.colo_share,
+                            answer.state.allowance.anywhere,
+                        ) = allowances;
                     }
                 }
             }

@@ -115,7 +115,7 @@ pub struct Args {
     /// they buy).
     #[arg(long)]
     no_peer_leases: bool,
-    /// Every aggregator commits its Anywhere grants to one shared grant
+    /// Every aggregator commits its grants (colo share and Anywhere, one cap per node) to one shared grant
     /// ledger (the etcd ledger's code, without the store's latency) before
     /// it answers.
     #[arg(long)]
@@ -324,7 +324,8 @@ fn describe(t: &Topology) -> String {
     );
     add(
         c.shared_ledger,
-        "Anywhere grants committed to one shared grant ledger per minute".to_owned(),
+        "grants (colo share and Anywhere) committed to one shared grant ledger per minute"
+            .to_owned(),
     );
     add(!c.check_ledger, "ledger check skipped".to_owned());
     line
