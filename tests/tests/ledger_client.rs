@@ -17,7 +17,10 @@ use std::{
 };
 
 use waitroom_aggregator::ledger::{Etcd, EtcdLedger, LedgerError};
-use waitroom_common::{cluster::grants::GrantLedger, time::Minute};
+use waitroom_common::{
+    cluster::grants::{Ask, GrantLedger},
+    time::Minute,
+};
 use waitroom_tests::etcd::{EtcdCluster, require_etcd};
 
 const POOL: u64 = 300;
@@ -26,6 +29,18 @@ const NODES_PER_CLIENT: usize = 3;
 /// Every etcd call's deadline per member, and a commit's over its attempts.
 const CALL: Duration = Duration::from_millis(700);
 const COMMIT: Duration = Duration::from_secs(3);
+
+/// Each `(node, cap)` asked against the same `pool`.
+fn with_pool(asks: &[(String, u64)], pool: u64) -> Vec<Ask> {
+    asks.iter()
+        .map(|(node, cap)| Ask {
+            node: node.clone(),
+            cap: *cap,
+            pool,
+            used: 0,
+        })
+        .collect()
+}
 
 fn ledger(endpoints: &[String]) -> EtcdLedger {
     EtcdLedger::new(Etcd::new(endpoints.to_vec(), CALL), COMMIT)
@@ -60,7 +75,7 @@ fn four_aggregators_commit_within_the_pool_through_a_member_crash() {
                             (node, held + 5)
                         })
                         .collect();
-                    match ledger.commit(&key, &format!("agg{c}/{round}"), &asks, POOL) {
+                    match ledger.commit(&key, &format!("agg{c}/{round}"), &with_pool(&asks, POOL)) {
                         Ok(set) => {
                             let full = set
                                 .iter()
@@ -137,11 +152,13 @@ fn retries_count_once_junk_is_refused_and_a_lost_quorum_fails_in_time() {
 
     // --- The same batch twice: the second is told what the first got.
     let asks = vec![("a".to_owned(), 80), ("b".to_owned(), 80)];
-    let first = client.commit(&key, "agg0/7", &asks, 100).unwrap();
+    let first = client
+        .commit(&key, "agg0/7", &with_pool(&asks, 100))
+        .unwrap();
     assert_eq!(first, vec![("a".to_owned(), 80), ("b".to_owned(), 20)]);
     let (_, revision) = client.read(&key).unwrap();
     let again = client
-        .commit(&key, "agg0/7", &[("a".to_owned(), 100)], 100)
+        .commit(&key, "agg0/7", &with_pool(&[("a".to_owned(), 100)], 100))
         .unwrap();
     assert_eq!(again, first, "a retried batch gets what it got");
     let (after, revision_after) = client.read(&key).unwrap();
@@ -153,7 +170,7 @@ fn retries_count_once_junk_is_refused_and_a_lost_quorum_fails_in_time() {
     let etcd = Etcd::new(endpoints.clone(), CALL);
     assert!(etcd.swap(&junk_key, 0, b"{not a ledger").unwrap());
     let err = client
-        .commit(&junk_key, "agg0/8", &[("a".to_owned(), 5)], 100)
+        .commit(&junk_key, "agg0/8", &with_pool(&[("a".to_owned(), 5)], 100))
         .unwrap_err();
     assert!(matches!(err, LedgerError::Corrupt { .. }), "{err}");
     assert!(err.to_string().contains(&junk_key), "{err}");
@@ -168,7 +185,11 @@ fn retries_count_once_junk_is_refused_and_a_lost_quorum_fails_in_time() {
     assert!(etcd.swap(&empty_key, 0, &empty).unwrap());
     assert_eq!(
         client
-            .commit(&empty_key, "agg0/9", &[("a".to_owned(), 5)], 100)
+            .commit(
+                &empty_key,
+                "agg0/9",
+                &with_pool(&[("a".to_owned(), 5)], 100)
+            )
             .unwrap(),
         vec![("a".to_owned(), 5)]
     );
@@ -178,7 +199,7 @@ fn retries_count_once_junk_is_refused_and_a_lost_quorum_fails_in_time() {
     cluster.kill(1);
     let started = Instant::now();
     let err = client
-        .commit(&key, "agg0/10", &[("c".to_owned(), 1)], 200)
+        .commit(&key, "agg0/10", &with_pool(&[("c".to_owned(), 1)], 200))
         .unwrap_err();
     let took = started.elapsed();
     eprintln!("without quorum: {err} after {took:?}");

@@ -25,7 +25,10 @@ use std::time::{Duration, Instant};
 
 use base64::{Engine as _, engine::general_purpose::STANDARD as B64};
 use serde_json::{Value, json};
-use waitroom_common::{cluster::grants::GrantLedger, time::Minute};
+use waitroom_common::{
+    cluster::grants::{Ask, GrantLedger},
+    time::Minute,
+};
 
 /// Compare-and-swap attempts per commit before it gives up as contended.
 pub const MAX_ATTEMPTS: u32 = 16;
@@ -170,11 +173,12 @@ impl EtcdLedger {
         Self { etcd, deadline }
     }
 
-    /// The key of a room's Anywhere grants in a minute, under the epoch of
-    /// the aggregator group that owns the room (docs/adr/0001, decision 5).
+    /// The key of a room's shared grants (colo shares and Anywhere, one cap
+    /// per node) in a minute, under the epoch of the aggregator group that
+    /// owns the room (docs/adr/0001, decision 5).
     #[must_use]
     pub fn key(epoch: u64, room: &str, minute: Minute) -> String {
-        format!("/waitroom/{epoch}/{room}/{}/anywhere", minute.0)
+        format!("/waitroom/{epoch}/{room}/{}/shared", minute.0)
     }
 
     /// The ledger at `key` and its revision (empty at revision 0 when absent).
@@ -190,8 +194,8 @@ impl EtcdLedger {
         Ok((ledger, entry.mod_revision))
     }
 
-    /// Commits the batch `batch_id` (`(node, cap)` asked, in order) to the
-    /// ledger at `key`, each cap cut so that all caps stay within `pool`,
+    /// Commits the batch `batch_id` (each node's cap asked, in order) to the
+    /// ledger at `key`, each cap cut so that all caps stay within its ask's pool,
     /// and returns the caps set, once they are durable: read, apply, write
     /// if nobody wrote since, else again. A batch the ledger already holds
     /// (a retry after a lost reply) returns what it got then.
@@ -199,8 +203,7 @@ impl EtcdLedger {
         &self,
         key: &str,
         batch_id: &str,
-        asks: &[(String, u64)],
-        pool: u64,
+        asks: &[Ask],
     ) -> Result<Vec<(String, u64)>, LedgerError> {
         let started = Instant::now();
         let mut last = String::from("none");
@@ -223,7 +226,7 @@ impl EtcdLedger {
             if let Some(done) = ledger.applied(batch_id) {
                 return Ok(done.to_vec());
             }
-            let set = ledger.apply(batch_id, asks, pool);
+            let set = ledger.apply_asks(batch_id, asks);
             let bytes = serde_json::to_vec(&ledger).map_err(|e| LedgerError::Protocol {
                 what: "an encoding",
                 detail: e.to_string(),
