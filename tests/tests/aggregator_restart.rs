@@ -15,8 +15,10 @@
 //!   they hold) are what it merges (`waitroom_aggregator_holding_reports_total`);
 //! - every visitor gets an answer throughout (admitted or queued, never an
 //!   error);
-//! - every node is fresh from the restarted aggregator within 4 s of its
-//!   start (measured and printed; target 2 s).
+//! - every node is fresh from the restarted aggregator within 2 s of its
+//!   start (measured and printed: 0.17 s; 2.14 s before the aggregator's
+//!   QUIC keys survived a restart, when the nodes noticed the dead
+//!   connection only after two answer timeouts; `tls::server_endpoint`).
 //!
 //! The deterministic cases (a lowered cap whose answer was lost; a ledger
 //! restored from before a grant, with and without learning) are the unit
@@ -144,7 +146,7 @@ fn an_aggregator_killed_mid_grant_and_restarted_from_an_old_snapshot_keeps_the_l
     check_the_minute(&edges, &admitted, NEW_USERS_PER_MINUTE);
     let fresh_after = fresh_after.expect("every node fresh from the restarted aggregator");
     assert!(
-        fresh_after < Duration::from_secs(4),
+        fresh_after < Duration::from_secs(2),
         "fresh again {fresh_after:?} after the restart"
     );
 

@@ -172,13 +172,14 @@ impl Aggregator {
             clock,
         });
 
-        let endpoint = quinn::Endpoint::server(server_config, config.listen).map_err(|source| {
-            AggregatorError::Bind {
-                what: "listen",
-                addr: config.listen,
-                source,
-            }
-        })?;
+        let endpoint =
+            tls::server_endpoint(server_config, config.listen, &config.tls).map_err(|source| {
+                AggregatorError::Bind {
+                    what: "listen",
+                    addr: config.listen,
+                    source,
+                }
+            })?;
         let quic_addr = endpoint
             .local_addr()
             .map_err(|source| AggregatorError::Bind {

@@ -243,6 +243,52 @@ pub fn server_config(files: &TlsFiles) -> Result<quinn::ServerConfig, TlsError> 
     Ok(config)
 }
 
+/// The aggregator's QUIC endpoint on `addr`, whose stateless-reset key and
+/// connection-ID key are derived from its private key (`files.key`), so
+/// they stay the same across restarts.
+///
+/// Why: an aggregator killed without a goodbye leaves every node holding a
+/// dead connection. When it comes back, the nodes' next packets on that
+/// connection reach a process that does not know it, which answers with a
+/// stateless reset (RFC 9000, 10.3). With quinn's defaults — random keys
+/// per process — the new process takes the old connection IDs for forged
+/// ones and drops the packets, and a reset's token would not be the one
+/// the node was given anyway; so the node only gives up after its missed
+/// answers (two answer timeouts, about 2 s). With the same keys the reset
+/// is sent and valid: the node learns at its next report that the
+/// connection is gone and reconnects at once.
+pub fn server_endpoint(
+    config: quinn::ServerConfig,
+    addr: std::net::SocketAddr,
+    files: &TlsFiles,
+) -> std::io::Result<quinn::Endpoint> {
+    let secret = std::fs::read(&files.key)?;
+    let derive = |label: &[u8]| {
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        context.update(label);
+        context.update(&secret);
+        context.finish()
+    };
+    let reset_key = ring::hmac::Key::new(
+        ring::hmac::HMAC_SHA256,
+        derive(b"waitroom aggregator stateless reset key\0").as_ref(),
+    );
+    let mut cid_key = [0_u8; 8];
+    cid_key.copy_from_slice(&derive(b"waitroom aggregator connection id key\0").as_ref()[..8]);
+    let cid_key = u64::from_le_bytes(cid_key);
+    let mut endpoint = quinn::EndpointConfig::new(Arc::new(reset_key));
+    endpoint.cid_generator(move || {
+        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+    });
+    let socket = std::net::UdpSocket::bind(addr)?;
+    quinn::Endpoint::new(
+        endpoint,
+        Some(config),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+}
+
 /// A node's QUIC config: trusts only the CA, presents the node certificate.
 pub fn client_config(files: &TlsFiles) -> Result<quinn::ClientConfig, TlsError> {
     let mut crypto = rustls::ClientConfig::builder_with_provider(provider())
