@@ -38,6 +38,7 @@ fn config(dir: &Path, tls: TlsFiles, listen: SocketAddr) -> AggregatorConfig {
         learning_ms: 3_000,
         rooms: vec![shop()],
         control: waitroom_aggregator::config::ControlConfig::beside(&dir.join("snapshot.json")),
+        ledger: None,
     }
 }
 

@@ -194,6 +194,32 @@ fn retries_count_once_junk_is_refused_and_a_lost_quorum_fails_in_time() {
         vec![("a".to_owned(), 5)]
     );
 
+    // --- Past minutes' ledgers are deleted, this room's only.
+    for m in 29_000_100..29_000_104 {
+        for room in ["shop", "shop2"] {
+            client
+                .commit(
+                    &EtcdLedger::key(1, room, Minute(m)),
+                    &format!("agg0/m{m}"),
+                    &with_pool(&[("a".to_owned(), 1)], 10),
+                )
+                .unwrap();
+        }
+    }
+    assert_eq!(
+        client.forget_before(1, "shop", Minute(29_000_102)).unwrap(),
+        2 + 3,
+        "these two minutes, and the three keys above"
+    );
+    for m in 29_000_100..29_000_104 {
+        let (shop, _) = client.read(&EtcdLedger::key(1, "shop", Minute(m))).unwrap();
+        let (shop2, _) = client
+            .read(&EtcdLedger::key(1, "shop2", Minute(m)))
+            .unwrap();
+        assert_eq!(shop.total(), u64::from(m >= 29_000_102), "shop, minute {m}");
+        assert_eq!(shop2.total(), 1, "another room's minute {m} stays");
+    }
+
     // --- Two of three members gone: no quorum, an error within the deadline.
     cluster.kill(0);
     cluster.kill(1);

@@ -13,6 +13,12 @@
 //! # settings_path = "/var/lib/waitroom/room-settings.json"  # default: beside the snapshot
 //! # audit_log = "/var/lib/waitroom/audit.jsonl"             # default: beside the snapshot
 //!
+//! [ledger]                            # optional: grants committed to etcd first (docs/adr/0001)
+//! endpoints = ["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"]
+//! epoch = 1
+//! call_timeout_ms = 200
+//! commit_deadline_ms = 500
+//!
 //! [[rooms]]                           # the cluster's room settings, pushed to the nodes
 //! id = "shop"
 //! total_active_users = 200
@@ -67,6 +73,55 @@ struct Raw {
     audit_log: Option<PathBuf>,
     #[serde(default)]
     rooms: Vec<RoomTable>,
+    #[serde(default)]
+    ledger: Option<RawLedger>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLedger {
+    endpoints: Vec<String>,
+    #[serde(default = "default_epoch")]
+    epoch: u64,
+    #[serde(default = "default_call_timeout_ms")]
+    call_timeout_ms: u64,
+    #[serde(default = "default_commit_deadline_ms")]
+    commit_deadline_ms: u64,
+}
+
+fn default_epoch() -> u64 {
+    1
+}
+
+/// A loopback or LAN etcd answers in a few ms; a member that takes this
+/// long is skipped for the next.
+fn default_call_timeout_ms() -> u64 {
+    200
+}
+
+/// Well within the second a node waits for an answer at least.
+fn default_commit_deadline_ms() -> u64 {
+    500
+}
+
+/// Longest commit deadline: a node waits at least 1 s for an answer, and
+/// the answer waits for the commit.
+pub const MAX_COMMIT_DEADLINE_MS: u64 = 800;
+
+/// The grant ledger in etcd (`[ledger]`; docs/adr/0001): every grant is
+/// committed there before the node hears of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerConfig {
+    /// The etcd members' client URLs (`http://host:port`), tried in turn.
+    pub endpoints: Vec<String>,
+    /// The keys' epoch (`/waitroom/<epoch>/…`): every aggregator of the
+    /// cluster must use the same.
+    pub epoch: u64,
+    /// Each call's timeout per member.
+    pub call_timeout_ms: u64,
+    /// A commit's deadline over all its attempts; past it the node is
+    /// answered with what it holds and nothing new.
+    pub commit_deadline_ms: u64,
 }
 
 fn default_snapshot_interval_ms() -> u64 {
@@ -105,6 +160,9 @@ pub struct AggregatorConfig {
     /// The `[[rooms]]` tables: where the cluster's room settings start.
     pub rooms: Vec<RoomTable>,
     pub control: ControlConfig,
+    /// `[ledger]`: grants committed to etcd; `None`: this aggregator's own
+    /// ledger only.
+    pub ledger: Option<LedgerConfig>,
 }
 
 /// Where the control API keeps its state, and who may use it.
@@ -176,6 +234,7 @@ impl AggregatorConfig {
             return Err(file.invalid("rooms", "at least one [[rooms]] table is required"));
         }
         room_defs(&raw.rooms).map_err(|e| file.invalid(e.key(), e.problem))?;
+        let ledger = raw.ledger.map(|l| ledger_config(&file, l)).transpose()?;
         let beside = ControlConfig::beside(&raw.snapshot_path);
         let control = ControlConfig {
             token_file: raw.control_token_file,
@@ -196,8 +255,66 @@ impl AggregatorConfig {
             learning_ms: raw.learning_ms,
             rooms: raw.rooms,
             control,
+            ledger,
         })
     }
+}
+
+/// Checks `[ledger]`; every error names its key.
+fn ledger_config(file: &ConfigText<'_>, raw: RawLedger) -> Result<LedgerConfig, ConfigError> {
+    if raw.endpoints.is_empty() {
+        return Err(file.invalid(
+            "ledger.endpoints",
+            "at least one etcd member's client URL is required (three for a majority that survives one loss)",
+        ));
+    }
+    for (i, url) in raw.endpoints.iter().enumerate() {
+        let rest = url.strip_prefix("http://").unwrap_or("");
+        let host_port = rest.trim_end_matches('/');
+        let port_ok = host_port.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+        });
+        if !port_ok || host_port.contains('/') {
+            return Err(file.invalid(
+                format!("ledger.endpoints[{i}]"),
+                format!("{url:?} is not an etcd client URL of the form http://host:port"),
+            ));
+        }
+    }
+    if raw.epoch == 0 {
+        return Err(file.invalid("ledger.epoch", "must be at least 1"));
+    }
+    if raw.call_timeout_ms < 10 {
+        return Err(file.invalid("ledger.call_timeout_ms", "must be at least 10"));
+    }
+    if raw.commit_deadline_ms < raw.call_timeout_ms {
+        return Err(file.invalid(
+            "ledger.commit_deadline_ms",
+            format!(
+                "{} is shorter than call_timeout_ms ({}): not one call would fit",
+                raw.commit_deadline_ms, raw.call_timeout_ms
+            ),
+        ));
+    }
+    if raw.commit_deadline_ms > MAX_COMMIT_DEADLINE_MS {
+        return Err(file.invalid(
+            "ledger.commit_deadline_ms",
+            format!(
+                "{} is above {MAX_COMMIT_DEADLINE_MS}: a node waits at least 1 s for its answer, which waits for the commit",
+                raw.commit_deadline_ms
+            ),
+        ));
+    }
+    Ok(LedgerConfig {
+        endpoints: raw
+            .endpoints
+            .into_iter()
+            .map(|u| u.trim_end_matches('/').to_owned())
+            .collect(),
+        epoch: raw.epoch,
+        call_timeout_ms: raw.call_timeout_ms,
+        commit_deadline_ms: raw.commit_deadline_ms,
+    })
 }
 
 #[cfg(test)]
@@ -317,6 +434,65 @@ new_users_per_minute = 50
             err.contains("rooms[1].id: duplicate room id \"a\" (also rooms[0])"),
             "{err}"
         );
+    }
+
+    const ROOM: &str = "[[rooms]]\nid = \"a\"\ntotal_active_users = 1\nnew_users_per_minute = 1\n";
+
+    #[test]
+    fn a_ledger_table_is_checked_field_by_field() {
+        let ok = parse(&format!(
+            "{ROOM}[ledger]\nendpoints = [\"http://127.0.0.1:2379/\", \"http://etcd-2:2379\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            ok.ledger,
+            Some(LedgerConfig {
+                endpoints: vec!["http://127.0.0.1:2379".into(), "http://etcd-2:2379".into()],
+                epoch: 1,
+                call_timeout_ms: 200,
+                commit_deadline_ms: 500,
+            })
+        );
+        assert_eq!(parse(ROOM).unwrap().ledger, None, "no table: no store");
+        for (table, names) in [
+            ("endpoints = []", "ledger.endpoints: at least one"),
+            (
+                "endpoints = [\"127.0.0.1:2379\"]",
+                "ledger.endpoints[0]: \"127.0.0.1:2379\" is not an etcd client URL",
+            ),
+            (
+                "endpoints = [\"http://a:1\", \"https://b:2379\"]",
+                "ledger.endpoints[1]:",
+            ),
+            ("endpoints = [\"http://a:0\"]", "ledger.endpoints[0]:"),
+            ("endpoints = [\"http://a:1/v3\"]", "ledger.endpoints[0]:"),
+            (
+                "endpoints = [\"http://a:1\"]\nepoch = 0",
+                "ledger.epoch: must be at least 1",
+            ),
+            (
+                "endpoints = [\"http://a:1\"]\ncall_timeout_ms = 1",
+                "ledger.call_timeout_ms: must be at least 10",
+            ),
+            (
+                "endpoints = [\"http://a:1\"]\ncall_timeout_ms = 300\ncommit_deadline_ms = 100",
+                "ledger.commit_deadline_ms: 100 is shorter than call_timeout_ms (300)",
+            ),
+            (
+                "endpoints = [\"http://a:1\"]\ncommit_deadline_ms = 5000",
+                "ledger.commit_deadline_ms: 5000 is above 800",
+            ),
+            (
+                "endpoints = [\"http://a:1\"]\nendpoint = 2",
+                "ledger.endpoint: unknown field",
+            ),
+            ("epoch = 2", "ledger.endpoints: missing"),
+        ] {
+            let err = parse(&format!("{ROOM}[ledger]\n{table}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(names), "{table}: {err}");
+        }
     }
 
     #[test]

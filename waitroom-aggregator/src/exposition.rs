@@ -113,6 +113,50 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
         )?;
     }
     shared.reloads.encode(f)?;
+    {
+        // Zero without a `[ledger]`, so dashboards and alerts need no case.
+        let none = crate::committer::LedgerMetrics::default();
+        let l = shared.ledger.as_ref().map_or(&none, |c| &*c.metrics);
+        for (name, help, value) in [
+            (
+                "waitroom_aggregator_ledger_commits_total",
+                "Compare-and-swap commits of grants to etcd (one per room and minute per batch) that succeeded.",
+                &l.commits_total,
+            ),
+            (
+                "waitroom_aggregator_ledger_commit_failures_total",
+                "Commits to etcd that failed (no quorum, deadline, contention, junk at the key); their nodes kept what they held and got nothing new.",
+                &l.commit_failures_total,
+            ),
+            (
+                "waitroom_aggregator_ledger_grants_cut_total",
+                "Grants etcd cut because other aggregators' grants left less room.",
+                &l.grants_cut_total,
+            ),
+            (
+                "waitroom_aggregator_ledger_grants_held_back_total",
+                "Grants answered with only what the node held, because no commit covered them.",
+                &l.grants_held_back_total,
+            ),
+            (
+                "waitroom_aggregator_ledger_batches_total",
+                "Batches of grants committed (every report waiting when the last batch ended).",
+                &l.batches_total,
+            ),
+            (
+                "waitroom_aggregator_ledger_batched_grants_total",
+                "Grants carried by those batches.",
+                &l.batched_grants_total,
+            ),
+        ] {
+            f.counter(name, help, value.load(Relaxed))?;
+        }
+        f.gauge(
+            "waitroom_aggregator_ledger_last_batch_seconds",
+            "Wall time of the last batch of commits.",
+            l.last_batch_us.load(Relaxed) as f64 / 1e6,
+        )?;
+    }
     f.gauge(
         "waitroom_aggregator_learning",
         "1 while the aggregator, just started, learns what the nodes hold and grants nobody more (learning_ms).",

@@ -159,6 +159,22 @@ impl Etcd {
     }
 }
 
+impl Etcd {
+    /// Deletes every key from `from` up to, not including, `to`; the number
+    /// deleted.
+    pub fn delete_range(&self, from: &str, to: &str) -> Result<u64, LedgerError> {
+        let answer = self.call(
+            "a delete",
+            "/v3/kv/deleterange",
+            &json!({ "key": B64.encode(from), "range_end": B64.encode(to) }),
+        )?;
+        Ok(answer["deleted"]
+            .as_str()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0))
+    }
+}
+
 /// The grant ledger of every room and minute, in etcd.
 #[derive(Debug)]
 pub struct EtcdLedger {
@@ -179,6 +195,22 @@ impl EtcdLedger {
     #[must_use]
     pub fn key(epoch: u64, room: &str, minute: Minute) -> String {
         format!("/waitroom/{epoch}/{room}/{}/shared", minute.0)
+    }
+
+    /// Deletes `room`'s ledgers of every minute before `minute`: a key is
+    /// written for every room and minute, and none is read once its minute
+    /// is over. Returns how many were deleted.
+    pub fn forget_before(
+        &self,
+        epoch: u64,
+        room: &str,
+        minute: Minute,
+    ) -> Result<u64, LedgerError> {
+        // Minutes since 1970 have the same number of digits for centuries,
+        // so the keys of earlier minutes sort before this one's.
+        let prefix = format!("/waitroom/{epoch}/{room}/");
+        self.etcd
+            .delete_range(&prefix, &format!("{prefix}{}", minute.0))
     }
 
     /// The ledger at `key` and its revision (empty at revision 0 when absent).

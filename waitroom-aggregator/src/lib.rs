@@ -39,6 +39,7 @@ use waitroom_runtime::{
 };
 
 pub mod admin;
+pub mod committer;
 pub mod config;
 pub mod ctl;
 pub mod dashboard;
@@ -138,6 +139,9 @@ impl Aggregator {
         let settings = store.current().clone();
         let mut cluster =
             cluster::Cluster::new(config::room_defs(&settings.rooms)?, config.node_timeout_ms);
+        if config.ledger.is_some() {
+            cluster = cluster.with_shared_ledger();
+        }
         // Grants made since the snapshot was taken are known only to the
         // nodes holding them: learn them from their reports first. Without
         // a snapshot this aggregator has not granted before (or its state
@@ -160,6 +164,10 @@ impl Aggregator {
             settings: parking_lot::Mutex::new(Arc::new(push_of(&settings))),
             node_settings: parking_lot::Mutex::default(),
             clock_seen: std::sync::atomic::AtomicI64::new(clock.wall_over_elapsed()),
+            ledger: config.ledger.as_ref().map(|l| {
+                tracing::info!(endpoints = ?l.endpoints, epoch = l.epoch, "grants are committed to etcd before nodes hear of them");
+                committer::Committer::start(l)
+            }),
         });
         let control = Arc::new(Control {
             tokens,
@@ -275,6 +283,7 @@ impl Aggregator {
                 "node_timeout_ms",
                 old.node_timeout_ms == new.node_timeout_ms,
             ),
+            ("ledger", old.ledger == new.ledger),
         ] {
             if !same {
                 return Err(ReloadError::NeedsRestart { field });
@@ -525,6 +534,7 @@ mod tests {
             learning_ms: 3_000,
             rooms: vec![shop()],
             control: config::ControlConfig::beside(&dir.join("snapshot.json")),
+            ledger: None,
         }
     }
 

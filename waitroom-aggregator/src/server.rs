@@ -103,6 +103,8 @@ pub struct Shared {
     /// `clock.wall_over_elapsed()` at the last lock of `cluster`: a change
     /// is a step of the wall clock.
     pub clock_seen: AtomicI64,
+    /// With `[ledger]`: commits every grant to etcd before it is answered.
+    pub ledger: Option<crate::committer::Committer>,
 }
 
 /// What one node last said about its origin pools.
@@ -321,21 +323,43 @@ async fn serve_stream(
                     pools: frame.pools,
                 },
             );
-            let rooms = match kind {
-                Kind::Asking => shared.cluster().apply_asking(frame.report, now),
-                Kind::Plain => shared.cluster().apply(frame.report, now),
-                Kind::Home { held, asks } => {
-                    shared.metrics.holding_reports_total.fetch_add(1, Relaxed);
-                    shared
-                        .cluster()
-                        .apply_holding(frame.report, &held, asks, now)
-                }
-                Kind::Peer(held) => {
-                    shared.cluster().apply_peer(frame.report, &held, now);
-                    shared.metrics.peer_reports_total.fetch_add(1, Relaxed);
+            let node = frame.report.node.clone();
+            let (mut rooms, grants) = {
+                let mut cluster = shared.cluster();
+                let rooms = match kind {
+                    Kind::Asking => cluster.apply_asking(frame.report, now),
+                    Kind::Plain => cluster.apply(frame.report, now),
+                    Kind::Home { held, asks } => {
+                        shared.metrics.holding_reports_total.fetch_add(1, Relaxed);
+                        cluster.apply_holding(frame.report, &held, asks, now)
+                    }
+                    Kind::Peer(held) => {
+                        cluster.apply_peer(frame.report, &held, now);
+                        shared.metrics.peer_reports_total.fetch_add(1, Relaxed);
+                        Vec::new()
+                    }
+                };
+                // The grants of this merge (none for a peer report, whose
+                // answer grants nothing), named by room for their keys.
+                let grants: Vec<_> = if shared.ledger.is_some() && !rooms.is_empty() {
+                    cluster
+                        .shared_grants()
+                        .iter()
+                        .filter_map(|g| {
+                            let def = cluster.rooms().iter().find(|d| d.room.id() == g.room)?;
+                            Some((def.name.clone(), *g))
+                        })
+                        .collect()
+                } else {
                     Vec::new()
-                }
+                };
+                (rooms, grants)
             };
+            if let Some(ledger) = &shared.ledger
+                && !grants.is_empty()
+            {
+                settle(shared, ledger, &node, &grants, &mut rooms).await;
+            }
             shared.metrics.reports_total.fetch_add(1, Relaxed);
             Message::Answer(wire::AnswerFrame {
                 seq,
@@ -364,6 +388,34 @@ async fn serve_stream(
     };
     if let Err(err) = frames::write(&mut send, &answer).await {
         tracing::debug!(%err, "could not send the answer");
+    }
+}
+
+/// Commits the grants of one answer and tells the node only what etcd
+/// holds for it (or, without a commit, what it held already); the
+/// aggregator's own ledger is brought down to the same.
+async fn settle(
+    shared: &Shared,
+    ledger: &crate::committer::Committer,
+    node: &str,
+    grants: &[(String, waitroom_common::cluster::SharedGrant)],
+    rooms: &mut [wire::RoomAnswer],
+) {
+    let told = ledger.commit(node, grants).await;
+    let mut cluster = None;
+    for ((_, grant), allowances) in grants.iter().zip(told) {
+        if allowances == (grant.colo_allowance, grant.anywhere_allowance) {
+            continue;
+        }
+        cluster
+            .get_or_insert_with(|| shared.cluster())
+            .settle_shared(node, grant, allowances);
+        for answer in rooms.iter_mut().filter(|a| a.room == grant.room) {
+            (
+                answer.state.allowance.colo_share,
+                answer.state.allowance.anywhere,
+            ) = allowances;
+        }
     }
 }
 

@@ -1,0 +1,341 @@
+//! Two aggregators whose grants go through the ledger in etcd (issue 20,
+//! docs/adr/0001, step 4), with the real binaries on loopback: a real
+//! 3-member etcd, two aggregators with `[ledger]`, two nodes in two colos
+//! whose homes are different aggregators (names chosen so), in a random
+//! room (every admission from a shared pool).
+//!
+//! What is asserted, in one minute with demand past the limit at both nodes
+//! (each test its own cluster: in a random room the visitors queued in one
+//! minute take the next one's slots):
+//! - the minute's admits over both nodes stay within `new_users_per_minute`,
+//!   with no slack, and every visitor gets an answer (admitted or queued);
+//! - etcd holds both nodes' caps for the minute, written by their two homes,
+//!   and their sum stays within the limit;
+//! - the home of one node is killed -9 mid-minute and
+//!   restarted with its state directory *deleted* (no snapshot, so no
+//!   learning): an aggregator that remembers nothing grants from what etcd
+//!   holds, not from its empty ledger;
+//! - or two of the three etcd members are killed mid-minute (no
+//!   quorum): commits fail within their deadline, the nodes keep what they
+//!   hold and get nothing new, visitors are still answered, and once the
+//!   members are back commits resume.
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use waitroom_aggregator::ledger::{Etcd, EtcdLedger};
+use waitroom_common::time::Minute;
+use waitroom_edge::gossip::home::Homes;
+use waitroom_tests::{
+    cluster::{Aggregator, Certs, aggregator_config, free_udp_port, random_room, start_nodes},
+    edge::{Edge, admits_new_visitor, check_the_minute, fresh_from, get_text},
+    etcd::{EtcdCluster, require_etcd},
+    eventually,
+    minutes::{self, now_secs},
+    procs::{TempDir, start_origin},
+};
+
+const INTERVAL_MS: u64 = 500;
+const NEW_USERS_PER_MINUTE: u64 = 24;
+const TOTAL_ACTIVE_USERS: u64 = 60;
+
+/// A node name in `colo` whose home among `aggregators` is the one at `home`.
+fn named_for(colo: &str, aggregators: &[SocketAddr], home: usize) -> String {
+    (1..1_000)
+        .map(|i| format!("{colo}-{i}"))
+        .find(|name| Homes::new(name, aggregators.to_vec(), INTERVAL_MS).current() == home)
+        .expect("some name hashes to each aggregator")
+}
+
+/// Demand past the limit at every node, two new visitors each per 100 ms,
+/// until the minute is 55 s old; `during` runs once, at `at` seconds into
+/// the minute, and `each` once per round after it. Admitted per node.
+fn press_the_minute(
+    edges: &[Edge],
+    at: u64,
+    mut during: impl FnMut(),
+    mut each: impl FnMut(),
+) -> Vec<u64> {
+    let minute = minutes::unix_secs() / 60;
+    let mut admitted = vec![0_u64; edges.len()];
+    let mut done = false;
+    while minutes::unix_secs() / 60 == minute && minutes::unix_secs() % 60 < 55 {
+        if !done && minutes::unix_secs() % 60 >= at {
+            during();
+            done = true;
+        }
+        if done {
+            each();
+        }
+        for (i, edge) in edges.iter().enumerate() {
+            for _ in 0..2 {
+                admitted[i] += u64::from(admits_new_visitor(edge));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(done, "the fault happened inside the minute");
+    assert_eq!(
+        minutes::unix_secs() / 60,
+        minute,
+        "the traffic stayed in one minute"
+    );
+    admitted
+}
+
+/// The caps etcd holds for `minute`, by node, and their sum.
+fn caps_in_etcd(endpoints: &[String], minute: u64) -> (Vec<(String, u64)>, u64) {
+    let ledger = EtcdLedger::new(
+        Etcd::new(endpoints.to_vec(), Duration::from_secs(2)),
+        Duration::from_secs(5),
+    );
+    let (caps, _) = ledger
+        .read(&EtcdLedger::key(1, "shop", Minute(minute)))
+        .expect("the minute's ledger reads");
+    let total = caps.total();
+    (caps.caps.into_iter().collect(), total)
+}
+
+/// Two aggregators with `[ledger]` on a 3-member etcd, two nodes whose
+/// homes are aggregator 0 and 1, every node fresh at its home.
+struct Setup {
+    etcd: EtcdCluster,
+    endpoints: Vec<String>,
+    dir: TempDir,
+    listens: Vec<SocketAddr>,
+    names: [String; 2],
+    aggregators: Vec<Aggregator>,
+    edges: Vec<Edge>,
+    _origin: waitroom_tests::procs::Proc,
+}
+
+impl Setup {
+    fn start(tag: &str) -> Self {
+        let etcd = EtcdCluster::start(&format!("{tag}-etcd"), 3).unwrap();
+        let endpoints = etcd.endpoints();
+        let dir = TempDir::new(tag);
+        let (origin_proc, origin) = start_origin(dir.path(), "origin").unwrap();
+        let listens: Vec<SocketAddr> = (0..2)
+            .map(|_| {
+                format!("127.0.0.1:{}", free_udp_port().unwrap())
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        let names = [named_for("ams", &listens, 0), named_for("sin", &listens, 1)];
+        let certs = Certs::generate(
+            &dir.path().join("certs"),
+            &[names[0].as_str(), names[1].as_str()],
+        )
+        .unwrap();
+        let room = random_room(TOTAL_ACTIVE_USERS, NEW_USERS_PER_MINUTE);
+        let ledger_table = format!(
+            "\n[ledger]\nendpoints = [{}]\n",
+            endpoints
+                .iter()
+                .map(|e| format!("\"{e}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let aggregators: Vec<Aggregator> = (0..2)
+            .map(|i| {
+                let state = Self::state_in(&dir, i);
+                std::fs::create_dir_all(&state).unwrap();
+                let config =
+                    aggregator_config(listens[i], &certs, &state.join("aggregator.json"), &room)
+                        + &ledger_table;
+                Aggregator::start(dir.path(), &format!("aggregator-{i}"), &config).unwrap()
+            })
+            .collect();
+        let edges = start_nodes(
+            dir.path(),
+            &certs,
+            &listens,
+            &[(names[0].as_str(), "ams"), (names[1].as_str(), "sin")],
+            &room,
+            origin,
+            INTERVAL_MS,
+        );
+        let setup = Self {
+            etcd,
+            endpoints,
+            dir,
+            listens,
+            names,
+            aggregators,
+            edges,
+            _origin: origin_proc,
+        };
+        let started = now_secs();
+        assert!(
+            eventually(Duration::from_secs(20), || (0..2)
+                .all(|i| setup.fresh_at_home(i, started))),
+            "every node fresh, each at its own home"
+        );
+        setup
+    }
+
+    /// Aggregator `i`'s state directory (its snapshot).
+    fn state_in(dir: &TempDir, i: usize) -> std::path::PathBuf {
+        dir.path().join(format!("agg-{i}"))
+    }
+
+    /// Node `i` has a state since `since` from its home, aggregator `i`.
+    fn fresh_at_home(&self, i: usize, since: f64) -> bool {
+        fresh_from(
+            &get_text(&self.edges[i].admin_url("/metrics")),
+            self.listens[i],
+            since,
+        )
+    }
+
+    /// Node `i` has a state since `since`, from whichever aggregator.
+    fn fresh(&self, i: usize, since: f64) -> bool {
+        let text = get_text(&self.edges[i].admin_url("/metrics"));
+        self.listens.iter().any(|&a| fresh_from(&text, a, since))
+    }
+
+    /// `name` summed over both aggregators.
+    fn sum(&self, name: &str) -> f64 {
+        self.aggregators
+            .iter()
+            .map(|a| a.metric(name).unwrap_or(0.0))
+            .sum()
+    }
+
+    /// The minute's caps in etcd: within the limit, one for each node.
+    fn check_etcd(&self, minute: u64) {
+        let (caps, total) = caps_in_etcd(&self.endpoints, minute);
+        eprintln!("etcd holds {caps:?}, {total} in all");
+        assert!(
+            total <= NEW_USERS_PER_MINUTE,
+            "caps in etcd {total} > {NEW_USERS_PER_MINUTE}"
+        );
+        for name in &self.names {
+            assert!(
+                caps.iter().any(|(n, _)| n == name),
+                "etcd holds a cap for {name}: {caps:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_aggregator_that_lost_its_state_grants_from_what_etcd_holds() {
+    if !require_etcd() {
+        return;
+    }
+    let mut setup = Setup::start("etcd-lost-state");
+    minutes::early_in_a_minute(50);
+    let minute = minutes::unix_secs() / 60;
+    let config_path = setup.aggregators[0].config.clone();
+    let restarted: std::cell::Cell<Option<(Instant, f64)>> = std::cell::Cell::new(None);
+    let mut home_again = None;
+    let (dir, aggregators) = (&setup.dir, &mut setup.aggregators);
+    let admitted = press_the_minute(
+        &setup.edges,
+        minutes::unix_secs() % 60 + 12,
+        || {
+            aggregators[0].proc.kill();
+            let state = Setup::state_in(dir, 0);
+            std::fs::remove_dir_all(&state).unwrap();
+            std::fs::create_dir_all(&state).unwrap();
+            aggregators[0] =
+                Aggregator::start_with(dir.path(), "aggregator-0b", &config_path).unwrap();
+            restarted.set(Some((Instant::now(), now_secs())));
+        },
+        || {
+            let (at, secs) = restarted.get().unwrap();
+            if home_again.is_none()
+                && fresh_from(
+                    &get_text(&setup.edges[0].admin_url("/metrics")),
+                    setup.listens[0],
+                    secs,
+                )
+            {
+                home_again = Some(at.elapsed());
+            }
+        },
+    );
+    eprintln!("the node was fresh from its restarted home {home_again:?} after the restart");
+    check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
+    setup.check_etcd(minute);
+    let log = setup.aggregators[0].proc.stderr();
+    assert!(
+        !log.contains("restored snapshot") && !log.contains("learning what the nodes hold"),
+        "the restarted aggregator had nothing to restore or learn: {log}"
+    );
+    let home_again = home_again.expect("the node went back to its restarted home");
+    assert!(
+        home_again < Duration::from_secs(2),
+        "back at its home {home_again:?} after the restart"
+    );
+    for (i, aggregator) in setup.aggregators.iter().enumerate() {
+        let metric = |name: &str| aggregator.metric(name).unwrap_or(0.0);
+        let commits = metric("waitroom_aggregator_ledger_commits_total");
+        eprintln!(
+            "aggregator {i}: {commits} commits, {} batches of {:.2} grants on average, the last in {:.1} ms, {} grants cut",
+            metric("waitroom_aggregator_ledger_batches_total"),
+            metric("waitroom_aggregator_ledger_batched_grants_total")
+                / metric("waitroom_aggregator_ledger_batches_total").max(1.0),
+            metric("waitroom_aggregator_ledger_last_batch_seconds") * 1e3,
+            metric("waitroom_aggregator_ledger_grants_cut_total"),
+        );
+        assert!(commits >= 1.0, "aggregator {i} committed grants: {commits}");
+    }
+}
+
+#[test]
+fn without_a_quorum_nodes_keep_what_they_hold_and_nothing_more() {
+    if !require_etcd() {
+        return;
+    }
+    let mut setup = Setup::start("etcd-no-quorum");
+    minutes::early_in_a_minute(50);
+    let minute = minutes::unix_secs() / 60;
+    let failures_before = setup.sum("waitroom_aggregator_ledger_commit_failures_total");
+    let etcd = &mut setup.etcd;
+    let mut killed_at = None;
+    let admitted = press_the_minute(
+        &setup.edges,
+        minutes::unix_secs() % 60 + 10,
+        || {
+            etcd.kill(1);
+            etcd.kill(2);
+            killed_at = Some(now_secs());
+        },
+        || {},
+    );
+    let failures = setup.sum("waitroom_aggregator_ledger_commit_failures_total") - failures_before;
+    let held_back = setup.sum("waitroom_aggregator_ledger_grants_held_back_total");
+    eprintln!("no quorum from 10 s on: {failures} commit failures, {held_back} grants held back");
+    check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
+    assert!(failures >= 1.0, "commits failed without a quorum");
+    assert!(held_back >= 1.0, "nodes were answered with what they hold");
+    let killed_at = killed_at.unwrap();
+    for i in 0..2 {
+        assert!(
+            setup.fresh(i, killed_at + 30.0),
+            "node {i} stays fresh on what it holds, 30 s into the outage"
+        );
+    }
+
+    // --- The members come back: commits resume.
+    setup.etcd.restart(1).unwrap();
+    setup.etcd.restart(2).unwrap();
+    let commits = |a: &Aggregator| {
+        a.metric("waitroom_aggregator_ledger_commits_total")
+            .unwrap_or(0.0)
+    };
+    let before: Vec<f64> = setup.aggregators.iter().map(commits).collect();
+    assert!(
+        eventually(Duration::from_secs(20), || setup
+            .aggregators
+            .iter()
+            .zip(&before)
+            .all(|(a, &b)| commits(a) > b)),
+        "both aggregators commit again once etcd has its quorum"
+    );
+    setup.check_etcd(minute);
+}

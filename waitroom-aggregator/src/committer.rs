@@ -1,0 +1,270 @@
+//! Grants made durable before a node hears of them (docs/adr/0001,
+//! decisions 2 and 3): every home answer's grants go through here when a
+//! `[ledger]` is configured.
+//!
+//! # Group commit
+//! One task commits; reports hand it their grants and wait. While a commit
+//! is in flight the next reports queue, and the task takes all of them in
+//! the next batch: one compare-and-swap per room and minute per batch, not
+//! one per report. With etcd answering in a few ms that is a batch per few
+//! ms under load and one per report when quiet, with no timer to tune.
+//!
+//! # What a node is told
+//! - committed: the cap etcd holds for it (its grant, cut if the other
+//!   aggregators' grants left less room);
+//! - not committed (no quorum, the deadline passed, junk at the key): what
+//!   it already holds and nothing new. Its earlier caps are in etcd, so
+//!   keeping them is safe; anything more might not be. The node stays fresh
+//!   on its held slots, and new visitors beyond them queue until etcd is back.
+//!
+//! # An outage costs one deadline a second, not one per batch
+//! After a failed commit, batches for the next [`BACKOFF`] are answered
+//! with what is held at once, without trying etcd; then one batch tries
+//! again. Otherwise every batch would wait its whole deadline and the
+//! reports queued behind it longer than the nodes wait for an answer.
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{mpsc, oneshot};
+use waitroom_common::{
+    cluster::{SharedGrant, grants::Ask},
+    time::Minute,
+};
+
+use crate::ledger::{Etcd, EtcdLedger};
+
+/// Reports waiting for a commit, most: past it a report is answered with
+/// what its node holds, without waiting.
+const QUEUE: usize = 4_096;
+
+/// How long after a failed commit batches skip etcd (see the module doc).
+const BACKOFF: Duration = Duration::from_secs(1);
+
+/// Counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct LedgerMetrics {
+    /// Compare-and-swap commits (one per room and minute per batch) that
+    /// succeeded.
+    pub commits_total: AtomicU64,
+    /// Commits that failed (no quorum, deadline, contention, junk).
+    pub commit_failures_total: AtomicU64,
+    /// Grants etcd cut because other aggregators' grants left less room.
+    pub grants_cut_total: AtomicU64,
+    /// Grants answered with only what the node held, because no commit
+    /// covered them.
+    pub grants_held_back_total: AtomicU64,
+    /// Batches committed, and the grants they carried.
+    pub batches_total: AtomicU64,
+    pub batched_grants_total: AtomicU64,
+    /// Wall time of the last batch, µs.
+    pub last_batch_us: AtomicU64,
+}
+
+/// One grant to commit: its room, minute and key, and the node's ask.
+struct Grant {
+    room: String,
+    minute: Minute,
+    key: String,
+    ask: Ask,
+}
+
+/// One report's grants, waiting for their commit.
+struct Pending {
+    asks: Vec<Grant>,
+    /// The cap etcd holds for each ask, in order; `None` where the commit failed.
+    reply: oneshot::Sender<Vec<Option<u64>>>,
+}
+
+/// The committing task's handle.
+#[derive(Debug)]
+pub struct Committer {
+    tx: mpsc::Sender<Pending>,
+    epoch: u64,
+    pub metrics: Arc<LedgerMetrics>,
+}
+
+impl Committer {
+    /// Starts the committing task on the current tokio runtime.
+    #[must_use]
+    pub fn start(config: &crate::config::LedgerConfig) -> Self {
+        let ledger = Arc::new(EtcdLedger::new(
+            Etcd::new(
+                config.endpoints.clone(),
+                Duration::from_millis(config.call_timeout_ms),
+            ),
+            Duration::from_millis(config.commit_deadline_ms),
+        ));
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let metrics = Arc::new(LedgerMetrics::default());
+        tokio::spawn(run(ledger, config.epoch, rx, Arc::clone(&metrics)));
+        Self {
+            tx,
+            epoch: config.epoch,
+            metrics,
+        }
+    }
+
+    /// The key of `room`'s shared grants in `minute`.
+    #[must_use]
+    pub fn key(&self, room: &str, minute: Minute) -> String {
+        EtcdLedger::key(self.epoch, room, minute)
+    }
+
+    /// Commits `grants` (each with its room's name) to `node`'s name and
+    /// returns the allowances `(colo share, Anywhere)` the node may be told
+    /// for each: what etcd holds, or what it holds already when no commit
+    /// covered the grant.
+    pub async fn commit(&self, node: &str, grants: &[(String, SharedGrant)]) -> Vec<(u64, u64)> {
+        let asks = grants
+            .iter()
+            .map(|(room, g)| Grant {
+                room: room.clone(),
+                minute: g.minute,
+                key: self.key(room, g.minute),
+                ask: Ask {
+                    node: node.to_owned(),
+                    cap: g.record,
+                    pool: g.budget,
+                    used: g.used,
+                },
+            })
+            .collect();
+        let (reply, answer) = oneshot::channel();
+        let caps = match self.tx.try_send(Pending { asks, reply }) {
+            Ok(()) => answer.await.unwrap_or_default(),
+            // Full (etcd far behind) or the task gone: answer from what is held.
+            Err(_) => Vec::new(),
+        };
+        grants
+            .iter()
+            .enumerate()
+            .map(|(i, (_, g))| match caps.get(i).copied().flatten() {
+                Some(cap) => {
+                    let told = g.cut_to(cap);
+                    if told != (g.colo_allowance, g.anywhere_allowance) {
+                        self.metrics.grants_cut_total.fetch_add(1, Relaxed);
+                    }
+                    told
+                }
+                None => {
+                    self.metrics.grants_held_back_total.fetch_add(1, Relaxed);
+                    g.holds
+                }
+            })
+            .collect()
+    }
+}
+
+/// The batch id's prefix: this process, so no two aggregators (or two runs
+/// of one) ever reuse an id (a reused id would be taken for a retry).
+fn instance() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{:x}-{nanos:x}", std::process::id())
+}
+
+async fn run(
+    ledger: Arc<EtcdLedger>,
+    epoch: u64,
+    mut rx: mpsc::Receiver<Pending>,
+    metrics: Arc<LedgerMetrics>,
+) {
+    let instance = instance();
+    // Each room's latest minute seen: when it moves, the keys of minutes
+    // two and more before go (each minute writes a key; none is read after).
+    let mut latest: BTreeMap<String, Minute> = BTreeMap::new();
+    let mut batch_no = 0_u64;
+    let mut failures_logged: Option<Instant> = None;
+    let mut skip_until: Option<Instant> = None;
+    while let Some(first) = rx.recv().await {
+        let started = Instant::now();
+        let mut batch = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            batch.push(more);
+        }
+        if skip_until.is_some_and(|until| started < until) {
+            for pending in batch {
+                let _ = pending.reply.send(Vec::new());
+            }
+            continue;
+        }
+        batch_no += 1;
+        let id = format!("{instance}/{batch_no}");
+        // Each key's asks in arrival order, with where their answers go.
+        let mut by_key: BTreeMap<&str, Vec<(usize, usize)>> = BTreeMap::new();
+        for (p, pending) in batch.iter().enumerate() {
+            for (a, grant) in pending.asks.iter().enumerate() {
+                by_key.entry(grant.key.as_str()).or_default().push((p, a));
+                let seen = latest.entry(grant.room.clone()).or_insert(grant.minute);
+                if grant.minute > *seen {
+                    *seen = grant.minute;
+                    let (ledger, room, before) = (
+                        Arc::clone(&ledger),
+                        grant.room.clone(),
+                        grant.minute.minus(2),
+                    );
+                    tokio::task::spawn_blocking(move || {
+                        if let Err(err) = ledger.forget_before(epoch, &room, before) {
+                            tracing::debug!(%room, %err, "could not delete past minutes' ledgers");
+                        }
+                    });
+                }
+            }
+        }
+        let commits: Vec<_> = by_key
+            .iter()
+            .map(|(key, places)| {
+                let asks: Vec<Ask> = places
+                    .iter()
+                    .map(|&(p, a)| batch[p].asks[a].ask.clone())
+                    .collect();
+                let (ledger, key, id) = (Arc::clone(&ledger), (*key).to_owned(), id.clone());
+                tokio::task::spawn_blocking(move || ledger.commit(&key, &id, &asks))
+            })
+            .collect();
+        let mut caps: Vec<Vec<Option<u64>>> =
+            batch.iter().map(|p| vec![None; p.asks.len()]).collect();
+        let mut grants = 0;
+        skip_until = None;
+        for ((key, places), commit) in by_key.iter().zip(commits) {
+            grants += places.len() as u64;
+            match commit.await {
+                Ok(Ok(set)) => {
+                    metrics.commits_total.fetch_add(1, Relaxed);
+                    for (&(p, a), (_, cap)) in places.iter().zip(set) {
+                        caps[p][a] = Some(cap);
+                    }
+                }
+                Ok(Err(err)) => {
+                    metrics.commit_failures_total.fetch_add(1, Relaxed);
+                    skip_until = Some(Instant::now() + BACKOFF);
+                    // One line per 10 s: a dead etcd fails every batch.
+                    if failures_logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
+                        failures_logged = Some(Instant::now());
+                        tracing::warn!(%key, %err, "grants not committed; nodes are answered with what they hold and nothing new");
+                    }
+                }
+                Err(err) => {
+                    metrics.commit_failures_total.fetch_add(1, Relaxed);
+                    tracing::error!(%key, %err, "the commit task failed");
+                }
+            }
+        }
+        metrics.batches_total.fetch_add(1, Relaxed);
+        metrics.batched_grants_total.fetch_add(grants, Relaxed);
+        metrics.last_batch_us.store(
+            u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            Relaxed,
+        );
+        for (pending, caps) in batch.into_iter().zip(caps) {
+            let _ = pending.reply.send(caps);
+        }
+    }
+}
