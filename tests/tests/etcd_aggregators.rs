@@ -204,18 +204,21 @@ impl Setup {
             .sum()
     }
 
-    /// The minute's caps in etcd: within the limit, one for each node.
-    fn check_etcd(&self, minute: u64) {
+    /// The minute's caps in etcd: within the limit, and one for each node
+    /// that covers what it admitted (the checker's question on real
+    /// processes: no admission without a grant in the ledger).
+    fn check_etcd(&self, minute: u64, admitted: &[u64]) {
         let (caps, total) = caps_in_etcd(&self.endpoints, minute);
         eprintln!("etcd holds {caps:?}, {total} in all");
         assert!(
             total <= NEW_USERS_PER_MINUTE,
             "caps in etcd {total} > {NEW_USERS_PER_MINUTE}"
         );
-        for name in &self.names {
+        for (name, &admitted) in self.names.iter().zip(admitted) {
+            let cap = caps.iter().find(|(n, _)| n == name).map(|&(_, c)| c);
             assert!(
-                caps.iter().any(|(n, _)| n == name),
-                "etcd holds a cap for {name}: {caps:?}"
+                cap.is_some_and(|cap| cap >= admitted),
+                "etcd holds a cap for {name} that covers its {admitted} admits: {caps:?}"
             );
         }
     }
@@ -260,7 +263,7 @@ fn an_aggregator_that_lost_its_state_grants_from_what_etcd_holds() {
     );
     eprintln!("the node was fresh from its restarted home {home_again:?} after the restart");
     check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
-    setup.check_etcd(minute);
+    setup.check_etcd(minute, &admitted);
     let log = setup.aggregators[0].proc.stderr();
     assert!(
         !log.contains("restored snapshot") && !log.contains("learning what the nodes hold"),
@@ -337,5 +340,5 @@ fn without_a_quorum_nodes_keep_what_they_hold_and_nothing_more() {
             .all(|(a, &b)| commits(a) > b)),
         "both aggregators commit again once etcd has its quorum"
     );
-    setup.check_etcd(minute);
+    setup.check_etcd(minute, &admitted);
 }

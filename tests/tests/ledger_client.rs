@@ -37,7 +37,7 @@ fn with_pool(asks: &[(String, u64)], pool: u64) -> Vec<Ask> {
             node: node.clone(),
             cap: *cap,
             pool,
-            used: 0,
+            floor: 0,
         })
         .collect()
 }

@@ -131,7 +131,7 @@ impl Committer {
                     node: node.to_owned(),
                     cap: g.record,
                     pool: g.budget,
-                    used: g.used,
+                    floor: g.floor,
                 },
             })
             .collect();

@@ -233,21 +233,34 @@ struct Grantee<'a> {
 
 /// One grant of a merge, as a shared grant ledger takes it
 /// ([`grants::GrantLedger`], docs/adr/0001): both shared pools (colo share
-/// and Anywhere) together, since two aggregators race on both. The node may
-/// reach `used + colo_allowance + anywhere_allowance` shared admits this
-/// minute, its cap; every node's cap together must stay within `budget`.
+/// and Anywhere) together, since two aggregators race on both. The ledger
+/// records one cap per node, what the node may admit this minute over both
+/// pools; every node's cap together must stay within `budget`.
+///
+/// Until the answer reaches it the node still holds its last leases, and it
+/// spends each pool on the larger of its old and new cap (the new one
+/// counts from the admits of the report, not of the moment it arrives). So
+/// the cap to record is, per pool, the larger of what it holds and what it
+/// is granted ([`Lease::covering`]), summed; and a cut takes back only what
+/// lowers that sum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SharedGrant {
     pub room: RoomId,
     pub minute: Minute,
-    /// The node's colo-share and Anywhere admits this minute.
-    pub used: u64,
+    /// The node's admits this minute per pool (colo share, Anywhere).
+    pub used: (u64, u64),
+    /// The caps this minute of the leases the node holds per pool (by its
+    /// home report; by this aggregator's record for a report that does not
+    /// say).
+    pub held: (u64, u64),
     pub colo_allowance: u64,
     pub anywhere_allowance: u64,
-    /// The cap the ledger is to record for the node: the grant's, or more
-    /// while the node may still hold a larger lease ([`Lease::covering`]),
-    /// so a lowered cap whose answer is lost stays counted there too.
+    /// The cap to record for the node ([`SharedGrant::record_with`] of the
+    /// grant's allowances).
     pub record: u64,
+    /// The least that can be recorded, whatever is cut: what the node has
+    /// admitted or holds ([`SharedGrant::record_with`] of no allowance).
+    pub floor: u64,
     /// The minute's shared budget over every node, as this aggregator sees
     /// it: the shared admits every node reported this minute, the round's
     /// free shared slots, less what leases of an earlier minute that other
@@ -260,23 +273,35 @@ pub struct SharedGrant {
 }
 
 impl SharedGrant {
-    /// The grant's cap: `used` and both allowances.
+    /// What the node may admit this minute over both pools with these
+    /// allowances: per pool the larger of the cap it holds and the new one.
     #[must_use]
-    pub fn cap(&self) -> u64 {
-        self.used
-            .saturating_add(self.colo_allowance)
-            .saturating_add(self.anywhere_allowance)
+    pub fn record_with(&self, colo_allowance: u64, anywhere_allowance: u64) -> u64 {
+        let colo = self.held.0.max(self.used.0.saturating_add(colo_allowance));
+        let anywhere = self
+            .held
+            .1
+            .max(self.used.1.saturating_add(anywhere_allowance));
+        colo.saturating_add(anywhere)
     }
 
-    /// The allowances (colo share, Anywhere) when the ledger set the node's
-    /// cap to `cap`: the grant cut by what it exceeds, Anywhere first.
+    /// The allowances (colo share, Anywhere) when the ledger recorded `cap`
+    /// for the node: the grant cut until its record fits, Anywhere first.
+    /// A part of an allowance under what the node holds anyway lowers
+    /// nothing and is kept.
     #[must_use]
     pub fn cut_to(&self, cap: u64) -> (u64, u64) {
-        let mut over = self.cap().saturating_sub(cap);
-        let anywhere_cut = over.min(self.anywhere_allowance);
+        let mut over = self.record.saturating_sub(cap);
+        let above = |held: u64, used: u64, allowance: u64| {
+            used.saturating_add(allowance)
+                .saturating_sub(held.max(used))
+                .min(allowance)
+        };
+        let anywhere_cut = over.min(above(self.held.1, self.used.1, self.anywhere_allowance));
         over -= anywhere_cut;
+        let colo_cut = over.min(above(self.held.0, self.used.0, self.colo_allowance));
         (
-            self.colo_allowance.saturating_sub(over),
+            self.colo_allowance - colo_cut,
             self.anywhere_allowance - anywhere_cut,
         )
     }
@@ -1174,24 +1199,27 @@ impl Cluster {
                     &node,
                     minute,
                 );
-                let used = state.used.colo_share.saturating_add(state.used.anywhere);
-                self.last_grants.push(SharedGrant {
+                let (colo_lease, lease) = claim.unwrap_or((leases.0.copied(), leases.1.copied()));
+                let cap = |lease: Option<Lease>| lease.map_or(0, |l| l.cap_in(minute));
+                let mut grant = SharedGrant {
                     room: id,
                     minute,
-                    used,
+                    used: (state.used.colo_share, state.used.anywhere),
+                    held: (cap(colo_lease), cap(lease)),
                     colo_allowance: colo_granted,
                     anywhere_allowance: granted,
-                    record: new_colo
-                        .cap_in(minute)
-                        .saturating_add(new.cap_in(minute))
-                        .max(used.saturating_add(colo_granted).saturating_add(granted)),
+                    record: 0,
+                    floor: 0,
                     budget: sums
                         .admits
                         .shared_in(minute)
                         .saturating_add(plan.shared_slots)
                         .saturating_sub(earlier),
                     holds,
-                });
+                };
+                grant.record = grant.record_with(colo_granted, granted);
+                grant.floor = grant.record_with(0, 0);
+                self.last_grants.push(grant);
             }
             let old_colo = replace_lease(&mut memory.colo_leases, &node, new_colo);
             sums.swap_colo_lease(room_report, key, old_colo.as_ref(), Some(&new_colo));
@@ -1964,7 +1992,7 @@ mod tests {
                         node: node.to_owned(),
                         cap: grant.record,
                         pool: grant.budget,
-                        used: grant.used,
+                        floor: grant.floor,
                     }],
                 );
                 let told = grant.cut_to(set[0].1);
@@ -2004,22 +2032,44 @@ mod tests {
     /// share; a cap below what the node already used tells it nothing new.
     #[test]
     fn a_cut_takes_anywhere_first() {
-        let grant = SharedGrant {
+        let mut grant = SharedGrant {
             room: RoomId::from_name("shop"),
             minute: T0.minute(),
-            used: 10,
+            used: (6, 4),
+            held: (0, 0),
             colo_allowance: 5,
             anywhere_allowance: 7,
-            record: 22,
+            record: 0,
+            floor: 0,
             budget: 100,
             holds: (0, 0),
         };
-        assert_eq!(grant.cap(), 22);
+        grant.record = grant.record_with(5, 7);
+        grant.floor = grant.record_with(0, 0);
+        assert_eq!((grant.record, grant.floor), (22, 10));
         assert_eq!(grant.cut_to(22), (5, 7));
         assert_eq!(grant.cut_to(30), (5, 7), "a ledger never raises a grant");
         assert_eq!(grant.cut_to(17), (5, 2));
         assert_eq!(grant.cut_to(13), (3, 0));
         assert_eq!(grant.cut_to(4), (0, 0));
+
+        // The node still holds a colo-share cap of 9 and an Anywhere cap of
+        // 8 until the answer lands: with this grant it may spend 11 + 11,
+        // and 9 + 8 whatever it is told. A ledger holding 18 takes back the
+        // parts of the grant above what the node holds, Anywhere first
+        // (11 -> 8, then colo 11 -> 10); no cut goes below the floor.
+        grant.held = (9, 8);
+        grant.record = grant.record_with(5, 7);
+        grant.floor = grant.record_with(0, 0);
+        assert_eq!((grant.record, grant.floor), (22, 17));
+        assert_eq!(grant.cut_to(18), (4, 4));
+        assert_eq!(grant.cut_to(17), (3, 4));
+        assert_eq!(
+            grant.cut_to(10),
+            (3, 4),
+            "nothing lower can be told: the floor"
+        );
+        assert_eq!(grant.record_with(3, 4), grant.floor);
     }
 
     /// At a minute's start a node still holds the last minute's lease (it

@@ -42,15 +42,16 @@ pub struct GrantLedger {
 
 /// One node's ask in a batch: its cap, to be cut so that every node's cap
 /// stays within `pool` (the minute's budget as the asking aggregator saw
-/// it when it granted), but never below `used`, the admits the node has
-/// already made this minute: they are spent whatever the ledger says, and
+/// it when it granted), but never below `floor`: the admits the node has
+/// already made this minute and the caps it says it holds. Those are spent,
+/// or may be before the node hears of a lower cap, whatever the ledger says;
 /// a cap below them would leave them free in the ledger for another node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ask {
     pub node: String,
     pub cap: u64,
     pub pool: u64,
-    pub used: u64,
+    pub floor: u64,
 }
 
 /// A batch the ledger applied, and what it gave.
@@ -89,16 +90,16 @@ impl GrantLedger {
                 node: node.clone(),
                 cap: *cap,
                 pool,
-                used: 0,
+                floor: 0,
             })
             .collect();
         self.apply_asks(id, &asks)
     }
 
     /// [`GrantLedger::apply`] with a pool per ask: each cap is cut so that
-    /// the caps of all nodes stay within that ask's pool, but not below the
-    /// admits the node already made ([`Ask::used`]; the caps pass the pool
-    /// then only by admits no ledger can take back).
+    /// the caps of all nodes stay within that ask's pool, but not below
+    /// [`Ask::floor`] (the caps pass the pool then only by what the node has
+    /// spent or holds already, which no ledger can take back).
     pub fn apply_asks(&mut self, id: &str, asks: &[Ask]) -> Vec<(String, u64)> {
         if let Some(done) = self.applied(id) {
             return done.to_vec();
@@ -108,7 +109,7 @@ impl GrantLedger {
             node,
             cap,
             pool,
-            used,
+            floor,
         } in asks
         {
             let others = self
@@ -116,7 +117,7 @@ impl GrantLedger {
                 .saturating_sub(self.caps.get(node).copied().unwrap_or(0));
             let cap = (*cap)
                 .min(pool.saturating_sub(others))
-                .max((*used).min(*cap));
+                .max((*floor).min(*cap));
             self.caps.insert(node.clone(), cap);
             set.push((node.clone(), cap));
         }

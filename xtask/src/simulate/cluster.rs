@@ -325,8 +325,26 @@ pub struct Run {
     pub counted_error: CountedError,
     /// What the network did to the gossip.
     pub gossip: GossipCounts,
-    /// With `--shared-ledger`: grants the shared ledger cut.
-    pub shared_cuts: u64,
+    /// With `--shared-ledger`: what the checker found.
+    pub shared: SharedAudit,
+}
+
+/// With `--shared-ledger`, the checker of issue 20 (item 3) over the shared
+/// ledger, which plays etcd: every grant is recorded there, and every
+/// report's admits are checked against the cap the node held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SharedAudit {
+    /// Grants the ledger cut (another home had granted the slots first).
+    pub cuts: u64,
+    /// Reports from a node that already held a cap in the ledger for the
+    /// minute of its admits.
+    pub checked: u64,
+    /// Of them, a node whose shared admits (colo share and Anywhere) in the
+    /// minute passed that cap: a slot no grant covered.
+    pub overspent: u64,
+    /// Commits after which the minute's caps summed past the room's
+    /// per-minute limit (a slot granted twice).
+    pub over_limit: u64,
 }
 
 /// How far the active users the node counters count (summed over the nodes,
@@ -553,7 +571,7 @@ pub struct Sim {
     /// With `--shared-ledger`: the grant ledger of each minute, and how
     /// many grants it cut.
     shared: BTreeMap<Minute, GrantLedger>,
-    shared_cuts: u64,
+    shared_audit: SharedAudit,
     /// Reports sent from `.0` until `.1` (ms after [`START`]) are lost.
     outage: Option<(u64, u64)>,
     /// Each node's latest lease as answered: with the ledger, and as the
@@ -669,7 +687,7 @@ impl Sim {
             cluster,
             peers,
             shared: BTreeMap::new(),
-            shared_cuts: 0,
+            shared_audit: SharedAudit::default(),
             outage: None,
             leases: BTreeMap::new(),
             visitors: Vec::with_capacity(arrivals.len()),
@@ -805,7 +823,7 @@ impl Sim {
             queued_below_target_behind_queue: self.queued_below_target_behind_queue,
             counted_error: self.counted_error,
             gossip: self.gossip,
-            shared_cuts: self.shared_cuts,
+            shared: self.shared_audit,
         }
     }
 
@@ -970,19 +988,25 @@ impl Sim {
         let mut answers = aggregator.apply_holding(exchange.report.clone(), &holding, asks, now);
         if self.topology.conditions.shared_ledger {
             let node = &exchange.report.node;
+            let limit = self.room.at(now).new_users_per_minute();
             for g in aggregator.shared_grants().to_vec() {
                 let ledger = self.shared.entry(g.minute).or_default();
+                if let Some(&held) = ledger.caps.get(node) {
+                    self.shared_audit.checked += 1;
+                    self.shared_audit.overspent += u64::from(g.used.0 + g.used.1 > held);
+                }
                 let set = ledger.apply_asks(
                     &format!("{node}/{id}"),
                     &[Ask {
                         node: node.clone(),
                         cap: g.record,
                         pool: g.budget,
-                        used: g.used,
+                        floor: g.floor,
                     }],
                 );
+                self.shared_audit.over_limit += u64::from(ledger.total() > limit);
                 if g.cut_to(set[0].1) != (g.colo_allowance, g.anywhere_allowance) {
-                    self.shared_cuts += 1;
+                    self.shared_audit.cuts += 1;
                     let allowances = g.cut_to(set[0].1);
                     aggregator.settle_shared(node, &g, allowances);
                     for answer in answers.iter_mut().filter(|a| a.room == g.room) {

@@ -10,7 +10,9 @@ use serde::Serialize;
 use waitroom_common::room::{CookieSameSite, CookieSecure, QueueingMethod, RoomConfig};
 
 use super::{
-    cluster::{Arrival, GossipCounts, LedgerCheck, Run, Sim, Topology, Until, traffic_rng},
+    cluster::{
+        Arrival, GossipCounts, LedgerCheck, Run, SharedAudit, Sim, Topology, Until, traffic_rng,
+    },
     targets::Targets,
 };
 
@@ -331,6 +333,8 @@ pub struct ScenarioResult {
     pub roamed: u64,
     /// What the network did to the gossip.
     pub gossip: GossipCounts,
+    /// With `--shared-ledger`: what the checker found.
+    pub shared: SharedAudit,
     /// Issue 15's targets.
     pub targets: Targets,
 }
@@ -388,6 +392,7 @@ fn measure(scenario: &Scenario, run: &Run, gossip_delay_ms: u64) -> ScenarioResu
         given_up: run.outcomes.iter().filter(|o| o.gave_up).count() as u64,
         roamed: run.outcomes.iter().filter(|o| o.roamed).count() as u64,
         gossip: run.gossip,
+        shared: run.shared,
         targets: Targets::judge(
             run.queued_below_target,
             run.queued_below_target_behind_queue,
