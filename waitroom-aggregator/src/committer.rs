@@ -127,12 +127,7 @@ impl Committer {
                 room: room.clone(),
                 minute: g.minute,
                 key: self.key(room, g.minute),
-                ask: Ask {
-                    node: node.to_owned(),
-                    cap: g.record,
-                    pool: g.budget,
-                    floor: g.floor,
-                },
+                ask: g.ask(node),
             })
             .collect();
         let (reply, answer) = oneshot::channel();
@@ -147,7 +142,7 @@ impl Committer {
             .map(|(i, (_, g))| match caps.get(i).copied().flatten() {
                 Some(cap) => {
                     let told = g.cut_to(cap);
-                    if told != (g.colo_allowance, g.anywhere_allowance) {
+                    if told != g.allowances() {
                         self.metrics.grants_cut_total.fetch_add(1, Relaxed);
                     }
                     told

@@ -339,20 +339,16 @@ async fn serve_stream(
                         Vec::new()
                     }
                 };
-                // The grants of this merge (none for a peer report, whose
-                // answer grants nothing), named by room for their keys.
-                let grants: Vec<_> = if shared.ledger.is_some() && !rooms.is_empty() {
-                    cluster
-                        .shared_grants()
-                        .iter()
-                        .filter_map(|g| {
-                            let def = cluster.rooms().iter().find(|d| d.room.id() == g.room)?;
-                            Some((def.name.clone(), *g))
-                        })
-                        .collect()
-                } else {
-                    Vec::new()
-                };
+                // The grants of this merge, named by room for their keys
+                // (none without a `[ledger]`, or for a peer report).
+                let grants: Vec<_> = cluster
+                    .shared_grants()
+                    .iter()
+                    .filter_map(|g| {
+                        let def = cluster.rooms().iter().find(|d| d.room.id() == g.room)?;
+                        Some((def.name.clone(), *g))
+                    })
+                    .collect();
                 (rooms, grants)
             };
             if let Some(ledger) = &shared.ledger
@@ -404,17 +400,10 @@ async fn settle(
     let told = ledger.commit(node, grants).await;
     let mut cluster = None;
     for ((_, grant), allowances) in grants.iter().zip(told) {
-        if allowances == (grant.colo_allowance, grant.anywhere_allowance) {
-            continue;
-        }
-        cluster
-            .get_or_insert_with(|| shared.cluster())
-            .settle_shared(node, grant, allowances);
-        for answer in rooms.iter_mut().filter(|a| a.room == grant.room) {
-            (
-                answer.state.allowance.colo_share,
-                answer.state.allowance.anywhere,
-            ) = allowances;
+        if allowances != grant.allowances() {
+            cluster
+                .get_or_insert_with(|| shared.cluster())
+                .settle_shared(node, grant, allowances, rooms);
         }
     }
 }

@@ -255,12 +255,6 @@ pub struct SharedGrant {
     pub held: (u64, u64),
     pub colo_allowance: u64,
     pub anywhere_allowance: u64,
-    /// The cap to record for the node ([`SharedGrant::record_with`] of the
-    /// grant's allowances).
-    pub record: u64,
-    /// The least that can be recorded, whatever is cut: what the node has
-    /// admitted or holds ([`SharedGrant::record_with`] of no allowance).
-    pub floor: u64,
     /// The minute's shared budget over every node, as this aggregator sees
     /// it: the shared admits every node reported this minute, the round's
     /// free shared slots, less what leases of an earlier minute that other
@@ -273,6 +267,37 @@ pub struct SharedGrant {
 }
 
 impl SharedGrant {
+    /// The grant's allowances (colo share, Anywhere).
+    #[must_use]
+    pub fn allowances(&self) -> (u64, u64) {
+        (self.colo_allowance, self.anywhere_allowance)
+    }
+
+    /// The cap to record for the node: [`SharedGrant::record_with`] the
+    /// grant's allowances.
+    #[must_use]
+    pub fn record(&self) -> u64 {
+        self.record_with(self.colo_allowance, self.anywhere_allowance)
+    }
+
+    /// The least that can be recorded, whatever is cut: what the node has
+    /// admitted or holds ([`SharedGrant::record_with`] no allowance).
+    #[must_use]
+    pub fn floor(&self) -> u64 {
+        self.record_with(0, 0)
+    }
+
+    /// The node's ask of a shared ledger for this grant.
+    #[must_use]
+    pub fn ask(&self, node: &str) -> grants::Ask {
+        grants::Ask {
+            node: node.to_owned(),
+            cap: self.record(),
+            pool: self.budget,
+            floor: self.floor(),
+        }
+    }
+
     /// What the node may admit this minute over both pools with these
     /// allowances: per pool the larger of the cap it holds and the new one.
     #[must_use]
@@ -291,7 +316,7 @@ impl SharedGrant {
     /// nothing and is kept.
     #[must_use]
     pub fn cut_to(&self, cap: u64) -> (u64, u64) {
-        let mut over = self.record.saturating_sub(cap);
+        let mut over = self.record().saturating_sub(cap);
         let above = |held: u64, used: u64, allowance: u64| {
             used.saturating_add(allowance)
                 .saturating_sub(held.max(used))
@@ -800,9 +825,22 @@ impl Cluster {
 
     /// A shared ledger set the cap of `grant` (to the node `node`) lower than
     /// the grant: the node is answered the allowances `(colo share,
-    /// Anywhere)` instead, and this ledger counts no more than that for
-    /// the node, so what was cut is free for the next grant.
-    pub fn settle_shared(&mut self, node: &str, grant: &SharedGrant, allowances: (u64, u64)) {
+    /// Anywhere)` instead (in `answers`, the answer to its report), and
+    /// this ledger counts no more than that for the node, so what was cut
+    /// is free for the next grant.
+    pub fn settle_shared(
+        &mut self,
+        node: &str,
+        grant: &SharedGrant,
+        allowances: (u64, u64),
+        answers: &mut [RoomAnswer],
+    ) {
+        for answer in answers.iter_mut().filter(|a| a.room == grant.room) {
+            (
+                answer.state.allowance.colo_share,
+                answer.state.allowance.anywhere,
+            ) = allowances;
+        }
         let Some(index) = self.index_of(node) else {
             return;
         };
@@ -898,6 +936,8 @@ impl Cluster {
     /// the slots a node still held from the last minute's lease. A claim is
     /// never taken as more than the room's per-minute limit.
     pub fn apply_peer(&mut self, report: NodeReport, held: &[HeldLease], now: UnixMillis) {
+        // A peer's merge grants nothing.
+        self.last_grants.clear();
         let (index, node, _, _) = self.merge(report, now, false);
         let minute = now.minute();
         self.refresh(minute);
@@ -1143,8 +1183,9 @@ impl Cluster {
                     h.map(|h| Lease::from_held(h, true, limit)),
                 )
             });
+            let holding = claim.unwrap_or((leases.0.copied(), leases.1.copied()));
             let rests = {
-                let (colo_holds, holds) = claim.unwrap_or((leases.0.copied(), leases.1.copied()));
+                let (colo_holds, holds) = holding;
                 let rest = |lease: Option<Lease>, used: u64| {
                     lease.map_or(0, |l| l.outstanding(minute, used))
                 };
@@ -1199,27 +1240,22 @@ impl Cluster {
                     &node,
                     minute,
                 );
-                let (colo_lease, lease) = claim.unwrap_or((leases.0.copied(), leases.1.copied()));
+                let (colo_lease, lease) = holding;
                 let cap = |lease: Option<Lease>| lease.map_or(0, |l| l.cap_in(minute));
-                let mut grant = SharedGrant {
+                self.last_grants.push(SharedGrant {
                     room: id,
                     minute,
                     used: (state.used.colo_share, state.used.anywhere),
                     held: (cap(colo_lease), cap(lease)),
                     colo_allowance: colo_granted,
                     anywhere_allowance: granted,
-                    record: 0,
-                    floor: 0,
                     budget: sums
                         .admits
                         .shared_in(minute)
                         .saturating_add(plan.shared_slots)
                         .saturating_sub(earlier),
                     holds,
-                };
-                grant.record = grant.record_with(colo_granted, granted);
-                grant.floor = grant.record_with(0, 0);
-                self.last_grants.push(grant);
+                });
             }
             let old_colo = replace_lease(&mut memory.colo_leases, &node, new_colo);
             sums.swap_colo_lease(room_report, key, old_colo.as_ref(), Some(&new_colo));
@@ -1986,23 +2022,11 @@ mod tests {
         let mut commit =
             |cluster: &mut Cluster, node: &str, answers: &mut Vec<RoomAnswer>, id: String| {
                 let grant = cluster.shared_grants()[0];
-                let set = ledger.apply_asks(
-                    &id,
-                    &[grants::Ask {
-                        node: node.to_owned(),
-                        cap: grant.record,
-                        pool: grant.budget,
-                        floor: grant.floor,
-                    }],
-                );
+                let set = ledger.apply_asks(&id, &[grant.ask(node)]);
                 let told = grant.cut_to(set[0].1);
-                if told != (grant.colo_allowance, grant.anywhere_allowance) {
+                if told != grant.allowances() {
                     cuts += 1;
-                    cluster.settle_shared(node, &grant, told);
-                    (
-                        answers[0].state.allowance.colo_share,
-                        answers[0].state.allowance.anywhere,
-                    ) = told;
+                    cluster.settle_shared(node, &grant, told, answers);
                 }
             };
         let mut caps = (0, 0);
@@ -2039,14 +2063,10 @@ mod tests {
             held: (0, 0),
             colo_allowance: 5,
             anywhere_allowance: 7,
-            record: 0,
-            floor: 0,
             budget: 100,
             holds: (0, 0),
         };
-        grant.record = grant.record_with(5, 7);
-        grant.floor = grant.record_with(0, 0);
-        assert_eq!((grant.record, grant.floor), (22, 10));
+        assert_eq!((grant.record(), grant.floor()), (22, 10));
         assert_eq!(grant.cut_to(22), (5, 7));
         assert_eq!(grant.cut_to(30), (5, 7), "a ledger never raises a grant");
         assert_eq!(grant.cut_to(17), (5, 2));
@@ -2059,9 +2079,7 @@ mod tests {
         // parts of the grant above what the node holds, Anywhere first
         // (11 -> 8, then colo 11 -> 10); no cut goes below the floor.
         grant.held = (9, 8);
-        grant.record = grant.record_with(5, 7);
-        grant.floor = grant.record_with(0, 0);
-        assert_eq!((grant.record, grant.floor), (22, 17));
+        assert_eq!((grant.record(), grant.floor()), (22, 17));
         assert_eq!(grant.cut_to(18), (4, 4));
         assert_eq!(grant.cut_to(17), (3, 4));
         assert_eq!(
@@ -2069,7 +2087,7 @@ mod tests {
             (3, 4),
             "nothing lower can be told: the floor"
         );
-        assert_eq!(grant.record_with(3, 4), grant.floor);
+        assert_eq!(grant.record_with(3, 4), grant.floor());
     }
 
     /// At a minute's start a node still holds the last minute's lease (it

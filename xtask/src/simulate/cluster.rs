@@ -64,10 +64,7 @@ use rand::{Rng, RngExt as _, SeedableRng, rngs::ChaCha8Rng};
 use serde::Serialize;
 use waitroom_common::{
     aggregate::{NodeReport, aggregate},
-    cluster::{
-        Cluster, Lease, PromisePolicy, RoomDef,
-        grants::{Ask, GrantLedger},
-    },
+    cluster::{Cluster, Lease, PromisePolicy, RoomDef, grants::GrantLedger},
     counters::RoomCounters,
     engine::{AdmitReason, Decision, QueueReason, decide, is_new_visitor, short_of_slots},
     ledger::TicketLedger,
@@ -995,26 +992,12 @@ impl Sim {
                     self.shared_audit.checked += 1;
                     self.shared_audit.overspent += u64::from(g.used.0 + g.used.1 > held);
                 }
-                let set = ledger.apply_asks(
-                    &format!("{node}/{id}"),
-                    &[Ask {
-                        node: node.clone(),
-                        cap: g.record,
-                        pool: g.budget,
-                        floor: g.floor,
-                    }],
-                );
+                let set = ledger.apply_asks(&format!("{node}/{id}"), &[g.ask(node)]);
                 self.shared_audit.over_limit += u64::from(ledger.total() > limit);
-                if g.cut_to(set[0].1) != (g.colo_allowance, g.anywhere_allowance) {
+                let told = g.cut_to(set[0].1);
+                if told != g.allowances() {
                     self.shared_audit.cuts += 1;
-                    let allowances = g.cut_to(set[0].1);
-                    aggregator.settle_shared(node, &g, allowances);
-                    for answer in answers.iter_mut().filter(|a| a.room == g.room) {
-                        (
-                            answer.state.allowance.colo_share,
-                            answer.state.allowance.anywhere,
-                        ) = allowances;
-                    }
+                    aggregator.settle_shared(node, &g, told, &mut answers);
                 }
             }
             // Minutes past are done with.
