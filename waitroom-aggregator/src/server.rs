@@ -142,11 +142,13 @@ impl Shared {
     }
 
     /// Records `connection` as `node`'s live one, closing an older one.
-    fn claim(&self, node: &str, connection: &quinn::Connection) {
+    /// Binds `node` to `connection`, closing an older connection of the
+    /// node; `true` when the node was not bound to this connection yet.
+    fn claim(&self, node: &str, connection: &quinn::Connection) -> bool {
         let mut live = self.live.lock();
         if let Some(old) = live.get(node) {
             if old.stable_id() == connection.stable_id() {
-                return;
+                return false;
             }
             self.metrics
                 .connections_replaced_total
@@ -158,6 +160,7 @@ impl Shared {
             );
         }
         live.insert(node.to_owned(), connection.clone());
+        true
     }
 
     /// Forgets `connection` once it has ended.
@@ -302,9 +305,14 @@ async fn serve_stream(
             })
         }
         Message::Report(frame) => {
-            shared.claim(&frame.report.node, connection);
-            let span = tracing::Span::current();
-            span.record("node", frame.report.node.as_str());
+            // The connection's span names the node once: a field recorded
+            // again is appended by the log formatter, so recording it on
+            // every report grew each connection's span (and every line it
+            // logs) by the node's name twice a second, for as long as the
+            // connection lived.
+            if shared.claim(&frame.report.node, connection) {
+                tracing::Span::current().record("node", frame.report.node.as_str());
+            }
             let seq = frame.seq;
             let now = shared.clock.now();
             let running = frame.settings_version;
