@@ -246,9 +246,10 @@ impl Aggregator {
             }
             None => Command::new(binary("waitroom-aggregator")),
         };
-        cmd.arg("--config")
-            .arg(path)
-            .env("RUST_LOG", "info,waitroom_edge=debug");
+        cmd.arg("--config").arg(path).env(
+            "RUST_LOG",
+            "info,waitroom_edge=debug,waitroom_aggregator::committer=debug",
+        );
         let mut proc = Proc::spawn(name, cmd, dir)?;
         let line = proc.wait_line("waitroom-aggregator ready:", Duration::from_secs(20))?;
         Ok(Self {

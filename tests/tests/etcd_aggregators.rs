@@ -18,7 +18,15 @@
 //! - or two of the three etcd members are killed mid-minute (no
 //!   quorum): commits fail within their deadline, the nodes keep what they
 //!   hold and get nothing new, visitors are still answered, and once the
-//!   members are back commits resume.
+//!   members are back commits resume;
+//! - then one aggregator killed -9 and restarted from its snapshot does
+//!   not learn (etcd holds every grant), and commits again at once;
+//! - in both, neither node is starved: each admits at least a quarter of
+//!   the limit. (Starting the minute while the aggregators had not yet
+//!   heard of both nodes starved one: the first node known was granted the
+//!   whole pool, the other queued its first visitors, and in a random room
+//!   every later one went to a lottery these visitors never come back for.
+//!   So the minute under test starts once the caps are split.)
 use std::{
     net::SocketAddr,
     time::{Duration, Instant},
@@ -173,7 +181,54 @@ impl Setup {
                 .all(|i| setup.fresh_at_home(i, started))),
             "every node fresh, each at its own home"
         );
+        // Until an aggregator has heard of both nodes, the one node it knows
+        // is granted the whole pool (its fair part of a room of one) and
+        // holds it until its next answer: the cluster's first second, not
+        // the state under test. Wait until the minute's caps are split.
+        assert!(
+            eventually(Duration::from_secs(20), || {
+                let (caps, total) = caps_in_etcd(&setup.endpoints, minutes::unix_secs() / 60);
+                total <= NEW_USERS_PER_MINUTE
+                    && setup.names.iter().all(|name| {
+                        caps.iter()
+                            .any(|(n, cap)| n == name && *cap >= NEW_USERS_PER_MINUTE / 4)
+                    })
+            }),
+            "both nodes hold part of the minute's slots"
+        );
         setup
+    }
+
+    /// The grants both aggregators logged (debug), for a failure message.
+    fn grant_log(&self) -> String {
+        let mut out = String::new();
+        for (i, a) in self.aggregators.iter().enumerate() {
+            for line in a
+                .proc
+                .stderr()
+                .lines()
+                .filter(|l| l.contains("shared grant"))
+            {
+                out += &format!("aggregator {i}: {line}\n");
+            }
+        }
+        out
+    }
+
+    /// Neither node was starved: each admitted at least a quarter of the
+    /// limit. Both face the same demand and start the minute holding half
+    /// of it each; in a random room a node that queues its first visitors
+    /// sends every later one to the lottery, and these visitors never come
+    /// back for a draw, so a node granted nothing at the minute's start
+    /// admits nothing all minute.
+    fn check_nobody_starved(&self, admitted: &[u64]) {
+        for (name, &admitted) in self.names.iter().zip(admitted) {
+            assert!(
+                admitted >= NEW_USERS_PER_MINUTE / 4,
+                "{name} admitted {admitted} of {NEW_USERS_PER_MINUTE}, starved; the grants:\n{}",
+                self.grant_log()
+            );
+        }
     }
 
     /// Aggregator `i`'s state directory (its snapshot).
@@ -263,6 +318,7 @@ fn an_aggregator_that_lost_its_state_grants_from_what_etcd_holds() {
     );
     eprintln!("the node was fresh from its restarted home {home_again:?} after the restart");
     check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
+    setup.check_nobody_starved(&admitted);
     setup.check_etcd(minute, &admitted);
     let log = setup.aggregators[0].proc.stderr();
     assert!(
@@ -314,6 +370,7 @@ fn without_a_quorum_nodes_keep_what_they_hold_and_nothing_more() {
     let held_back = setup.sum("waitroom_aggregator_ledger_grants_held_back_total");
     eprintln!("no quorum from 10 s on: {failures} commit failures, {held_back} grants held back");
     check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
+    setup.check_nobody_starved(&admitted);
     assert!(failures >= 1.0, "commits failed without a quorum");
     assert!(held_back >= 1.0, "nodes were answered with what they hold");
     let killed_at = killed_at.unwrap();
@@ -341,4 +398,33 @@ fn without_a_quorum_nodes_keep_what_they_hold_and_nothing_more() {
         "both aggregators commit again once etcd has its quorum"
     );
     setup.check_etcd(minute, &admitted);
+
+    // --- Aggregator 1 killed -9 and restarted from its snapshot: with a
+    // ledger it does not learn (etcd holds every grant it made), so its
+    // node is granted again at once.
+    setup.aggregators[1].proc.kill();
+    let config_path = setup.aggregators[1].config.clone();
+    setup.aggregators[1] =
+        Aggregator::start_with(setup.dir.path(), "aggregator-1b", &config_path).unwrap();
+    let log = setup.aggregators[1].proc.stderr();
+    assert!(
+        log.contains("restored snapshot")
+            && log.contains("not learning after the restore")
+            && !log.contains("learning what the nodes hold"),
+        "restored from its snapshot without learning: {log}"
+    );
+    assert_eq!(
+        setup.aggregators[1].metric("waitroom_aggregator_learning"),
+        Some(0.0)
+    );
+    let restarted = now_secs();
+    assert!(
+        eventually(Duration::from_secs(2), || setup.fresh_at_home(1, restarted)),
+        "node 1 fresh from its restarted home within 2 s"
+    );
+    let commits_now = || commits(&setup.aggregators[1]);
+    assert!(
+        eventually(Duration::from_secs(5), || commits_now() >= 1.0),
+        "the restarted aggregator commits grants at once"
+    );
 }

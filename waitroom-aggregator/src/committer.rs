@@ -139,18 +139,27 @@ impl Committer {
         grants
             .iter()
             .enumerate()
-            .map(|(i, (_, g))| match caps.get(i).copied().flatten() {
-                Some(cap) => {
-                    let told = g.cut_to(cap);
-                    if told != g.allowances() {
-                        self.metrics.grants_cut_total.fetch_add(1, Relaxed);
+            .map(|(i, (room, g))| {
+                let cap = caps.get(i).copied().flatten();
+                let told = match cap {
+                    Some(cap) => {
+                        let told = g.cut_to(cap);
+                        if told != g.allowances() {
+                            self.metrics.grants_cut_total.fetch_add(1, Relaxed);
+                        }
+                        told
                     }
-                    told
-                }
-                None => {
-                    self.metrics.grants_held_back_total.fetch_add(1, Relaxed);
-                    g.holds
-                }
+                    None => {
+                        self.metrics.grants_held_back_total.fetch_add(1, Relaxed);
+                        g.holds
+                    }
+                };
+                tracing::debug!(
+                    node, %room, minute = g.minute.0, used = ?g.used, held = ?g.held,
+                    asked = ?g.allowances(), budget = g.budget, recorded = ?cap, ?told,
+                    "shared grant"
+                );
+                told
             })
             .collect()
     }
