@@ -146,12 +146,21 @@ impl Aggregator {
         // nodes holding them: learn them from their reports first. Without
         // a snapshot this aggregator has not granted before (or its state
         // was deleted, which OPERATIONS warns about), so it grants at once.
+        // With a `[ledger]` every grant a node was told is in etcd, which
+        // cuts whatever this restored picture under-counts: nothing to
+        // learn, and no seconds of nothing new for the nodes.
         if restore(&mut cluster, &config.snapshot_path, clock.now()) && config.learning_ms > 0 {
-            cluster.learn_until(UnixMillis(clock.now().0.saturating_add(config.learning_ms)));
-            tracing::info!(
-                learning_ms = config.learning_ms,
-                "learning what the nodes hold before granting more"
-            );
+            if config.ledger.is_some() {
+                tracing::info!(
+                    "not learning after the restore: the grant ledger in etcd holds every grant"
+                );
+            } else {
+                cluster.learn_until(UnixMillis(clock.now().0.saturating_add(config.learning_ms)));
+                tracing::info!(
+                    learning_ms = config.learning_ms,
+                    "learning what the nodes hold before granting more"
+                );
+            }
         }
         let shared = Arc::new(server::Shared {
             reloads: waitroom_runtime::metrics::ReloadOutcomes::new(clock.now()),
