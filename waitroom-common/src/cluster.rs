@@ -825,9 +825,9 @@ impl Cluster {
 
     /// A shared ledger set the cap of `grant` (to the node `node`) lower than
     /// the grant: the node is answered the allowances `(colo share,
-    /// Anywhere)` instead (in `answers`, the answer to its report), and
-    /// this ledger counts no more than that for the node, so what was cut
-    /// is free for the next grant.
+    /// Anywhere)` instead ([`SharedGrant::cut_to`]; in `answers`, the
+    /// answer to its report), and this ledger counts no more than that in a
+    /// pool that was cut, so what was cut is free for the next grant.
     pub fn settle_shared(
         &mut self,
         node: &str,
@@ -857,35 +857,52 @@ impl Cluster {
         ) else {
             return;
         };
-        let used = running::admits_in(room_report, grant.minute);
         let colo = self.colo_ids.get(&self.reports[index].colo).copied();
         let key = NodeKey {
             id: self.ids[index],
             colo: colo.unwrap_or(u32::MAX),
             position: index,
         };
-        let lower = |held: &Lease, used: u64, allowance: u64| {
+        // Per pool: only a pool whose allowance was cut changes, and only
+        // down to the cut grant, which never goes under what the node holds
+        // (`SharedGrant::cut_to`). A pool left alone keeps the lease this
+        // ledger counts, which may cover a larger one the node still holds:
+        // replacing it too under-counted the node until its next report.
+        let lower = |local: &Lease, used: u64, held: u64, granted: u64, told: u64| {
             let cut = Lease {
                 minute: grant.minute,
                 used_at_grant: used,
-                allowance,
+                allowance: told,
             };
-            if cut.cap_in(grant.minute) < held.cap_in(grant.minute) {
+            let cap = cut.cap_in(grant.minute);
+            if told < granted && cap < local.cap_in(grant.minute) && cap >= held {
                 cut
             } else {
-                *held
+                *local
             }
         };
-        if let Some(held) = memory.colo_leases.get_mut(node) {
-            let old = *held;
-            *held = lower(&old, used.colo_share, allowances.0);
-            let new = *held;
+        if let Some(local) = memory.colo_leases.get_mut(node) {
+            let old = *local;
+            *local = lower(
+                &old,
+                grant.used.0,
+                grant.held.0,
+                grant.colo_allowance,
+                allowances.0,
+            );
+            let new = *local;
             sums.swap_colo_lease(room_report, key, Some(&old), Some(&new));
         }
-        if let Some(held) = memory.leases.get_mut(node) {
-            let old = *held;
-            *held = lower(&old, used.anywhere, allowances.1);
-            let new = *held;
+        if let Some(local) = memory.leases.get_mut(node) {
+            let old = *local;
+            *local = lower(
+                &old,
+                grant.used.1,
+                grant.held.1,
+                grant.anywhere_allowance,
+                allowances.1,
+            );
+            let new = *local;
             sums.swap_lease(room_report, Some(&old), Some(&new));
         }
     }
@@ -2088,6 +2105,57 @@ mod tests {
             "nothing lower can be told: the floor"
         );
         assert_eq!(grant.record_with(3, 4), grant.floor());
+    }
+
+    /// A ledger that cuts only the Anywhere part of a grant leaves the colo
+    /// share this aggregator counts for the node as it was: the node still
+    /// holds a colo cap larger than the new grant (until the answer lands),
+    /// and replacing that lease with the grant's smaller one as well left
+    /// the slots it holds free here for another node's next grant.
+    #[test]
+    fn a_settled_cut_lowers_only_the_pool_it_cut() {
+        let mut x = Cluster::new(vec![room(10_000, 100)], 5_000).with_shared_ledger();
+        let quiet = PoolCounts::default();
+        x.apply_peer(asking_report("b", T0, quiet, 10), &[], T0);
+        let minute = T0.minute();
+        let claim = HeldLease {
+            colo_share: 70,
+            colo_share_used: 0,
+            anywhere: 0,
+            anywhere_used: 0,
+            ..held(&GlobalState::empty(T0), minute)
+        };
+        let mut answers = x.apply_holding(asking_report("a", T0, quiet, 40), &[claim], false, T0);
+        let grant = x.shared_grants()[0];
+        assert!(
+            grant.colo_allowance < 70 && grant.anywhere_allowance >= 2,
+            "the setting under test: a colo grant under what a holds, some Anywhere: {grant:?}"
+        );
+        let id = RoomId::from_name("shop");
+        let caps = |x: &Cluster| {
+            let memory = &x.memory[&id];
+            (
+                memory.colo_leases["a"].cap_in(minute),
+                memory.leases["a"].cap_in(minute),
+            )
+        };
+        let (colo_before, _) = caps(&x);
+        assert_eq!(colo_before, 70, "the colo lease counted covers the claim");
+        let told = (grant.colo_allowance, grant.anywhere_allowance - 2);
+        x.settle_shared("a", &grant, told, &mut answers);
+        assert_eq!(
+            caps(&x),
+            (70, grant.used.1 + told.1),
+            "Anywhere lowered to what was told; the colo share as counted"
+        );
+        assert_eq!(
+            (
+                answers[0].state.allowance.colo_share,
+                answers[0].state.allowance.anywhere
+            ),
+            told,
+            "the answer says what was told"
+        );
     }
 
     /// At a minute's start a node still holds the last minute's lease (it
