@@ -64,6 +64,10 @@ pub struct LedgerMetrics {
     pub batched_grants_total: AtomicU64,
     /// Wall time of the last batch, µs.
     pub last_batch_us: AtomicU64,
+    /// Reports answered at once with what their nodes hold, because
+    /// [`QUEUE`] reports were already waiting for a commit (etcd far
+    /// behind, or a flood of reports).
+    pub queue_full_total: AtomicU64,
 }
 
 /// One grant to commit: its room, minute and key, and the node's ask.
@@ -134,7 +138,10 @@ impl Committer {
         let caps = match self.tx.try_send(Pending { asks, reply }) {
             Ok(()) => answer.await.unwrap_or_default(),
             // Full (etcd far behind) or the task gone: answer from what is held.
-            Err(_) => Vec::new(),
+            Err(_) => {
+                self.metrics.queue_full_total.fetch_add(1, Relaxed);
+                Vec::new()
+            }
         };
         grants
             .iter()
@@ -270,5 +277,97 @@ async fn run(
         for (pending, caps) in batch.into_iter().zip(caps) {
             let _ = pending.reply.send(caps);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use waitroom_common::{room::RoomId, time::UnixMillis};
+
+    use super::*;
+    use crate::config::LedgerConfig;
+
+    /// An etcd member that accepts connections and never answers: a hung
+    /// process, or a member behind a link that drops every reply.
+    fn hung_member() -> (String, std::thread::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let holder = std::thread::spawn(move || {
+            listener.set_nonblocking(true).unwrap();
+            let mut held = Vec::new();
+            let until = Instant::now() + Duration::from_secs(20);
+            // Bounded in time and in connections held.
+            while Instant::now() < until && held.len() < 256 {
+                match listener.accept() {
+                    Ok((stream, _)) => held.push(stream),
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        (url, holder)
+    }
+
+    fn grant(node: u64) -> SharedGrant {
+        SharedGrant {
+            room: RoomId::from_name("shop"),
+            minute: UnixMillis(1_700_000_000_000).minute(),
+            used: (node % 3, 1),
+            held: (2, 3),
+            colo_allowance: 5,
+            anywhere_allowance: 7,
+            budget: 100,
+            holds: (1 + node % 2, 2),
+        }
+    }
+
+    /// A flood of home reports while etcd hangs: more reports than the
+    /// queue holds, all at once. Every one is answered, within the
+    /// nodes' wait (1 s) plus scheduling, with what its node holds and
+    /// nothing new; the ones past the queue at once, counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_while_etcd_hangs_is_answered_with_what_nodes_hold() {
+        let (member, _holder) = hung_member();
+        let committer = Arc::new(Committer::start(&LedgerConfig {
+            endpoints: vec![member],
+            epoch: 1,
+            call_timeout_ms: 200,
+            commit_deadline_ms: 500,
+        }));
+        let reports = QUEUE as u64 + 1_000;
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..reports)
+            .map(|n| {
+                let committer = Arc::clone(&committer);
+                tokio::spawn(async move {
+                    let g = grant(n);
+                    let told = committer
+                        .commit(&format!("node-{n}"), &[("shop".to_owned(), g)])
+                        .await;
+                    (g, told, started.elapsed())
+                })
+            })
+            .collect();
+        let mut slowest = Duration::ZERO;
+        for task in tasks {
+            let (g, told, took) = task.await.unwrap();
+            assert_eq!(told, vec![g.holds], "nothing new while etcd hangs");
+            slowest = slowest.max(took);
+        }
+        let m = &committer.metrics;
+        let full = m.queue_full_total.load(Relaxed);
+        eprintln!(
+            "{reports} reports: {full} past the queue, {} failed commits, slowest answer {slowest:?}",
+            m.commit_failures_total.load(Relaxed)
+        );
+        assert_eq!(m.grants_held_back_total.load(Relaxed), reports);
+        assert!(full >= 1, "some reports found the queue full");
+        assert!(m.commit_failures_total.load(Relaxed) >= 1);
+        assert_eq!(m.commits_total.load(Relaxed), 0);
+        assert!(
+            slowest < Duration::from_secs(5),
+            "every report answered, none left waiting: {slowest:?}"
+        );
     }
 }

@@ -139,6 +139,11 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
                 &l.grants_held_back_total,
             ),
             (
+                "waitroom_aggregator_ledger_queue_full_total",
+                "Reports answered at once with what their nodes held, because 4096 reports were already waiting for a commit.",
+                &l.queue_full_total,
+            ),
+            (
                 "waitroom_aggregator_ledger_batches_total",
                 "Batches of grants committed (every report waiting when the last batch ended).",
                 &l.batches_total,
