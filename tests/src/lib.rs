@@ -30,6 +30,7 @@ pub mod minutes;
 pub mod netns;
 pub mod procs;
 pub mod raw;
+pub mod tcp_relay;
 pub mod udp_relay;
 pub mod xdp_node;
 

@@ -10,18 +10,34 @@
 //! - junk at the key (an operator's mistake, another program) is an error
 //!   naming the key, and nothing is granted or overwritten;
 //! - with two members gone (no quorum) a commit fails within its deadline,
-//!   never hangs.
+//!   never hangs;
+//! - a slow member (its replies delayed past the call timeout, by a relay in
+//!   front of it) is passed over once and not asked again while another
+//!   answers; with every member slow the aggregator's committer answers
+//!   within the nodes' wait with what they hold and nothing new, and commits
+//!   again once etcd is fast.
 use std::{
     collections::BTreeMap,
     time::{Duration, Instant},
 };
 
-use waitroom_aggregator::ledger::{Etcd, EtcdLedger, LedgerError};
-use waitroom_common::{
-    cluster::grants::{Ask, GrantLedger},
-    time::Minute,
+use waitroom_aggregator::{
+    committer::Committer,
+    config::LedgerConfig,
+    ledger::{Etcd, EtcdLedger, LedgerError},
 };
-use waitroom_tests::etcd::{EtcdCluster, require_etcd};
+use waitroom_common::{
+    cluster::{
+        SharedGrant,
+        grants::{Ask, GrantLedger},
+    },
+    room::RoomId,
+    time::{Minute, UnixMillis},
+};
+use waitroom_tests::{
+    etcd::{EtcdCluster, require_etcd},
+    tcp_relay::TcpRelay,
+};
 
 const POOL: u64 = 300;
 const CLIENTS: usize = 4;
@@ -239,5 +255,116 @@ fn retries_count_once_junk_is_refused_and_a_lost_quorum_fails_in_time() {
     assert!(
         took < COMMIT + 3 * CALL + Duration::from_millis(500),
         "failed after {took:?}: the deadline is {COMMIT:?} plus one round of calls"
+    );
+}
+
+#[test]
+fn a_slow_member_is_passed_over_and_an_all_slow_etcd_grants_nothing_new_in_time() {
+    if !require_etcd() {
+        return;
+    }
+    let cluster = EtcdCluster::start("ledger-slow", 3).unwrap();
+    let relays: Vec<TcpRelay> = cluster
+        .endpoints()
+        .iter()
+        .map(|e| TcpRelay::start(e.trim_start_matches("http://").parse().unwrap()).unwrap())
+        .collect();
+    // A little above the aggregator's defaults (200 ms a call, 500 ms a
+    // commit), for a loaded machine; the delays below are past them.
+    let config = LedgerConfig {
+        endpoints: relays
+            .iter()
+            .map(|r| format!("http://{}", r.listen))
+            .collect(),
+        epoch: 1,
+        call_timeout_ms: 300,
+        commit_deadline_ms: 600,
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let committer = runtime.block_on(async { Committer::start(&config) });
+    let now = UnixMillis(waitroom_tests::minutes::unix_secs() * 1_000);
+    let grant = |anywhere: u64| SharedGrant {
+        room: RoomId::from_name("shop"),
+        minute: now.minute(),
+        used: (0, 0),
+        held: (0, 2),
+        colo_allowance: 0,
+        anywhere_allowance: anywhere,
+        budget: 100,
+        holds: (0, 2),
+    };
+    let commit = |anywhere: u64| {
+        let g = grant(anywhere);
+        let started = Instant::now();
+        let told = runtime.block_on(committer.commit("ams-1", &[("shop".to_owned(), g)]));
+        (told[0], started.elapsed())
+    };
+    let failures = || {
+        committer
+            .metrics
+            .commit_failures_total
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+
+    // --- Fast: the grant is committed and told (once the new cluster
+    // takes writes).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while commit(10).0 != (0, 10) {
+        assert!(Instant::now() < deadline, "a fresh etcd takes commits");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let failures_before = failures();
+
+    // --- The first member answers 1.5 s late: passed over once, then left
+    // alone while the second answers.
+    relays[0].set_delay_ms(1_500);
+    let (told, took) = commit(11);
+    eprintln!("one slow member: the first commit took {took:?}");
+    assert_eq!(told, (0, 11), "committed through the other members");
+    let asked_slow = relays[0].sent();
+    for anywhere in 12..17 {
+        assert_eq!(commit(anywhere).0, (0, anywhere));
+    }
+    assert_eq!(
+        relays[0].sent(),
+        asked_slow,
+        "the slow member was not asked again"
+    );
+    assert_eq!(failures(), failures_before);
+
+    // --- Every member answers 700 ms late (past the call timeout): the
+    // node is told what it holds within the commit's deadline, not after
+    // three call timeouts (900 ms, near the node's 1 s wait).
+    for relay in &relays {
+        relay.set_delay_ms(700);
+    }
+    let (told, took) = commit(20);
+    eprintln!("every member slow: answered in {took:?}");
+    assert_eq!(told, (0, 2), "nothing new, what it holds");
+    assert!(
+        took < Duration::from_millis(600 + 250),
+        "answered by the commit's deadline (and a scheduling slice), well within the node's 1 s wait: {took:?}"
+    );
+    assert!(failures() > failures_before);
+
+    // --- Fast again: commits resume (after the 1 s backoff).
+    for relay in &relays {
+        relay.set_delay_ms(0);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while commit(21).0 != (0, 21) {
+        assert!(
+            Instant::now() < deadline,
+            "commits resume once etcd is fast"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (caps, _) = ledger(&cluster.endpoints())
+        .read(&EtcdLedger::key(1, "shop", now.minute()))
+        .unwrap();
+    assert_eq!(
+        caps.caps.get("ams-1"),
+        Some(&21),
+        "etcd holds what was told"
     );
 }

@@ -62,11 +62,17 @@ pub struct Entry {
 }
 
 /// etcd's v3 JSON gateway: each call tries the members in turn, each with
-/// the call timeout, and fails when none answered.
+/// the call timeout, and fails when none answered. A call starts at the
+/// member that answered last, so a member that hangs (or answers past the
+/// timeout) costs one timeout, not one on every call: a commit is two
+/// calls, and two timeouts of the default 200 ms nearly fill its 500 ms.
 #[derive(Debug)]
 pub struct Etcd {
     endpoints: Vec<String>,
     agent: ureq::Agent,
+    /// The member that answered last.
+    preferred: std::sync::atomic::AtomicUsize,
+    call_timeout: Duration,
 }
 
 impl Etcd {
@@ -80,18 +86,48 @@ impl Etcd {
                 .http_status_as_error(false)
                 .build()
                 .into(),
+            preferred: std::sync::atomic::AtomicUsize::new(0),
+            call_timeout,
         }
     }
 
-    fn call(&self, what: &'static str, path: &str, body: &Value) -> Result<Value, LedgerError> {
+    /// One call, each member tried with the call timeout, none past `until`
+    /// (a commit's deadline: with every member hung, trying them all would
+    /// otherwise take members × call timeout, past the nodes' wait).
+    fn call(
+        &self,
+        what: &'static str,
+        path: &str,
+        body: &Value,
+        until: Option<Instant>,
+    ) -> Result<Value, LedgerError> {
+        use std::sync::atomic::Ordering::Relaxed;
         let mut errors = Vec::new();
-        for endpoint in &self.endpoints {
+        let first = self.preferred.load(Relaxed);
+        let n = self.endpoints.len();
+        for i in (0..n).map(|k| (first + k) % n) {
+            let endpoint = &self.endpoints[i];
+            let timeout = until.map_or(self.call_timeout, |u| {
+                u.saturating_duration_since(Instant::now())
+                    .min(self.call_timeout)
+            });
+            if timeout.is_zero() {
+                errors.push(format!("{endpoint}: not tried, the deadline passed"));
+                break;
+            }
             let url = format!("{endpoint}{path}");
-            match self.agent.post(&url).send(body.to_string()) {
+            let request = self
+                .agent
+                .post(&url)
+                .config()
+                .timeout_global(Some(timeout))
+                .build();
+            match request.send(body.to_string()) {
                 Ok(mut resp) => {
                     let status = resp.status();
                     let text = resp.body_mut().read_to_string().unwrap_or_default();
                     if status.is_success() {
+                        self.preferred.store(i, Relaxed);
                         return serde_json::from_str(&text).map_err(|e| LedgerError::Protocol {
                             what,
                             detail: format!("a body that is not JSON ({e})"),
@@ -110,10 +146,16 @@ impl Etcd {
 
     /// The value of `key` and its revision.
     pub fn get(&self, key: &str) -> Result<Entry, LedgerError> {
+        self.get_by(key, None)
+    }
+
+    /// [`Etcd::get`], given up at `until`.
+    fn get_by(&self, key: &str, until: Option<Instant>) -> Result<Entry, LedgerError> {
         let answer = self.call(
             "a range",
             "/v3/kv/range",
             &json!({ "key": B64.encode(key) }),
+            until,
         )?;
         let Some(kv) = answer["kvs"].get(0) else {
             return Ok(Entry {
@@ -141,6 +183,17 @@ impl Etcd {
     /// Writes `value` to `key` only if the key is still at `mod_revision`
     /// (0: the key does not exist): compare-and-swap. True if written.
     pub fn swap(&self, key: &str, mod_revision: i64, value: &[u8]) -> Result<bool, LedgerError> {
+        self.swap_by(key, mod_revision, value, None)
+    }
+
+    /// [`Etcd::swap`], given up at `until`.
+    fn swap_by(
+        &self,
+        key: &str,
+        mod_revision: i64,
+        value: &[u8],
+        until: Option<Instant>,
+    ) -> Result<bool, LedgerError> {
         let key = B64.encode(key);
         let answer = self.call(
             "a transaction",
@@ -154,6 +207,7 @@ impl Etcd {
                 }],
                 "success": [{ "request_put": { "key": key, "value": B64.encode(value) } }],
             }),
+            until,
         )?;
         Ok(answer["succeeded"].as_bool().unwrap_or(false))
     }
@@ -167,6 +221,7 @@ impl Etcd {
             "a delete",
             "/v3/kv/deleterange",
             &json!({ "key": B64.encode(from), "range_end": B64.encode(to) }),
+            None,
         )?;
         Ok(answer["deleted"]
             .as_str()
@@ -215,7 +270,16 @@ impl EtcdLedger {
 
     /// The ledger at `key` and its revision (empty at revision 0 when absent).
     pub fn read(&self, key: &str) -> Result<(GrantLedger, i64), LedgerError> {
-        let entry = self.etcd.get(key)?;
+        self.read_by(key, None)
+    }
+
+    /// [`EtcdLedger::read`], given up at `until`.
+    fn read_by(
+        &self,
+        key: &str,
+        until: Option<Instant>,
+    ) -> Result<(GrantLedger, i64), LedgerError> {
+        let entry = self.etcd.get_by(key, until)?;
         let ledger = match &entry.value {
             None => GrantLedger::default(),
             Some(bytes) => serde_json::from_slice(bytes).map_err(|e| LedgerError::Corrupt {
@@ -238,6 +302,7 @@ impl EtcdLedger {
         asks: &[Ask],
     ) -> Result<Vec<(String, u64)>, LedgerError> {
         let started = Instant::now();
+        let until = Some(started + self.deadline);
         let mut last = String::from("none");
         for _ in 0..MAX_ATTEMPTS {
             if started.elapsed() >= self.deadline {
@@ -247,7 +312,7 @@ impl EtcdLedger {
                     last,
                 });
             }
-            let (mut ledger, revision) = match self.read(key) {
+            let (mut ledger, revision) = match self.read_by(key, until) {
                 Ok(read) => read,
                 Err(err @ LedgerError::Corrupt { .. }) => return Err(err),
                 Err(err) => {
@@ -263,7 +328,7 @@ impl EtcdLedger {
                 what: "an encoding",
                 detail: e.to_string(),
             })?;
-            match self.etcd.swap(key, revision, &bytes) {
+            match self.etcd.swap_by(key, revision, &bytes, until) {
                 Ok(true) => return Ok(set),
                 // Another writer was first, or (a retry inside the gateway
                 // after a lost reply) this one: the next read tells.
