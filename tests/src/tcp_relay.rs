@@ -7,11 +7,13 @@
 //! Each accepted connection gets its own connection to the target. Bytes
 //! towards the target pass at once; each chunk coming back is held for the
 //! delay set when it arrived, so a request's answer arrives that much later.
+//! Either direction can be cut: its bytes are dropped (a partition; cut
+//! only the way back and requests still land, their answers never do).
 use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
     },
     time::Duration,
 };
@@ -30,6 +32,9 @@ pub struct TcpRelay {
     pub delay_ms: Arc<AtomicU64>,
     /// Chunks passed towards the target so far (requests, near enough).
     pub sent: Arc<AtomicU64>,
+    /// Drop what clients send (towards) / what the target sends back.
+    pub cut_towards: Arc<AtomicBool>,
+    pub cut_back: Arc<AtomicBool>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -44,12 +49,16 @@ impl TcpRelay {
         let listen = listener.local_addr()?;
         let delay_ms = Arc::new(AtomicU64::new(0));
         let sent = Arc::new(AtomicU64::new(0));
+        let cut_towards = Arc::new(AtomicBool::new(false));
+        let cut_back = Arc::new(AtomicBool::new(false));
         let delay = Arc::clone(&delay_ms);
         let counted = Arc::clone(&sent);
+        let (towards_cut, back_cut) = (Arc::clone(&cut_towards), Arc::clone(&cut_back));
         runtime.spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let delay = Arc::clone(&delay);
                 let counted = Arc::clone(&counted);
+                let (towards_cut, back_cut) = (Arc::clone(&towards_cut), Arc::clone(&back_cut));
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(target).await else {
                         return;
@@ -63,6 +72,9 @@ impl TcpRelay {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => n,
                             };
+                            if towards_cut.load(Relaxed) {
+                                continue;
+                            }
                             counted.fetch_add(1, Relaxed);
                             if server_write.write_all(&buf[..n]).await.is_err() {
                                 break;
@@ -77,6 +89,9 @@ impl TcpRelay {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => n,
                             };
+                            if back_cut.load(Relaxed) {
+                                continue;
+                            }
                             let wait = delay.load(Relaxed);
                             if wait > 0 {
                                 tokio::time::sleep(Duration::from_millis(wait)).await;
@@ -95,6 +110,8 @@ impl TcpRelay {
             listen,
             delay_ms,
             sent,
+            cut_towards,
+            cut_back,
             runtime: Some(runtime),
         })
     }
@@ -102,6 +119,12 @@ impl TcpRelay {
     /// Delays every chunk the target sends back from now on by `ms`.
     pub fn set_delay_ms(&self, ms: u64) {
         self.delay_ms.store(ms, Relaxed);
+    }
+
+    /// Cuts (true) or mends each direction from now on.
+    pub fn cut(&self, towards: bool, back: bool) {
+        self.cut_towards.store(towards, Relaxed);
+        self.cut_back.store(back, Relaxed);
     }
 
     /// Chunks passed towards the target so far.

@@ -19,6 +19,11 @@
 //!   quorum): commits fail within their deadline, the nodes keep what they
 //!   hold and get nothing new, visitors are still answered, and once the
 //!   members are back commits resume;
+//! - or one aggregator is cut off from every etcd member while its node
+//!   and the other aggregator are not (asymmetric), both ways or only
+//!   etcd's replies (its commits land, it never hears so): its node stays
+//!   fresh on what it holds, the other node is granted only what the cut
+//!   one does not hold, and the cut one commits again once mended;
 //! - then one aggregator killed -9 and restarted from its snapshot does
 //!   not learn (etcd holds every grant), and commits again at once;
 //! - in both, neither node is starved: each admits at least a quarter of
@@ -42,6 +47,7 @@ use waitroom_tests::{
     eventually,
     minutes::{self, now_secs},
     procs::{TempDir, start_origin},
+    tcp_relay::TcpRelay,
 };
 
 const INTERVAL_MS: u64 = 500;
@@ -115,11 +121,19 @@ struct Setup {
     names: [String; 2],
     aggregators: Vec<Aggregator>,
     edges: Vec<Edge>,
+    /// Aggregator 0's way to each etcd member, when it goes through relays.
+    relays: Vec<TcpRelay>,
     _origin: waitroom_tests::procs::Proc,
 }
 
 impl Setup {
     fn start(tag: &str) -> Self {
+        Self::start_relayed(tag, false)
+    }
+
+    /// With `relayed`, aggregator 0 reaches the etcd members through relays
+    /// the test can cut.
+    fn start_relayed(tag: &str, relayed: bool) -> Self {
         let etcd = EtcdCluster::start(&format!("{tag}-etcd"), 3).unwrap();
         let endpoints = etcd.endpoints();
         let dir = TempDir::new(tag);
@@ -138,21 +152,39 @@ impl Setup {
         )
         .unwrap();
         let room = random_room(TOTAL_ACTIVE_USERS, NEW_USERS_PER_MINUTE);
-        let ledger_table = format!(
-            "\n[ledger]\nendpoints = [{}]\n",
+        let relays: Vec<TcpRelay> = if relayed {
             endpoints
                 .iter()
-                .map(|e| format!("\"{e}\""))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+                .map(|e| TcpRelay::start(e.trim_start_matches("http://").parse().unwrap()).unwrap())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let ledger_table = |urls: &[String]| {
+            format!(
+                "\n[ledger]\nendpoints = [{}]\n",
+                urls.iter()
+                    .map(|e| format!("\"{e}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let relayed_urls: Vec<String> = relays
+            .iter()
+            .map(|r| format!("http://{}", r.listen))
+            .collect();
         let aggregators: Vec<Aggregator> = (0..2)
             .map(|i| {
                 let state = Self::state_in(&dir, i);
                 std::fs::create_dir_all(&state).unwrap();
+                let urls = if i == 0 && relayed {
+                    &relayed_urls
+                } else {
+                    &endpoints
+                };
                 let config =
                     aggregator_config(listens[i], &certs, &state.join("aggregator.json"), &room)
-                        + &ledger_table;
+                        + &ledger_table(urls);
                 Aggregator::start(dir.path(), &format!("aggregator-{i}"), &config).unwrap()
             })
             .collect();
@@ -173,6 +205,7 @@ impl Setup {
             names,
             aggregators,
             edges,
+            relays,
             _origin: origin_proc,
         };
         let started = now_secs();
@@ -427,4 +460,107 @@ fn without_a_quorum_nodes_keep_what_they_hold_and_nothing_more() {
         eventually(Duration::from_secs(5), || commits_now() >= 1.0),
         "the restarted aggregator commits grants at once"
     );
+}
+
+/// Aggregator 0 cut off from every etcd member while its node and the
+/// other aggregator are not (the asymmetric partition): both directions cut
+/// (`replies_only` false), or only etcd's replies (its commits land, it
+/// never hears so). Cut at the minute's start, while both nodes hold a
+/// lease of the last minute. Its node stays fresh and admits within what it
+/// holds; the other node is granted only what the cut one does not hold;
+/// the limit holds and every visitor is answered.
+fn cut_from_etcd(tag: &str, replies_only: bool) {
+    if !require_etcd() {
+        return;
+    }
+    let setup = Setup::start_relayed(tag, true);
+    minutes::early_in_a_minute(50);
+    let minute = minutes::unix_secs() / 60;
+    let failures = |i: usize| {
+        setup.aggregators[i]
+            .metric("waitroom_aggregator_ledger_commit_failures_total")
+            .unwrap_or(0.0)
+    };
+    let commits = |i: usize| {
+        setup.aggregators[i]
+            .metric("waitroom_aggregator_ledger_commits_total")
+            .unwrap_or(0.0)
+    };
+    let before = [failures(0), failures(1)];
+    let commits_before = commits(1);
+    let mut cut_at = None;
+    let admitted = press_the_minute(
+        &setup.edges,
+        minutes::unix_secs() % 60,
+        || {
+            for relay in &setup.relays {
+                relay.cut(!replies_only, true);
+            }
+            cut_at = Some(now_secs());
+        },
+        || {},
+    );
+    let cut_at = cut_at.unwrap();
+    eprintln!(
+        "aggregator 0 cut from etcd ({}): {} failed commits there, {} at the other",
+        if replies_only {
+            "replies only"
+        } else {
+            "both ways"
+        },
+        failures(0) - before[0],
+        failures(1) - before[1],
+    );
+    check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
+    setup.check_nobody_starved(&admitted);
+    assert!(failures(0) > before[0], "the cut aggregator's commits fail");
+    // The other commits all along (a report every 500 ms): a failure or
+    // two there is contention with the cut one's writes that landed, or a
+    // loaded machine, not the cut.
+    let other = (commits(1) - commits_before, failures(1) - before[1]);
+    assert!(
+        other.0 >= 20.0 && other.1 <= other.0 / 10.0,
+        "the other's go on, (commits, failures) {other:?}: {}",
+        setup.aggregators[1]
+            .proc
+            .stderr()
+            .lines()
+            .filter(|l| l.contains("not committed"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    for i in 0..2 {
+        assert!(
+            setup.fresh(i, cut_at + 30.0),
+            "node {i} stays fresh, 30 s into the cut: {}",
+            setup.edges[i]
+                .proc
+                .stderr()
+                .lines()
+                .filter(|l| l.contains("WARN") || l.contains("INFO"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    setup.check_etcd(minute, &admitted);
+
+    // --- Mended: the cut aggregator commits again.
+    for relay in &setup.relays {
+        relay.cut(false, false);
+    }
+    let mended = commits(0);
+    assert!(
+        eventually(Duration::from_secs(20), || commits(0) > mended),
+        "aggregator 0 commits again once it reaches etcd"
+    );
+}
+
+#[test]
+fn an_aggregator_cut_off_from_etcd_grants_nothing_new_and_the_other_goes_on() {
+    cut_from_etcd("etcd-cut", false);
+}
+
+#[test]
+fn an_aggregator_that_never_hears_etcd_reply_grants_nothing_new() {
+    cut_from_etcd("etcd-no-replies", true);
 }
