@@ -202,3 +202,41 @@ fn agent(timeout: Duration) -> ureq::Agent {
 /// The v3 JSON gateway of a cluster, as the aggregator's ledger speaks it:
 /// each call tries the endpoints in turn, each with its timeout.
 pub use waitroom_aggregator::ledger::{Entry, Etcd as Kv};
+
+/// Every version of `key` still in etcd's history (no compaction in the
+/// tests' clusters), oldest first, each with its revision: what every
+/// compare-and-swap on it wrote, for a checker. Asks `endpoint` only.
+pub fn history(endpoint: &str, key: &str) -> Result<Vec<(i64, Vec<u8>)>> {
+    use base64::{Engine as _, engine::general_purpose::STANDARD as B64};
+    let agent = agent(Duration::from_secs(5));
+    let mut versions = Vec::new();
+    // Read at the newest revision, then just before each version's own.
+    let mut at: Option<i64> = None;
+    loop {
+        let mut body = serde_json::json!({ "key": B64.encode(key) });
+        if let Some(revision) = at {
+            body["revision"] = serde_json::Value::String(revision.to_string());
+        }
+        let mut resp = agent
+            .post(&format!("{endpoint}/v3/kv/range"))
+            .send(body.to_string())?;
+        let text = resp.body_mut().read_to_string()?;
+        let answer: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("range answer {text}"))?;
+        let Some(kv) = answer["kvs"].get(0) else {
+            break;
+        };
+        let revision: i64 = kv["mod_revision"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .with_context(|| format!("no mod_revision in {kv}"))?;
+        let value = B64.decode(kv["value"].as_str().unwrap_or(""))?;
+        versions.push((revision, value));
+        if revision <= 1 || versions.len() >= 100_000 {
+            break;
+        }
+        at = Some(revision - 1);
+    }
+    versions.reverse();
+    Ok(versions)
+}

@@ -38,12 +38,12 @@ use std::{
 };
 
 use waitroom_aggregator::ledger::{Etcd, EtcdLedger};
-use waitroom_common::time::Minute;
+use waitroom_common::{cluster::grants::GrantLedger, time::Minute};
 use waitroom_edge::gossip::home::Homes;
 use waitroom_tests::{
     cluster::{Aggregator, Certs, aggregator_config, free_udp_port, random_room, start_nodes},
     edge::{Edge, admits_new_visitor, check_the_minute, fresh_from, get_text},
-    etcd::{EtcdCluster, require_etcd},
+    etcd::{EtcdCluster, history, require_etcd},
     eventually,
     minutes::{self, now_secs},
     procs::{TempDir, start_origin},
@@ -292,10 +292,33 @@ impl Setup {
             .sum()
     }
 
-    /// The minute's caps in etcd: within the limit, and one for each node
+    /// The minute's caps in etcd, after every commit (each version of the
+    /// key in etcd's history) within the limit, and one for each node
     /// that covers what it admitted (the checker's question on real
     /// processes: no admission without a grant in the ledger).
     fn check_etcd(&self, minute: u64, admitted: &[u64]) {
+        // Every commit of the minute, not only the last: each version of
+        // the key is what one compare-and-swap wrote.
+        let key = EtcdLedger::key(1, "shop", Minute(minute));
+        let versions = self
+            .endpoints
+            .iter()
+            .find_map(|e| history(e, &key).ok())
+            .expect("a member answers");
+        for (revision, bytes) in &versions {
+            let ledger: GrantLedger = serde_json::from_slice(bytes).unwrap();
+            assert!(
+                ledger.total() <= NEW_USERS_PER_MINUTE,
+                "the commit at revision {revision} left {} > {NEW_USERS_PER_MINUTE}: {:?}",
+                ledger.total(),
+                ledger.caps
+            );
+        }
+        eprintln!(
+            "every one of the minute's {} commits within the limit",
+            versions.len()
+        );
+        assert!(!versions.is_empty(), "the minute was committed");
         let (caps, total) = caps_in_etcd(&self.endpoints, minute);
         eprintln!("etcd holds {caps:?}, {total} in all");
         assert!(

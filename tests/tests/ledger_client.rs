@@ -35,7 +35,7 @@ use waitroom_common::{
     time::{Minute, UnixMillis},
 };
 use waitroom_tests::{
-    etcd::{EtcdCluster, require_etcd},
+    etcd::{EtcdCluster, history, require_etcd},
     tcp_relay::TcpRelay,
 };
 
@@ -179,6 +179,12 @@ fn retries_count_once_junk_is_refused_and_a_lost_quorum_fails_in_time() {
     assert_eq!(again, first, "a retried batch gets what it got");
     let (after, revision_after) = client.read(&key).unwrap();
     assert_eq!(revision_after, revision, "and writes nothing");
+    let versions = history(&endpoints[0], &key).unwrap();
+    assert_eq!(
+        versions.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+        vec![revision],
+        "the key's history is the one write"
+    );
     assert_eq!(after.total(), 100);
 
     // --- Junk at a key: an error naming it, nothing granted or written.
