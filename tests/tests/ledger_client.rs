@@ -11,6 +11,10 @@
 //!   naming the key, and nothing is granted or overwritten;
 //! - with two members gone (no quorum) a commit fails within its deadline,
 //!   never hangs;
+//! - an aggregator at another epoch than etcd's fence is refused every
+//!   commit (its error names `ledger.epoch`), and after an operator moves
+//!   the fence mid-minute the new epoch's first commit starts from the old
+//!   epoch's ledger of that minute, so nothing is granted twice;
 //! - a slow member (its replies delayed past the call timeout, by a relay in
 //!   front of it) is passed over once and not asked again while another
 //!   answers; with every member slow the aggregator's committer answers
@@ -24,7 +28,7 @@ use std::{
 use waitroom_aggregator::{
     committer::Committer,
     config::LedgerConfig,
-    ledger::{Etcd, EtcdLedger, LedgerError},
+    ledger::{EPOCH_KEY, Etcd, EtcdLedger, LedgerError},
 };
 use waitroom_common::{
     cluster::{
@@ -372,5 +376,74 @@ fn a_slow_member_is_passed_over_and_an_all_slow_etcd_grants_nothing_new_in_time(
         caps.caps.get("ams-1"),
         Some(&21),
         "etcd holds what was told"
+    );
+}
+
+#[test]
+fn another_epoch_is_fenced_off_and_a_new_epoch_starts_from_the_old_minute() {
+    if !require_etcd() {
+        return;
+    }
+    let cluster = EtcdCluster::start("ledger-epoch", 3).unwrap();
+    let endpoints = cluster.endpoints();
+    let etcd = Etcd::new(endpoints.clone(), CALL);
+    let minute = Minute(29_000_200);
+    let (old, new) = (ledger(&endpoints).fenced(1), ledger(&endpoints).fenced(2));
+    let (old_key, new_key) = (
+        EtcdLedger::key(1, "shop", minute),
+        EtcdLedger::key(2, "shop", minute),
+    );
+    let asks = |node: &str, cap: u64| with_pool(&[(node.to_owned(), cap)], 100);
+
+    // --- The first commit writes the fence with its epoch.
+    assert_eq!(
+        old.commit(&old_key, "old/1", &asks("a", 80)).unwrap(),
+        vec![("a".to_owned(), 80)]
+    );
+    assert_eq!(
+        etcd.get(EPOCH_KEY).unwrap().value.as_deref(),
+        Some(&b"1"[..])
+    );
+
+    // --- An aggregator configured with epoch 2 (a typo, or started early)
+    // is refused and writes nothing: it would keep a ledger of its own.
+    let err = new.commit(&new_key, "new/1", &asks("b", 80)).unwrap_err();
+    assert!(
+        matches!(&err, LedgerError::Fenced { ours: 2, theirs } if theirs == "1"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("ledger.epoch"), "{err}");
+    assert_eq!(
+        etcd.get(&new_key).unwrap().mod_revision,
+        0,
+        "nothing written"
+    );
+
+    // --- The operator moves the fence to 2 in the middle of the minute:
+    // epoch 1 is refused from now on, and epoch 2's first commit of the
+    // minute starts from epoch 1's 80, so b gets the 20 left.
+    let fence = etcd.get(EPOCH_KEY).unwrap();
+    assert!(etcd.swap(EPOCH_KEY, fence.mod_revision, b"2").unwrap());
+    let err = old.commit(&old_key, "old/2", &asks("a", 90)).unwrap_err();
+    assert!(
+        matches!(&err, LedgerError::Fenced { ours: 1, theirs } if theirs == "2"),
+        "{err}"
+    );
+    assert_eq!(old.read(&old_key).unwrap().0.total(), 80, "unchanged");
+    assert_eq!(
+        new.commit(&new_key, "new/2", &asks("b", 80)).unwrap(),
+        vec![("b".to_owned(), 20)],
+        "the old epoch's caps of the minute count"
+    );
+    let (caps, _) = new.read(&new_key).unwrap();
+    assert_eq!(caps.caps.get("a"), Some(&80));
+    assert_eq!(caps.total(), 100);
+
+    // --- The next minute starts empty under epoch 2 (its minute under
+    // epoch 1 was never written).
+    let next = EtcdLedger::key(2, "shop", Minute(minute.0 + 1));
+    assert_eq!(
+        new.commit(&next, "new/3", &asks("b", 80)).unwrap(),
+        vec![("b".to_owned(), 80)]
     );
 }

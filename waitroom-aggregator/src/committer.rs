@@ -97,13 +97,16 @@ impl Committer {
     /// Starts the committing task on the current tokio runtime.
     #[must_use]
     pub fn start(config: &crate::config::LedgerConfig) -> Self {
-        let ledger = Arc::new(EtcdLedger::new(
-            Etcd::new(
-                config.endpoints.clone(),
-                Duration::from_millis(config.call_timeout_ms),
-            ),
-            Duration::from_millis(config.commit_deadline_ms),
-        ));
+        let ledger = Arc::new(
+            EtcdLedger::new(
+                Etcd::new(
+                    config.endpoints.clone(),
+                    Duration::from_millis(config.call_timeout_ms),
+                ),
+                Duration::from_millis(config.commit_deadline_ms),
+            )
+            .fenced(config.epoch),
+        );
         let (tx, rx) = mpsc::channel(QUEUE);
         let metrics = Arc::new(LedgerMetrics::default());
         tokio::spawn(run(ledger, config.epoch, rx, Arc::clone(&metrics)));

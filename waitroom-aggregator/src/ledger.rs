@@ -33,6 +33,14 @@ use waitroom_common::{
 /// Compare-and-swap attempts per commit before it gives up as contended.
 pub const MAX_ATTEMPTS: u32 = 16;
 
+/// The key that fences the ledger: the epoch every aggregator of the
+/// cluster commits under (`ledger.epoch`), as a decimal number. Each commit
+/// compares it in the same transaction, so an aggregator left at another
+/// epoch (an epoch change under way, a mistyped config) cannot write: it
+/// would keep a ledger of its own and grant the same slots again. The first
+/// aggregator to commit writes it when it is absent.
+pub const EPOCH_KEY: &str = "/waitroom/epoch";
+
 /// Why a ledger call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -52,6 +60,21 @@ pub enum LedgerError {
     },
     #[error("etcd answered {what} with {detail}")]
     Protocol { what: &'static str, detail: String },
+    #[error(
+        "fenced: ledger.epoch is {ours} but etcd's {EPOCH_KEY} is {theirs}; this aggregator grants nothing new until it runs with ledger.epoch = {theirs} (an epoch change under way, or a mistyped epoch)"
+    )]
+    Fenced { ours: u64, theirs: String },
+}
+
+/// What a fenced compare-and-swap did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Swap {
+    /// Written.
+    Written,
+    /// The key moved since the revision read: another writer was first.
+    Moved,
+    /// The fence holds another value (`None`: no fence yet).
+    Fenced(Option<Vec<u8>>),
 }
 
 /// A key's value and the revision it was last changed at (0: no such key).
@@ -211,6 +234,79 @@ impl Etcd {
         )?;
         Ok(answer["succeeded"].as_bool().unwrap_or(false))
     }
+
+    /// [`Etcd::swap`] that also requires `fence` to hold `expected`, in one
+    /// transaction; when either compare fails, says which.
+    pub fn swap_fenced(
+        &self,
+        key: &str,
+        mod_revision: i64,
+        value: &[u8],
+        (fence, expected): (&str, &[u8]),
+        until: Option<Instant>,
+    ) -> Result<Swap, LedgerError> {
+        let key = B64.encode(key);
+        let fence = B64.encode(fence);
+        let answer = self.call(
+            "a fenced transaction",
+            "/v3/kv/txn",
+            &json!({
+                "compare": [
+                    {
+                        "key": fence,
+                        "target": "VALUE",
+                        "result": "EQUAL",
+                        "value": B64.encode(expected),
+                    },
+                    {
+                        "key": key,
+                        "target": "MOD",
+                        "result": "EQUAL",
+                        "mod_revision": mod_revision.to_string(),
+                    },
+                ],
+                "success": [{ "request_put": { "key": key, "value": B64.encode(value) } }],
+                "failure": [{ "request_range": { "key": fence } }],
+            }),
+            until,
+        )?;
+        if answer["succeeded"].as_bool().unwrap_or(false) {
+            return Ok(Swap::Written);
+        }
+        let held = answer["responses"][0]["response_range"]["kvs"]
+            .get(0)
+            .map(|kv| B64.decode(kv["value"].as_str().unwrap_or("")))
+            .transpose()
+            .map_err(|e| LedgerError::Protocol {
+                what: "a fenced transaction",
+                detail: format!("a fence value that is not base64 ({e})"),
+            })?;
+        Ok(match held {
+            Some(held) if held == expected => Swap::Moved,
+            other => Swap::Fenced(other),
+        })
+    }
+
+    /// Writes `value` to `key` only if the key does not exist; true if
+    /// written.
+    pub fn create(&self, key: &str, value: &[u8]) -> Result<bool, LedgerError> {
+        let key = B64.encode(key);
+        let answer = self.call(
+            "a create",
+            "/v3/kv/txn",
+            &json!({
+                "compare": [{
+                    "key": key,
+                    "target": "CREATE",
+                    "result": "EQUAL",
+                    "create_revision": "0",
+                }],
+                "success": [{ "request_put": { "key": key, "value": B64.encode(value) } }],
+            }),
+            None,
+        )?;
+        Ok(answer["succeeded"].as_bool().unwrap_or(false))
+    }
 }
 
 impl Etcd {
@@ -236,12 +332,28 @@ pub struct EtcdLedger {
     etcd: Etcd,
     /// The longest a commit may take over all its attempts.
     deadline: Duration,
+    /// The epoch its commits are fenced by ([`EPOCH_KEY`]); `None`: no fence.
+    epoch: Option<u64>,
 }
 
 impl EtcdLedger {
     #[must_use]
     pub fn new(etcd: Etcd, deadline: Duration) -> Self {
-        Self { etcd, deadline }
+        Self {
+            etcd,
+            deadline,
+            epoch: None,
+        }
+    }
+
+    /// Commits only while etcd's [`EPOCH_KEY`] is `epoch` (writing it when
+    /// absent); and a room's first commit of a minute under `epoch` starts
+    /// from that minute's ledger under `epoch - 1`, if any, so a change of
+    /// epoch inside a minute grants nothing twice (epochs go up by one).
+    #[must_use]
+    pub fn fenced(mut self, epoch: u64) -> Self {
+        self.epoch = Some(epoch);
+        self
     }
 
     /// The key of a room's shared grants (colo shares and Anywhere, one cap
@@ -266,6 +378,15 @@ impl EtcdLedger {
         let prefix = format!("/waitroom/{epoch}/{room}/");
         self.etcd
             .delete_range(&prefix, &format!("{prefix}{}", minute.0))
+    }
+
+    /// The same room's and minute's key under the epoch before this one
+    /// (with a fence above 1).
+    fn previous_epoch_key(&self, key: &str) -> Option<String> {
+        let epoch = self.epoch.filter(|&e| e > 1)?;
+        let ours = format!("/waitroom/{epoch}/");
+        key.strip_prefix(&ours)
+            .map(|rest| format!("/waitroom/{}/{rest}", epoch - 1))
     }
 
     /// The ledger at `key` and its revision (empty at revision 0 when absent).
@@ -320,6 +441,19 @@ impl EtcdLedger {
                     continue;
                 }
             };
+            if revision == 0
+                && let Some(previous) = self.previous_epoch_key(key)
+            {
+                match self.read_by(&previous, until) {
+                    Ok((earlier, r)) if r > 0 => ledger = earlier,
+                    Ok(_) => {}
+                    Err(err @ LedgerError::Corrupt { .. }) => return Err(err),
+                    Err(err) => {
+                        last = err.to_string();
+                        continue;
+                    }
+                }
+            }
             if let Some(done) = ledger.applied(batch_id) {
                 return Ok(done.to_vec());
             }
@@ -328,11 +462,38 @@ impl EtcdLedger {
                 what: "an encoding",
                 detail: e.to_string(),
             })?;
-            match self.etcd.swap_by(key, revision, &bytes, until) {
-                Ok(true) => return Ok(set),
+            let written = match self.epoch {
+                None => self
+                    .etcd
+                    .swap_by(key, revision, &bytes, until)
+                    .map(|ok| if ok { Swap::Written } else { Swap::Moved }),
+                Some(epoch) => self.etcd.swap_fenced(
+                    key,
+                    revision,
+                    &bytes,
+                    (EPOCH_KEY, epoch.to_string().as_bytes()),
+                    until,
+                ),
+            };
+            match written {
+                Ok(Swap::Written) => return Ok(set),
                 // Another writer was first, or (a retry inside the gateway
                 // after a lost reply) this one: the next read tells.
-                Ok(false) => last = "a compare failed".into(),
+                Ok(Swap::Moved) => last = "a compare failed".into(),
+                // No fence yet: the first aggregator to commit sets it.
+                Ok(Swap::Fenced(None)) => {
+                    let epoch = self.epoch.unwrap_or_default().to_string();
+                    match self.etcd.create(EPOCH_KEY, epoch.as_bytes()) {
+                        Ok(_) => last = format!("{EPOCH_KEY} was absent; written"),
+                        Err(err) => last = err.to_string(),
+                    }
+                }
+                Ok(Swap::Fenced(Some(theirs))) => {
+                    return Err(LedgerError::Fenced {
+                        ours: self.epoch.unwrap_or_default(),
+                        theirs: String::from_utf8_lossy(&theirs).into_owned(),
+                    });
+                }
                 // Sent or not: the next read tells.
                 Err(err) => last = err.to_string(),
             }
