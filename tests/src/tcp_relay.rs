@@ -23,18 +23,49 @@ use tokio::{
     net::{TcpListener, TcpStream},
 };
 
+/// One direction's settings, shared with its pumps.
+#[derive(Debug, Default)]
+struct Way {
+    cut: AtomicBool,
+    delay_ms: AtomicU64,
+    chunks: AtomicU64,
+}
+
+/// Copies `from` to `to` chunk by chunk as `way` says: dropped while cut,
+/// else held for its delay; counted. Closes `to` when `from` ends.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    way: Arc<Way>,
+) {
+    let mut buf = vec![0_u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if way.cut.load(Relaxed) {
+            continue;
+        }
+        let wait = way.delay_ms.load(Relaxed);
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+        way.chunks.fetch_add(1, Relaxed);
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
 /// A running relay; it stops when dropped.
 #[derive(Debug)]
 pub struct TcpRelay {
     /// Where clients connect (127.0.0.1, a free port).
     pub listen: SocketAddr,
-    /// Delay of every chunk the target sends back, ms.
-    pub delay_ms: Arc<AtomicU64>,
-    /// Chunks passed towards the target so far (requests, near enough).
-    pub sent: Arc<AtomicU64>,
-    /// Drop what clients send (towards) / what the target sends back.
-    pub cut_towards: Arc<AtomicBool>,
-    pub cut_back: Arc<AtomicBool>,
+    towards: Arc<Way>,
+    back: Arc<Way>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -47,89 +78,46 @@ impl TcpRelay {
             .build()?;
         let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0"))?;
         let listen = listener.local_addr()?;
-        let delay_ms = Arc::new(AtomicU64::new(0));
-        let sent = Arc::new(AtomicU64::new(0));
-        let cut_towards = Arc::new(AtomicBool::new(false));
-        let cut_back = Arc::new(AtomicBool::new(false));
-        let delay = Arc::clone(&delay_ms);
-        let counted = Arc::clone(&sent);
-        let (towards_cut, back_cut) = (Arc::clone(&cut_towards), Arc::clone(&cut_back));
+        let (towards, back) = (Arc::new(Way::default()), Arc::new(Way::default()));
+        let ways = (Arc::clone(&towards), Arc::clone(&back));
         runtime.spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let delay = Arc::clone(&delay);
-                let counted = Arc::clone(&counted);
-                let (towards_cut, back_cut) = (Arc::clone(&towards_cut), Arc::clone(&back_cut));
+                let (towards, back) = (Arc::clone(&ways.0), Arc::clone(&ways.1));
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(target).await else {
                         return;
                     };
-                    let (mut client_read, mut client_write) = client.into_split();
-                    let (mut server_read, mut server_write) = server.into_split();
-                    let towards = async {
-                        let mut buf = vec![0_u8; 16 * 1024];
-                        loop {
-                            let n = match client_read.read(&mut buf).await {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => n,
-                            };
-                            if towards_cut.load(Relaxed) {
-                                continue;
-                            }
-                            counted.fetch_add(1, Relaxed);
-                            if server_write.write_all(&buf[..n]).await.is_err() {
-                                break;
-                            }
-                        }
-                        let _ = server_write.shutdown().await;
-                    };
-                    let back = async {
-                        let mut buf = vec![0_u8; 16 * 1024];
-                        loop {
-                            let n = match server_read.read(&mut buf).await {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => n,
-                            };
-                            if back_cut.load(Relaxed) {
-                                continue;
-                            }
-                            let wait = delay.load(Relaxed);
-                            if wait > 0 {
-                                tokio::time::sleep(Duration::from_millis(wait)).await;
-                            }
-                            if client_write.write_all(&buf[..n]).await.is_err() {
-                                break;
-                            }
-                        }
-                        let _ = client_write.shutdown().await;
-                    };
-                    tokio::join!(towards, back);
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    tokio::join!(
+                        pump(client_read, server_write, towards),
+                        pump(server_read, client_write, back)
+                    );
                 });
             }
         });
         Ok(Self {
             listen,
-            delay_ms,
-            sent,
-            cut_towards,
-            cut_back,
+            towards,
+            back,
             runtime: Some(runtime),
         })
     }
 
     /// Delays every chunk the target sends back from now on by `ms`.
     pub fn set_delay_ms(&self, ms: u64) {
-        self.delay_ms.store(ms, Relaxed);
+        self.back.delay_ms.store(ms, Relaxed);
     }
 
     /// Cuts (true) or mends each direction from now on.
     pub fn cut(&self, towards: bool, back: bool) {
-        self.cut_towards.store(towards, Relaxed);
-        self.cut_back.store(back, Relaxed);
+        self.towards.cut.store(towards, Relaxed);
+        self.back.cut.store(back, Relaxed);
     }
 
     /// Chunks passed towards the target so far.
     pub fn sent(&self) -> u64 {
-        self.sent.load(Relaxed)
+        self.towards.chunks.load(Relaxed)
     }
 }
 

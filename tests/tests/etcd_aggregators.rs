@@ -24,6 +24,9 @@
 //!   etcd's replies (its commits land, it never hears so): its node stays
 //!   fresh on what it holds, the other node is granted only what the cut
 //!   one does not hold, and the cut one commits again once mended;
+//! - or one aggregator is frozen (`SIGSTOP`) at the minute's start with a
+//!   commit likely in flight, and thawed 8 s later: whatever it commits
+//!   from its old view still fits the ledger, and it takes its node back;
 //! - then one aggregator killed -9 and restarted from its snapshot does
 //!   not learn (etcd holds every grant), and commits again at once;
 //! - in both, neither node is starved: each admits at least a quarter of
@@ -586,4 +589,63 @@ fn an_aggregator_cut_off_from_etcd_grants_nothing_new_and_the_other_goes_on() {
 #[test]
 fn an_aggregator_that_never_hears_etcd_reply_grants_nothing_new() {
     cut_from_etcd("etcd-no-replies", true);
+}
+
+/// Aggregator 0 frozen (`SIGSTOP`) at the minute's start, its commits slowed
+/// by 150 ms a reply so one is likely in flight, and thawed 8 s later, past
+/// the nodes' six intervals: its node moves to the other aggregator, which
+/// grants through etcd; whatever the thawed one then commits from its old
+/// view still fits the ledger (every version of the key is checked), and it
+/// takes its node back.
+#[test]
+fn an_aggregator_frozen_mid_commit_and_thawed_grants_nothing_twice() {
+    if !require_etcd() {
+        return;
+    }
+    let mut setup = Setup::start_relayed("etcd-frozen", true);
+    for relay in &setup.relays {
+        relay.set_delay_ms(150);
+    }
+    minutes::early_in_a_minute(50);
+    let minute = minutes::unix_secs() / 60;
+    let commits = |a: &Aggregator| {
+        a.metric("waitroom_aggregator_ledger_commits_total")
+            .unwrap_or(0.0)
+    };
+    let frozen: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
+    let mut thawed_at = None;
+    let victim = std::cell::RefCell::new(&mut setup.aggregators[0].proc);
+    let admitted = press_the_minute(
+        &setup.edges,
+        minutes::unix_secs() % 60,
+        || {
+            victim.borrow_mut().freeze(true);
+            frozen.set(Some(Instant::now()));
+        },
+        || {
+            if thawed_at.is_none()
+                && frozen
+                    .get()
+                    .is_some_and(|at| at.elapsed() >= Duration::from_secs(8))
+            {
+                victim.borrow_mut().freeze(false);
+                thawed_at = Some(now_secs());
+            }
+        },
+    );
+    drop(victim);
+    let thawed_at = thawed_at.expect("thawed inside the minute");
+    check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
+    setup.check_nobody_starved(&admitted);
+    setup.check_etcd(minute, &admitted);
+    assert!(
+        setup.fresh_at_home(0, thawed_at + 5.0),
+        "node 0 back at its thawed home"
+    );
+    let before = commits(&setup.aggregators[0]);
+    assert!(
+        eventually(Duration::from_secs(10), || commits(&setup.aggregators[0])
+            > before),
+        "the thawed aggregator commits again"
+    );
 }
