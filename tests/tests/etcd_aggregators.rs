@@ -633,7 +633,6 @@ fn an_aggregator_frozen_mid_commit_and_thawed_grants_nothing_twice() {
             }
         },
     );
-    drop(victim);
     let thawed_at = thawed_at.expect("thawed inside the minute");
     check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
     setup.check_nobody_starved(&admitted);
