@@ -613,7 +613,7 @@ fn an_aggregator_frozen_mid_commit_and_thawed_grants_nothing_twice() {
             .unwrap_or(0.0)
     };
     let frozen: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
-    let mut thawed_at = None;
+    let mut thawed_at: Option<f64> = None;
     let victim = std::cell::RefCell::new(&mut setup.aggregators[0].proc);
     let admitted = press_the_minute(
         &setup.edges,
@@ -633,18 +633,30 @@ fn an_aggregator_frozen_mid_commit_and_thawed_grants_nothing_twice() {
             }
         },
     );
-    let thawed_at = thawed_at.expect("thawed inside the minute");
+    assert!(thawed_at.is_some(), "thawed inside the minute");
     check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
     setup.check_nobody_starved(&admitted);
     setup.check_etcd(minute, &admitted);
-    assert!(
-        setup.fresh_at_home(0, thawed_at + 5.0),
-        "node 0 back at its thawed home"
-    );
+
+    // --- Its way to etcd fast again: it takes its node back and commits.
+    // (With commits slowed on a loaded machine its answers can come past
+    // the node's grace, and the node may stay with the other aggregator,
+    // which is as it should be; CI once saw that.)
+    for relay in &setup.relays {
+        relay.set_delay_ms(0);
+    }
+    let fast_at = now_secs();
     let before = commits(&setup.aggregators[0]);
     assert!(
-        eventually(Duration::from_secs(10), || commits(&setup.aggregators[0])
-            > before),
-        "the thawed aggregator commits again"
+        eventually(Duration::from_secs(15), || setup.fresh_at_home(0, fast_at)
+            && commits(&setup.aggregators[0]) > before),
+        "node 0 back at its thawed home, which commits again: {}",
+        setup.edges[0]
+            .proc
+            .stderr()
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("INFO"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }
