@@ -114,6 +114,16 @@ fn caps_in_etcd(endpoints: &[String], minute: u64) -> (Vec<(String, u64)>, u64) 
     (caps.caps.into_iter().collect(), total)
 }
 
+/// The lines of `proc`'s stderr so far that `keep` keeps, for a failure
+/// message.
+fn log_lines(proc: &waitroom_tests::procs::Proc, keep: impl Fn(&str) -> bool) -> String {
+    proc.stderr()
+        .lines()
+        .filter(|l| keep(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Two aggregators with `[ledger]` on a 3-member etcd, two nodes whose
 /// homes are aggregator 0 and 1, every node fresh at its home.
 struct Setup {
@@ -547,25 +557,14 @@ fn cut_from_etcd(tag: &str, replies_only: bool) {
     assert!(
         other.0 >= 20.0 && other.1 <= other.0 / 10.0,
         "the other's go on, (commits, failures) {other:?}: {}",
-        setup.aggregators[1]
-            .proc
-            .stderr()
-            .lines()
-            .filter(|l| l.contains("not committed"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        log_lines(&setup.aggregators[1].proc, |l| l.contains("not committed"))
     );
     for i in 0..2 {
         assert!(
             setup.fresh(i, cut_at + 30.0),
             "node {i} stays fresh, 30 s into the cut: {}",
-            setup.edges[i]
-                .proc
-                .stderr()
-                .lines()
-                .filter(|l| l.contains("WARN") || l.contains("INFO"))
-                .collect::<Vec<_>>()
-                .join("\n")
+            log_lines(&setup.edges[i].proc, |l| l.contains("WARN")
+                || l.contains("INFO"))
         );
     }
     setup.check_etcd(minute, &admitted);
@@ -651,12 +650,7 @@ fn an_aggregator_frozen_mid_commit_and_thawed_grants_nothing_twice() {
         eventually(Duration::from_secs(15), || setup.fresh_at_home(0, fast_at)
             && commits(&setup.aggregators[0]) > before),
         "node 0 back at its thawed home, which commits again: {}",
-        setup.edges[0]
-            .proc
-            .stderr()
-            .lines()
-            .filter(|l| l.contains("WARN") || l.contains("INFO"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        log_lines(&setup.edges[0].proc, |l| l.contains("WARN")
+            || l.contains("INFO"))
     );
 }

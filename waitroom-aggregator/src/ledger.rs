@@ -206,79 +206,60 @@ impl Etcd {
     /// Writes `value` to `key` only if the key is still at `mod_revision`
     /// (0: the key does not exist): compare-and-swap. True if written.
     pub fn swap(&self, key: &str, mod_revision: i64, value: &[u8]) -> Result<bool, LedgerError> {
-        self.swap_by(key, mod_revision, value, None)
+        Ok(self.swap_by(key, mod_revision, value, None, None)? == Swap::Written)
     }
 
-    /// [`Etcd::swap`], given up at `until`.
+    /// [`Etcd::swap`], also requiring `fence` (a key and the value it must
+    /// hold) in the same transaction, given up at `until`; when a compare
+    /// fails, says which.
     fn swap_by(
         &self,
         key: &str,
         mod_revision: i64,
         value: &[u8],
+        fence: Option<(&str, &[u8])>,
         until: Option<Instant>,
-    ) -> Result<bool, LedgerError> {
+    ) -> Result<Swap, LedgerError> {
         let key = B64.encode(key);
+        let mut compare = vec![json!({
+            "key": key,
+            "target": "MOD",
+            "result": "EQUAL",
+            "mod_revision": mod_revision.to_string(),
+        })];
+        let mut failure = Vec::new();
+        if let Some((fence, expected)) = fence {
+            let fence = B64.encode(fence);
+            compare.push(json!({
+                "key": fence,
+                "target": "VALUE",
+                "result": "EQUAL",
+                "value": B64.encode(expected),
+            }));
+            failure.push(json!({ "request_range": { "key": fence } }));
+        }
         let answer = self.call(
             "a transaction",
             "/v3/kv/txn",
             &json!({
-                "compare": [{
-                    "key": key,
-                    "target": "MOD",
-                    "result": "EQUAL",
-                    "mod_revision": mod_revision.to_string(),
-                }],
+                "compare": compare,
                 "success": [{ "request_put": { "key": key, "value": B64.encode(value) } }],
-            }),
-            until,
-        )?;
-        Ok(answer["succeeded"].as_bool().unwrap_or(false))
-    }
-
-    /// [`Etcd::swap`] that also requires `fence` to hold `expected`, in one
-    /// transaction; when either compare fails, says which.
-    pub fn swap_fenced(
-        &self,
-        key: &str,
-        mod_revision: i64,
-        value: &[u8],
-        (fence, expected): (&str, &[u8]),
-        until: Option<Instant>,
-    ) -> Result<Swap, LedgerError> {
-        let key = B64.encode(key);
-        let fence = B64.encode(fence);
-        let answer = self.call(
-            "a fenced transaction",
-            "/v3/kv/txn",
-            &json!({
-                "compare": [
-                    {
-                        "key": fence,
-                        "target": "VALUE",
-                        "result": "EQUAL",
-                        "value": B64.encode(expected),
-                    },
-                    {
-                        "key": key,
-                        "target": "MOD",
-                        "result": "EQUAL",
-                        "mod_revision": mod_revision.to_string(),
-                    },
-                ],
-                "success": [{ "request_put": { "key": key, "value": B64.encode(value) } }],
-                "failure": [{ "request_range": { "key": fence } }],
+                "failure": failure,
             }),
             until,
         )?;
         if answer["succeeded"].as_bool().unwrap_or(false) {
             return Ok(Swap::Written);
         }
+        let Some((_, expected)) = fence else {
+            return Ok(Swap::Moved);
+        };
         let held = answer["responses"][0]["response_range"]["kvs"]
             .get(0)
             .map(|kv| B64.decode(kv["value"].as_str().unwrap_or("")))
             .transpose()
             .map_err(|e| LedgerError::Protocol {
-                what: "a fenced transaction",
+                what: "a transaction",
                 detail: format!("a fence value that is not base64 ({e})"),
             })?;
         Ok(match held {
@@ -287,9 +268,14 @@ impl Etcd {
         })
     }
 
-    /// Writes `value` to `key` only if the key does not exist; true if
-    /// written.
-    pub fn create(&self, key: &str, value: &[u8]) -> Result<bool, LedgerError> {
+    /// Writes `value` to `key` only if the key does not exist, given up at
+    /// `until`; true if written.
+    fn create_by(
+        &self,
+        key: &str,
+        value: &[u8],
+        until: Option<Instant>,
+    ) -> Result<bool, LedgerError> {
         let key = B64.encode(key);
         let answer = self.call(
             "a create",
@@ -303,7 +289,7 @@ impl Etcd {
                 }],
                 "success": [{ "request_put": { "key": key, "value": B64.encode(value) } }],
             }),
-            None,
+            until,
         )?;
         Ok(answer["succeeded"].as_bool().unwrap_or(false))
     }
@@ -424,6 +410,8 @@ impl EtcdLedger {
     ) -> Result<Vec<(String, u64)>, LedgerError> {
         let started = Instant::now();
         let until = Some(started + self.deadline);
+        // The fence's expected value, with an epoch.
+        let fence = self.epoch.map(|e| e.to_string());
         let mut last = String::from("none");
         for _ in 0..MAX_ATTEMPTS {
             if started.elapsed() >= self.deadline {
@@ -462,28 +450,21 @@ impl EtcdLedger {
                 what: "an encoding",
                 detail: e.to_string(),
             })?;
-            let written = match self.epoch {
-                None => self
-                    .etcd
-                    .swap_by(key, revision, &bytes, until)
-                    .map(|ok| if ok { Swap::Written } else { Swap::Moved }),
-                Some(epoch) => self.etcd.swap_fenced(
-                    key,
-                    revision,
-                    &bytes,
-                    (EPOCH_KEY, epoch.to_string().as_bytes()),
-                    until,
-                ),
-            };
-            match written {
+            match self.etcd.swap_by(
+                key,
+                revision,
+                &bytes,
+                fence.as_deref().map(|f| (EPOCH_KEY, f.as_bytes())),
+                until,
+            ) {
                 Ok(Swap::Written) => return Ok(set),
                 // Another writer was first, or (a retry inside the gateway
                 // after a lost reply) this one: the next read tells.
                 Ok(Swap::Moved) => last = "a compare failed".into(),
                 // No fence yet: the first aggregator to commit sets it.
                 Ok(Swap::Fenced(None)) => {
-                    let epoch = self.epoch.unwrap_or_default().to_string();
-                    match self.etcd.create(EPOCH_KEY, epoch.as_bytes()) {
+                    let ours = fence.as_deref().unwrap_or_default();
+                    match self.etcd.create_by(EPOCH_KEY, ours.as_bytes(), until) {
                         Ok(_) => last = format!("{EPOCH_KEY} was absent; written"),
                         Err(err) => last = err.to_string(),
                     }
