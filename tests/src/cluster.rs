@@ -186,6 +186,30 @@ pub fn node_gossip_table_many(
     gossip_table(&target, trust, certs, name, interval_ms)
 }
 
+/// The `[aggregator]` table of a node whose rooms are sharded between
+/// aggregator groups (`groups`: each group's name and aggregators),
+/// otherwise as [`node_gossip_table`].
+pub fn node_gossip_table_groups(
+    groups: &[(&str, &[SocketAddr])],
+    trust: &Certs,
+    certs: &Certs,
+    name: &str,
+    interval_ms: u64,
+) -> String {
+    let groups: Vec<String> = groups
+        .iter()
+        .map(|(group, addresses)| {
+            let list: Vec<String> = addresses.iter().map(|a| format!("\"{a}\"")).collect();
+            format!(
+                "{{ name = \"{group}\", addresses = [{}] }}",
+                list.join(", ")
+            )
+        })
+        .collect();
+    let target = format!("groups = [{}]", groups.join(", "));
+    gossip_table(&target, trust, certs, name, interval_ms)
+}
+
 fn gossip_table(
     target: &str,
     trust: &Certs,

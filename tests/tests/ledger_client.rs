@@ -291,7 +291,7 @@ fn a_slow_member_is_passed_over_and_an_all_slow_etcd_grants_nothing_new_in_time(
         commit_deadline_ms: 600,
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let committer = runtime.block_on(async { Committer::start(&config) });
+    let committer = runtime.block_on(async { Committer::start(&config, None) });
     let now = UnixMillis(waitroom_tests::minutes::unix_secs() * 1_000);
     let grant = |anywhere: u64| SharedGrant {
         room: RoomId::from_name("shop"),
@@ -409,7 +409,7 @@ fn another_epoch_is_fenced_off_and_a_new_epoch_starts_from_the_old_minute() {
     // is refused and writes nothing: it would keep a ledger of its own.
     let err = new.commit(&new_key, "new/1", &asks("b", 80)).unwrap_err();
     assert!(
-        matches!(&err, LedgerError::Fenced { ours: 2, theirs } if theirs == "1"),
+        matches!(&err, LedgerError::Fenced { ours, theirs } if ours == "2" && theirs == "1"),
         "{err}"
     );
     assert!(err.to_string().contains("ledger.epoch"), "{err}");
@@ -426,7 +426,7 @@ fn another_epoch_is_fenced_off_and_a_new_epoch_starts_from_the_old_minute() {
     assert!(etcd.swap(EPOCH_KEY, fence.mod_revision, b"2").unwrap());
     let err = old.commit(&old_key, "old/2", &asks("a", 90)).unwrap_err();
     assert!(
-        matches!(&err, LedgerError::Fenced { ours: 1, theirs } if theirs == "2"),
+        matches!(&err, LedgerError::Fenced { ours, theirs } if ours == "1" && theirs == "2"),
         "{err}"
     );
     assert_eq!(old.read(&old_key).unwrap().0.total(), 80, "unchanged");
@@ -445,5 +445,39 @@ fn another_epoch_is_fenced_off_and_a_new_epoch_starts_from_the_old_minute() {
     assert_eq!(
         new.commit(&next, "new/3", &asks("b", 80)).unwrap(),
         vec![("b".to_owned(), 80)]
+    );
+
+    // --- Rooms sharded between two groups from epoch 3: the fence names
+    // the groups too. An aggregator whose `shard.groups` lacks one (so it
+    // believes it owns rooms the other group owns) is refused under the
+    // right epoch; one with the same list, in another order, commits, and
+    // starts from epoch 2's minute.
+    let fence = etcd.get(EPOCH_KEY).unwrap();
+    assert!(
+        etcd.swap(EPOCH_KEY, fence.mod_revision, b"3 groups=eu,us")
+            .unwrap()
+    );
+    let third = EtcdLedger::key(3, "shop", Minute(minute.0 + 1));
+    let partial = ledger(&endpoints).fenced(3).sharded("eu".into());
+    let err = partial.commit(&third, "eu/1", &asks("c", 10)).unwrap_err();
+    assert!(
+        matches!(&err, LedgerError::Fenced { ours, theirs } if ours == "3 groups=eu" && theirs == "3 groups=eu,us"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("shard.groups"), "{err}");
+    assert_eq!(etcd.get(&third).unwrap().mod_revision, 0, "nothing written");
+    let unsharded = ledger(&endpoints).fenced(3);
+    assert!(matches!(
+        unsharded.commit(&third, "plain/1", &asks("c", 10)),
+        Err(LedgerError::Fenced { .. })
+    ));
+    let members = waitroom_common::shard::Membership::new("us", vec!["us".into(), "eu".into()])
+        .unwrap()
+        .canonical();
+    let sharded = ledger(&endpoints).fenced(3).sharded(members);
+    assert_eq!(
+        sharded.commit(&third, "us/1", &asks("c", 40)).unwrap(),
+        vec![("c".to_owned(), 20)],
+        "b's 80 of epoch 2 count under epoch 3"
     );
 }

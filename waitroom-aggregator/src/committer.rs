@@ -96,17 +96,23 @@ pub struct Committer {
 impl Committer {
     /// Starts the committing task on the current tokio runtime.
     #[must_use]
-    pub fn start(config: &crate::config::LedgerConfig) -> Self {
-        let ledger = Arc::new(
-            EtcdLedger::new(
-                Etcd::new(
-                    config.endpoints.clone(),
-                    Duration::from_millis(config.call_timeout_ms),
-                ),
-                Duration::from_millis(config.commit_deadline_ms),
-            )
-            .fenced(config.epoch),
-        );
+    /// With `shard`, the fence names the aggregator groups as well.
+    pub fn start(
+        config: &crate::config::LedgerConfig,
+        shard: Option<&waitroom_common::shard::Membership>,
+    ) -> Self {
+        let mut ledger = EtcdLedger::new(
+            Etcd::new(
+                config.endpoints.clone(),
+                Duration::from_millis(config.call_timeout_ms),
+            ),
+            Duration::from_millis(config.commit_deadline_ms),
+        )
+        .fenced(config.epoch);
+        if let Some(shard) = shard {
+            ledger = ledger.sharded(shard.canonical());
+        }
+        let ledger = Arc::new(ledger);
         let (tx, rx) = mpsc::channel(QUEUE);
         let metrics = Arc::new(LedgerMetrics::default());
         tokio::spawn(run(ledger, config.epoch, rx, Arc::clone(&metrics)));
@@ -332,12 +338,15 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_flood_while_etcd_hangs_is_answered_with_what_nodes_hold() {
         let (member, _holder) = hung_member();
-        let committer = Arc::new(Committer::start(&LedgerConfig {
-            endpoints: vec![member],
-            epoch: 1,
-            call_timeout_ms: 200,
-            commit_deadline_ms: 500,
-        }));
+        let committer = Arc::new(Committer::start(
+            &LedgerConfig {
+                endpoints: vec![member],
+                epoch: 1,
+                call_timeout_ms: 200,
+                commit_deadline_ms: 500,
+            },
+            None,
+        ));
         let reports = QUEUE as u64 + 1_000;
         let started = Instant::now();
         let tasks: Vec<_> = (0..reports)

@@ -19,6 +19,10 @@
 //! call_timeout_ms = 200
 //! commit_deadline_ms = 500
 //!
+//! [shard]                             # optional: rooms sharded between aggregator groups
+//! group = "eu"                        # this aggregator's group
+//! groups = ["eu", "us"]               # every group, the same list on every aggregator and node
+//!
 //! [[rooms]]                           # the cluster's room settings, pushed to the nodes
 //! id = "shop"
 //! total_active_users = 200
@@ -41,6 +45,7 @@ use serde::Deserialize;
 use waitroom_common::{
     cluster::RoomDef,
     room_table::{self, RoomTable, RoomsError},
+    shard::Membership,
 };
 use waitroom_runtime::{
     config_file::{self, ConfigText},
@@ -75,6 +80,15 @@ struct Raw {
     rooms: Vec<RoomTable>,
     #[serde(default)]
     ledger: Option<RawLedger>,
+    #[serde(default)]
+    shard: Option<RawShard>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShard {
+    group: String,
+    groups: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -163,6 +177,9 @@ pub struct AggregatorConfig {
     /// `[ledger]`: grants committed to etcd; `None`: this aggregator's own
     /// ledger only.
     pub ledger: Option<LedgerConfig>,
+    /// `[shard]`: rooms sharded between aggregator groups; this aggregator
+    /// takes part only in its group's rooms. `None`: every room.
+    pub shard: Option<Membership>,
 }
 
 /// Where the control API keeps its state, and who may use it.
@@ -235,6 +252,20 @@ impl AggregatorConfig {
         }
         room_defs(&raw.rooms).map_err(|e| file.invalid(e.key(), e.problem))?;
         let ledger = raw.ledger.map(|l| ledger_config(&file, l)).transpose()?;
+        let shard = raw
+            .shard
+            .map(|s| {
+                let own = s.group.clone();
+                Membership::new(&s.group, s.groups).map_err(|e| {
+                    let key = if e.0.contains(&format!("{own:?} is not among")) {
+                        "shard.group"
+                    } else {
+                        "shard.groups"
+                    };
+                    file.invalid(key, e.0)
+                })
+            })
+            .transpose()?;
         let beside = ControlConfig::beside(&raw.snapshot_path);
         let control = ControlConfig {
             token_file: raw.control_token_file,
@@ -256,6 +287,7 @@ impl AggregatorConfig {
             rooms: raw.rooms,
             control,
             ledger,
+            shard,
         })
     }
 }
@@ -489,6 +521,41 @@ new_users_per_minute = 50
             ("epoch = 2", "ledger.endpoints: missing"),
         ] {
             let err = parse(&format!("{ROOM}[ledger]\n{table}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(names), "{table}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_shard_table_is_checked_naming_the_key() {
+        let ok = parse(&format!(
+            "{ROOM}[shard]\ngroup = \"us\"\ngroups = [\"eu\", \"us\"]\n"
+        ))
+        .unwrap();
+        let shard = ok.shard.unwrap();
+        assert_eq!((shard.name(), shard.canonical().as_str()), ("us", "eu,us"));
+        assert_eq!(parse(ROOM).unwrap().shard, None, "no table: every room");
+        for (table, names) in [
+            (
+                "group = \"ap\"\ngroups = [\"eu\", \"us\"]",
+                "shard.group: this aggregator's group \"ap\" is not among them",
+            ),
+            (
+                "group = \"eu\"\ngroups = [\"eu\", \"eu\"]",
+                "shard.groups: \"eu\" is listed twice",
+            ),
+            (
+                "group = \"eu\"\ngroups = []",
+                "shard.groups: at least one group",
+            ),
+            (
+                "group = \"e,u\"\ngroups = [\"e,u\"]",
+                "shard.groups: \"e,u\" is not a group name",
+            ),
+            ("groups = [\"eu\"]", "shard.group: missing"),
+        ] {
+            let err = parse(&format!("{ROOM}[shard]\n{table}\n"))
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(names), "{table}: {err}");

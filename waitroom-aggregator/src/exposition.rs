@@ -77,6 +77,11 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
             &m.identity_refused_total,
         ),
         (
+            "waitroom_aggregator_foreign_rooms_total",
+            "Rooms left out of reports because another aggregator group owns them ([shard]; a node whose groups differ from this aggregator's).",
+            &m.foreign_rooms_total,
+        ),
+        (
             "waitroom_aggregator_connections_replaced_total",
             "Older connections closed because the same node connected again.",
             &m.connections_replaced_total,
@@ -253,6 +258,16 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
         "The room's session_duration as the aggregator's configuration in force says.",
         rooms().map(|(id, c)| ([("room", id)], u64::from(c.session_duration) * 60)),
     )?;
+    if let Some(shard) = &shared.shard {
+        use waitroom_common::room::RoomId;
+        f.gauges(
+            "waitroom_aggregator_room_owned",
+            "Rooms sharded ([shard]): 1 for a room this aggregator's group owns (sums and grants), 0 for another group's.",
+            rooms().map(|(id, _)| {
+                ([("room", id)], u64::from(shard.owns(RoomId::from_name(id))))
+            }),
+        )?;
+    }
     let version = shared.settings.lock().version;
     f.gauges(
         "waitroom_aggregator_settings_version",

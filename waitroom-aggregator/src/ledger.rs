@@ -34,7 +34,10 @@ use waitroom_common::{
 pub const MAX_ATTEMPTS: u32 = 16;
 
 /// The key that fences the ledger: the epoch every aggregator of the
-/// cluster commits under (`ledger.epoch`), as a decimal number. Each commit
+/// cluster commits under (`ledger.epoch`), as a decimal number, followed by
+/// ` groups=` and the aggregator groups' names when rooms are sharded
+/// (`[shard]`; `2 groups=eu,us`), so an aggregator with another list of
+/// groups, which would own other rooms, is fenced too. Each commit
 /// compares it in the same transaction, so an aggregator left at another
 /// epoch (an epoch change under way, a mistyped config) cannot write: it
 /// would keep a ledger of its own and grant the same slots again. The first
@@ -61,9 +64,9 @@ pub enum LedgerError {
     #[error("etcd answered {what} with {detail}")]
     Protocol { what: &'static str, detail: String },
     #[error(
-        "fenced: ledger.epoch is {ours} but etcd's {EPOCH_KEY} is {theirs}; this aggregator grants nothing new until it runs with ledger.epoch = {theirs} (an epoch change under way, or a mistyped epoch)"
+        "fenced: this aggregator commits under {ours:?} (ledger.epoch, and shard.groups if set) but etcd's {EPOCH_KEY} is {theirs:?}; it grants nothing new until it runs with the epoch and groups written there (an epoch change under way, or a mistyped epoch or list of groups)"
     )]
-    Fenced { ours: u64, theirs: String },
+    Fenced { ours: String, theirs: String },
 }
 
 /// What a fenced compare-and-swap did.
@@ -320,6 +323,9 @@ pub struct EtcdLedger {
     deadline: Duration,
     /// The epoch its commits are fenced by ([`EPOCH_KEY`]); `None`: no fence.
     epoch: Option<u64>,
+    /// The aggregator groups' names (`Membership::canonical`), written
+    /// into the fence after the epoch; `None`: rooms not sharded.
+    groups: Option<String>,
 }
 
 impl EtcdLedger {
@@ -329,7 +335,25 @@ impl EtcdLedger {
             etcd,
             deadline,
             epoch: None,
+            groups: None,
         }
+    }
+
+    /// The fence also names the aggregator groups (`Membership::canonical`):
+    /// an aggregator with another list under the same epoch is refused.
+    #[must_use]
+    pub fn sharded(mut self, groups: String) -> Self {
+        self.groups = Some(groups);
+        self
+    }
+
+    /// The fence's value for this aggregator (see [`EPOCH_KEY`]).
+    fn fence(&self) -> Option<String> {
+        let epoch = self.epoch?;
+        Some(match &self.groups {
+            Some(groups) => format!("{epoch} groups={groups}"),
+            None => epoch.to_string(),
+        })
     }
 
     /// Commits only while etcd's [`EPOCH_KEY`] is `epoch` (writing it when
@@ -411,7 +435,7 @@ impl EtcdLedger {
         let started = Instant::now();
         let until = Some(started + self.deadline);
         // The fence's expected value, with an epoch.
-        let fence = self.epoch.map(|e| e.to_string());
+        let fence = self.fence();
         let mut last = String::from("none");
         for _ in 0..MAX_ATTEMPTS {
             if started.elapsed() >= self.deadline {
@@ -471,7 +495,7 @@ impl EtcdLedger {
                 }
                 Ok(Swap::Fenced(Some(theirs))) => {
                     return Err(LedgerError::Fenced {
-                        ours: self.epoch.unwrap_or_default(),
+                        ours: fence.unwrap_or_default(),
                         theirs: String::from_utf8_lossy(&theirs).into_owned(),
                     });
                 }

@@ -175,7 +175,14 @@ impl Aggregator {
             clock_seen: std::sync::atomic::AtomicI64::new(clock.wall_over_elapsed()),
             ledger: config.ledger.as_ref().map(|l| {
                 tracing::info!(endpoints = ?l.endpoints, epoch = l.epoch, "grants are committed to etcd before nodes hear of them");
-                committer::Committer::start(l)
+                committer::Committer::start(l, config.shard.as_ref())
+            }),
+            shard: config.shard.clone().inspect(|m| {
+                tracing::info!(
+                    group = m.name(),
+                    groups = %m.canonical(),
+                    "rooms sharded between aggregator groups: this aggregator takes part only in its group's rooms"
+                );
             }),
         });
         let control = Arc::new(Control {
@@ -293,6 +300,7 @@ impl Aggregator {
                 old.node_timeout_ms == new.node_timeout_ms,
             ),
             ("ledger", old.ledger == new.ledger),
+            ("shard", old.shard == new.shard),
         ] {
             if !same {
                 return Err(ReloadError::NeedsRestart { field });
@@ -544,6 +552,7 @@ mod tests {
             rooms: vec![shop()],
             control: config::ControlConfig::beside(&dir.join("snapshot.json")),
             ledger: None,
+            shard: None,
         }
     }
 

@@ -58,6 +58,9 @@ pub struct ServerMetrics {
     pub identity_refused_total: AtomicU64,
     /// Older connections closed because the same node connected again.
     pub connections_replaced_total: AtomicU64,
+    /// Rooms left out of reports because another aggregator group owns
+    /// them (a node whose list of groups differs from this aggregator's).
+    pub foreign_rooms_total: AtomicU64,
     pub snapshots_written_total: AtomicU64,
     /// Steps of the wall clock seen (see [`Shared::cluster`]).
     pub clock_steps_total: AtomicU64,
@@ -76,6 +79,7 @@ pub struct RefusalLogs {
     pub handshake: LogGate,
     pub identity: LogGate,
     pub frames: LogGate,
+    pub foreign: LogGate,
 }
 
 /// What every connection task shares.
@@ -105,6 +109,9 @@ pub struct Shared {
     pub clock_seen: AtomicI64,
     /// With `[ledger]`: commits every grant to etcd before it is answered.
     pub ledger: Option<crate::committer::Committer>,
+    /// With `[shard]`: the rooms of other groups are left out of every
+    /// report before it is merged.
+    pub shard: Option<waitroom_common::shard::Membership>,
 }
 
 /// What one node last said about its origin pools.
@@ -273,7 +280,7 @@ async fn serve_stream(
     // merged, answered with no grant, its held leases counted. A home
     // report is either of the first two that also names the leases the
     // node holds, which the ledger counts until the node confirms.
-    let (message, kind) = match message {
+    let (message, mut kind) = match message {
         Message::LeaseReport(frame) => (Message::Report(frame), Kind::Asking),
         Message::HomeReport(home) => (
             Message::Report(home.frame),
@@ -304,7 +311,8 @@ async fn serve_stream(
                 ),
             })
         }
-        Message::Report(frame) => {
+        Message::Report(mut frame) => {
+            keep_own_rooms(shared, &mut frame, &mut kind);
             // The connection's span names the node once: a field recorded
             // again is appended by the log formatter, so recording it on
             // every report grew each connection's span (and every line it
@@ -392,6 +400,57 @@ async fn serve_stream(
     };
     if let Err(err) = frames::write(&mut send, &answer).await {
         tracing::debug!(%err, "could not send the answer");
+    }
+}
+
+/// Rooms sharded between aggregator groups: leaves out of `frame` (and of
+/// the leases it says the node holds) every room another group owns, so
+/// this aggregator neither sums nor grants it, and the node's answer says
+/// nothing of it (the node goes by its own last share there). A node that
+/// sends such rooms has another list of groups than this aggregator: it is
+/// counted and logged, at most once per period.
+fn keep_own_rooms(shared: &Shared, frame: &mut wire::ReportFrame, kind: &mut Kind) {
+    let Some(shard) = &shared.shard else { return };
+    let mut foreign = Vec::new();
+    frame.report.rooms.retain(|r| {
+        let own = shard.owns(r.room);
+        if !own {
+            foreign.push(r.room);
+        }
+        own
+    });
+    if let Kind::Home { held, .. } | Kind::Peer(held) = kind {
+        held.retain(|h| shard.owns(h.room));
+    }
+    if foreign.is_empty() {
+        return;
+    }
+    shared
+        .metrics
+        .foreign_rooms_total
+        .fetch_add(foreign.len() as u64, Relaxed);
+    if let Some(suppressed) = shared.metrics.logs.foreign.pass(shared.now_secs()) {
+        let rooms: Vec<String> = {
+            let cluster = shared.cluster();
+            foreign
+                .iter()
+                .map(|id| {
+                    cluster
+                        .rooms()
+                        .iter()
+                        .find(|d| d.room.id() == *id)
+                        .map_or_else(|| format!("{:#x}", id.0), |d| d.name.clone())
+                })
+                .collect()
+        };
+        tracing::warn!(
+            node = %frame.report.node,
+            ?rooms,
+            group = shard.name(),
+            groups = %shard.canonical(),
+            suppressed,
+            "a report names rooms another aggregator group owns; left out (the node's [[aggregator.groups]] differ from this aggregator's shard.groups)"
+        );
     }
 }
 

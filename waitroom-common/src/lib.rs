@@ -33,6 +33,7 @@
 //! - `phase`: [`RoomPhase`](phase::RoomPhase) and the wait a visitor arriving now
 //!   would be told, for `/status` and the dashboards.
 //! - `plausible`: reported and restored numbers checked against the room.
+//! - `shard`: which aggregator group owns a room.
 //! - `share`: the local-only share a node decides with when its news is stale.
 //! - `cluster`: [`Cluster`](cluster::Cluster), the aggregator's memory: reports,
 //!   departed nodes and the Anywhere lease ledger (the merge around `aggregate`).
@@ -67,6 +68,8 @@ pub mod plausible;
 pub mod room;
 #[cfg(feature = "std")]
 pub mod room_table;
+#[cfg(feature = "std")]
+pub mod shard;
 #[cfg(feature = "std")]
 pub mod share;
 #[cfg(feature = "std")]

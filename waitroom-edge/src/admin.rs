@@ -395,13 +395,37 @@ pub(crate) fn status(node: &Node) -> serde_json::Value {
         })
         .collect();
     let gossip = node.gossip.as_ref().map(|g| {
-        let freshness = g.world.freshness(node.clock.elapsed());
+        let now = node.clock.elapsed();
+        let freshness = g.world.freshness(now);
+        let world = g.world.load();
+        // Rooms sharded between aggregator groups: each group's own news.
+        let groups: Vec<_> = (g.status.groups.len() > 1)
+            .then(|| {
+                g.status.groups.iter().enumerate().map(|(i, group)| {
+                    let age = world
+                        .groups
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .map(|at| now.since(at));
+                    serde_json::json!({
+                        "name": group.name,
+                        "connected": group.connected.load(Relaxed),
+                        "fresh": age.is_some_and(|a| a <= g.world.stale_after_ms()),
+                        "state_age_ms": age,
+                    })
+                })
+            })
+            .into_iter()
+            .flatten()
+            .collect();
         serde_json::json!({
-            "connected": g.status.connected.load(Relaxed),
+            "connected": g.status.connected(),
             "fresh": freshness.is_fresh(),
             "state_age_ms": freshness.age_ms(),
             "reports_total": g.status.reports_total.load(Relaxed),
             "errors_total": g.status.errors_total.load(Relaxed),
+            "groups": groups,
         })
     });
     serde_json::json!({

@@ -445,15 +445,17 @@ impl Node {
     /// Recomputes every room's state from the gossiped world: the aggregator's
     /// answer while it is fresh, else the local-only state (this node's last
     /// known share of the limits; the whole room if no answer ever came).
+    /// Each room's freshness is its own: rooms sharded between aggregator
+    /// groups, one group's outage leaves the others' rooms global.
     pub fn refresh_from_world(&self, world: &gossip::WorldView, rates: &mut [AdmitRate]) {
         let now = self.clock.now();
-        let fresh = world.freshness(self.clock.elapsed()).is_fresh();
+        let elapsed = self.clock.elapsed();
         let current = world.load();
         for (i, room) in self.rooms.iter().enumerate() {
             let view = current.room(room.spec.engine.id());
             let engine = &room.live.load().engine;
             let state = match view {
-                Some(view) if fresh => Arc::clone(&view.state),
+                Some(view) if world.room_fresh(view, elapsed) => Arc::clone(&view.state),
                 _ => match view.and_then(|v| v.share).or(self.restored_shares[i]) {
                     Some(share) => {
                         let local = local_only_state(

@@ -104,8 +104,13 @@ pub(super) struct Client {
     /// This client's aggregator, `index` in [`Homes::addresses`].
     pub address: SocketAddr,
     pub index: usize,
-    /// Which aggregator is the node's home; shared by every client.
+    /// Which aggregator of the group is the node's home; shared by the
+    /// group's clients.
     pub homes: Arc<Homes>,
+    /// This client's aggregator group (index into `groups`), and every
+    /// group's name: it reports only the rooms its group owns.
+    pub group: usize,
+    pub groups: Arc<[String]>,
     pub identity: NodeIdentity,
     pub reporter: Arc<dyn Reporter>,
     pub world: Arc<WorldView>,
@@ -125,6 +130,12 @@ impl Client {
     /// An answer must come back within two intervals (at least 1 s).
     fn answer_timeout(&self) -> Duration {
         (self.interval() * 2).max(Duration::from_secs(1))
+    }
+
+    /// Whether `room` is reported to this client's group.
+    fn mine(&self, room: waitroom_common::room::RoomId) -> bool {
+        self.groups.len() < 2
+            || waitroom_common::shard::owner(room, &self.groups) == Some(self.group)
     }
 
     /// This client's aggregator is the node's home at the moment.
@@ -158,13 +169,13 @@ impl Client {
                             () = shutdown.requested() => {
                                 connection.close(wire::close::DONE.into(), b"node shutting down");
                                 if self.homes.current() == self.index {
-                                    self.status.connected.store(false, Relaxed);
+                                    self.status.groups[self.group].connected.store(false, Relaxed);
                                 }
                                 return;
                             }
                         };
                         if self.homes.current() == self.index {
-                            self.status.connected.store(false, Relaxed);
+                            self.status.groups[self.group].connected.store(false, Relaxed);
                             self.lease.failed();
                         }
                         tracing::warn!(reason = %ended, "gossip connection ended; reconnecting");
@@ -230,7 +241,7 @@ impl Client {
             let was_home = self.is_home();
             let out_of_cycle = tokio::select! {
                 _ = tick.tick() => false,
-                () = self.lease.wanted(), if was_home => true,
+                () = self.lease.wanted(self.group), if was_home => true,
             };
             if out_of_cycle {
                 self.lease.asks_total.fetch_add(1, Relaxed);
@@ -249,7 +260,8 @@ impl Client {
                 homes: &self.homes,
                 index: self.index,
             });
-            let rooms = self.reporter.report(now);
+            let mut rooms = self.reporter.report(now);
+            rooms.retain(|r| self.mine(r.room));
             let report = NodeReport {
                 node: self.identity.node.clone(),
                 colo: self.identity.colo.clone(),
@@ -265,7 +277,11 @@ impl Client {
             let frame = ReportFrame {
                 seq: *seq,
                 report: report.clone(),
-                pools: self.reporter.pools(),
+                pools: {
+                    let mut pools = self.reporter.pools();
+                    pools.retain(|p| self.mine(waitroom_common::room::RoomId::from_name(&p.room)));
+                    pools
+                },
                 settings_version: match self.status.settings_version.load(Relaxed) {
                     0 => None,
                     v => Some(v),
@@ -303,7 +319,7 @@ impl Client {
                     missed = 0;
                     backoff.reset();
                     self.homes.answered(self.index, self.clock.elapsed());
-                    self.status.answered_by[self.index].fetch_add(1, Relaxed);
+                    self.status.groups[self.group].answered_by[self.index].fetch_add(1, Relaxed);
                     // A peer's answer grants nothing: it only shows that
                     // this aggregator could take over.
                     if home {
@@ -323,7 +339,7 @@ impl Client {
                             tick.reset_immediately();
                         }
                         self.status.reports_total.fetch_add(1, Relaxed);
-                        if !self.status.connected.swap(true, Relaxed) {
+                        if !self.status.groups[self.group].connected.swap(true, Relaxed) {
                             tracing::info!("aggregator answering");
                         }
                     }
@@ -392,6 +408,7 @@ impl Client {
             .load()
             .rooms
             .iter()
+            .filter(|room| self.mine(room.room))
             .map(|room| {
                 let state = &room.state;
                 HeldLease {
@@ -410,7 +427,6 @@ impl Client {
     /// `sent`: the monotonic clock when the report left, which bounds when
     /// the aggregator read its clock for `answer.at`.
     fn store(&self, report: &NodeReport, answer: AnswerFrame, sent: Elapsed) {
-        let previous = self.world.load_full();
         let received = self.clock.elapsed();
         let step = self.clock.follow(answer.at, sent, received);
         let offset_ms = self.clock.offset_from_wall();
@@ -425,29 +441,40 @@ impl Client {
             );
         }
         let received_at = self.clock.now();
-        let rooms = answer
-            .rooms
-            .into_iter()
-            .map(|room_answer| {
-                let own = report.rooms.iter().find(|r| r.room == room_answer.room);
-                let observed = own.and_then(|own| {
-                    let (active, admitted) = own_counts(own, room_answer.state.as_of);
-                    observed_share(&room_answer.state, active, admitted)
-                });
-                let before = previous.room(room_answer.room).and_then(|r| r.share);
-                RoomView {
-                    room: room_answer.room,
-                    state: Arc::new(room_answer.state),
-                    share: smooth_share(before, observed),
-                }
-            })
-            .collect();
-        self.world.store(World {
-            received_at: Some(received_at),
-            received: Some(received),
-            aggregator_at: Some(answer.at),
-            rooms,
-            settings: answer.settings.map(Arc::new),
+        self.world.update(|previous| {
+            // The other groups' rooms stay as their homes last told them.
+            let mut rooms: Vec<RoomView> = previous
+                .rooms
+                .iter()
+                .filter(|r| !self.mine(r.room))
+                .cloned()
+                .collect();
+            rooms.extend(answer.rooms.into_iter().filter(|r| self.mine(r.room)).map(
+                |room_answer| {
+                    let own = report.rooms.iter().find(|r| r.room == room_answer.room);
+                    let observed = own.and_then(|own| {
+                        let (active, admitted) = own_counts(own, room_answer.state.as_of);
+                        observed_share(&room_answer.state, active, admitted)
+                    });
+                    let before = previous.room(room_answer.room).and_then(|r| r.share);
+                    RoomView {
+                        room: room_answer.room,
+                        state: Arc::new(room_answer.state),
+                        share: smooth_share(before, observed),
+                        received,
+                    }
+                },
+            ));
+            let mut world = World {
+                received_at: Some(received_at),
+                received: previous.received,
+                groups: previous.groups.clone(),
+                aggregator_at: Some(answer.at),
+                rooms,
+                settings: answer.settings.map(Arc::new),
+            };
+            world.answered(self.group, self.groups.len().max(1), received);
+            world
         });
     }
 }

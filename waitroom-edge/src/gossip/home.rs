@@ -147,21 +147,10 @@ impl Homes {
     }
 }
 
-/// The rendezvous weight of `address` for `node`: FNV-1a over both, then a
-/// 64-bit finalizer (FNV alone mixes the last bytes poorly, and the
-/// addresses of one cluster differ mostly there).
+/// The rendezvous weight of `address` for `node` (the same hash that
+/// shards rooms between aggregator groups).
 fn weight(node: &str, address: &SocketAddr) -> u64 {
-    let bytes = node
-        .bytes()
-        .chain([0])
-        .chain(address.to_string().into_bytes());
-    let mut h = bytes.fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    // splitmix64's finalizer.
-    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
+    waitroom_common::shard::weight(node.as_bytes(), address.to_string().as_bytes())
 }
 
 #[cfg(test)]

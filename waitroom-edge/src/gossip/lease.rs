@@ -39,8 +39,9 @@ use tokio::sync::{Notify, watch};
 pub struct LeaseAsk {
     /// The longest a visitor's decision is held; zero: never.
     wait: Duration,
-    /// Wakes the gossip client for an out-of-cycle report.
-    wanted: Notify,
+    /// Wakes the gossip client of each aggregator group's home for an
+    /// out-of-cycle report (the visitor held may be in any group's room).
+    wanted: Vec<Notify>,
     /// A report for the held visitors is asked for or on its way.
     outstanding: AtomicBool,
     /// A hold timed out or the exchange failed, and no answer came since.
@@ -60,9 +61,16 @@ pub struct LeaseAsk {
 impl LeaseAsk {
     #[must_use]
     pub fn new(lease_wait_ms: u64) -> Self {
+        Self::with_groups(lease_wait_ms, 1)
+    }
+
+    /// The lease of a node whose rooms are sharded between `groups`
+    /// aggregator groups.
+    #[must_use]
+    pub fn with_groups(lease_wait_ms: u64, groups: usize) -> Self {
         Self {
             wait: Duration::from_millis(lease_wait_ms),
-            wanted: Notify::new(),
+            wanted: (0..groups.max(1)).map(|_| Notify::new()).collect(),
             outstanding: AtomicBool::new(false),
             degraded: AtomicBool::new(false),
             supported: AtomicBool::new(true),
@@ -96,7 +104,9 @@ impl LeaseAsk {
     /// Asks for an out-of-cycle report, unless one is already outstanding.
     pub fn ask(&self) {
         if !self.outstanding.swap(true, Relaxed) {
-            self.wanted.notify_one();
+            for group in &self.wanted {
+                group.notify_one();
+            }
         }
     }
 
@@ -156,9 +166,9 @@ impl LeaseAsk {
         self.outstanding.store(false, Relaxed);
     }
 
-    /// Resolves when an out-of-cycle report is wanted.
-    pub(super) async fn wanted(&self) {
-        self.wanted.notified().await;
+    /// Resolves when an out-of-cycle report to group `group` is wanted.
+    pub(super) async fn wanted(&self, group: usize) {
+        self.wanted[group].notified().await;
     }
 }
 
@@ -223,11 +233,11 @@ mod tests {
             .collect();
         tokio::task::yield_now().await;
         // One permit for the client, however many are held.
-        tokio::time::timeout(Duration::from_millis(1), lease.wanted())
+        tokio::time::timeout(Duration::from_millis(1), lease.wanted(0))
             .await
             .expect("asked");
         assert!(
-            tokio::time::timeout(Duration::from_millis(1), lease.wanted())
+            tokio::time::timeout(Duration::from_millis(1), lease.wanted(0))
                 .await
                 .is_err(),
             "asked once"

@@ -60,6 +60,12 @@ pub struct GossipConfig {
     /// reports to every one, takes its grants from one ([`home`]).
     #[serde(default)]
     pub addresses: Vec<SocketAddr>,
+    /// Rooms sharded between aggregator groups instead of `address` or
+    /// `addresses` (docs/adr/0001, decision 5): each room is reported only
+    /// to the group that owns it (`waitroom_common::shard::owner` of the
+    /// groups' names, which every aggregator's `[shard]` lists the same).
+    #[serde(default)]
+    pub groups: Vec<AggregatorGroup>,
     /// Name the aggregator's certificate must carry.
     #[serde(default = "default_server_name")]
     pub server_name: String,
@@ -90,6 +96,17 @@ pub struct GossipConfig {
     /// instead of what its traffic needs (the behaviour before the lease).
     #[serde(default = "default_lease_wait_ms")]
     pub lease_wait_ms: u64,
+}
+
+/// One aggregator group of `[[aggregator.groups]]`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AggregatorGroup {
+    /// The group's name, as in its aggregators' `shard.group`.
+    pub name: String,
+    /// Its aggregators: the node reports the group's rooms to every one
+    /// and takes their grants from one ([`home`]).
+    pub addresses: Vec<SocketAddr>,
 }
 
 /// The most aggregators a node reports to.
@@ -127,48 +144,85 @@ impl GossipConfig {
         }
     }
 
-    /// The aggregators, `address` or `addresses`.
+    /// Every aggregator, of `address`, `addresses` or `groups`.
     #[must_use]
     pub fn aggregators(&self) -> Vec<SocketAddr> {
         self.address
             .into_iter()
             .chain(self.addresses.iter().copied())
+            .chain(self.groups.iter().flat_map(|g| g.addresses.iter().copied()))
             .collect()
+    }
+
+    /// The aggregator groups: `groups`, or one unnamed group of `address`
+    /// or `addresses` (which owns every room).
+    #[must_use]
+    pub fn groups(&self) -> Vec<AggregatorGroup> {
+        if self.groups.is_empty() {
+            vec![AggregatorGroup {
+                name: String::new(),
+                addresses: self.aggregators(),
+            }]
+        } else {
+            self.groups.clone()
+        }
     }
 
     /// Checks the numbers (the files are checked by [`tls::check`]).
     pub fn validate(&self) -> Result<(), GossipConfigError> {
-        match (self.address, self.addresses.len()) {
-            (None, 0) => {
+        let given = [
+            self.address.is_some(),
+            !self.addresses.is_empty(),
+            !self.groups.is_empty(),
+        ];
+        match given.iter().filter(|&&g| g).count() {
+            0 => {
                 return Err(GossipConfigError {
                     field: "address",
                     problem:
-                        "missing: the aggregator's host:port (or addresses = [...] for several)"
+                        "missing: the aggregator's host:port (or addresses = [...] for several, or [[aggregator.groups]] for rooms sharded between groups)"
                             .into(),
                 });
             }
-            (Some(_), n) if n > 0 => {
+            1 => {}
+            _ => {
                 return Err(GossipConfigError {
-                    field: "addresses",
-                    problem: "give address or addresses, not both".into(),
+                    field: if given[2] { "groups" } else { "addresses" },
+                    problem: "give one of address, addresses or groups".into(),
                 });
             }
-            (_, n) if n > MAX_AGGREGATORS => {
-                return Err(GossipConfigError {
-                    field: "addresses",
-                    problem: format!("{n} aggregators; at most {MAX_AGGREGATORS}"),
-                });
-            }
-            _ => {}
+        }
+        let names: Vec<&str> = self.groups.iter().map(|g| g.name.as_str()).collect();
+        if !names.is_empty() {
+            waitroom_common::shard::check_names(&names).map_err(|e| GossipConfigError {
+                field: "groups",
+                problem: e.0,
+            })?;
+        }
+        if let Some(g) = self.groups.iter().find(|g| g.addresses.is_empty()) {
+            return Err(GossipConfigError {
+                field: "groups",
+                problem: format!("group {:?} has no addresses", g.name),
+            });
         }
         let all = self.aggregators();
+        if all.len() > MAX_AGGREGATORS {
+            return Err(GossipConfigError {
+                field: if given[2] { "groups" } else { "addresses" },
+                problem: format!("{} aggregators; at most {MAX_AGGREGATORS}", all.len()),
+            });
+        }
         if let Some(twice) = all
             .iter()
             .enumerate()
             .find_map(|(i, a)| all[..i].contains(a).then_some(a))
         {
             return Err(GossipConfigError {
-                field: "addresses",
+                field: if self.groups.is_empty() {
+                    "addresses"
+                } else {
+                    "groups"
+                },
                 problem: format!("{twice} is listed twice"),
             });
         }
@@ -351,27 +405,41 @@ pub fn spawn(
     };
     endpoint.set_default_client_config(client_config);
     let world = Arc::new(WorldView::new(config.stale_after_ms));
-    let homes = Arc::new(home::Homes::new(
-        &identity.node,
-        aggregators.clone(),
-        config.interval_ms,
+    let groups = config.groups();
+    let names: Arc<[String]> = groups.iter().map(|g| g.name.clone()).collect();
+    let status = Arc::new(GossipStatus::new(
+        groups
+            .iter()
+            .map(|g| {
+                let homes =
+                    home::Homes::new(&identity.node, g.addresses.clone(), config.interval_ms);
+                status::GroupStatus::new(g.name.clone(), Arc::new(homes))
+            })
+            .collect(),
     ));
-    let status = Arc::new(GossipStatus::new(Arc::clone(&homes)));
-    let lease = Arc::new(LeaseAsk::new(config.lease_wait_ms));
+    let lease = Arc::new(LeaseAsk::with_groups(config.lease_wait_ms, groups.len()));
     let interval_ms = config.interval_ms;
     // One client per aggregator, each on its own connection; the task
     // ends when they all have.
-    let clients: Vec<_> = aggregators
+    let clients: Vec<_> = groups
         .iter()
         .enumerate()
-        .map(|(index, &address)| {
+        .flat_map(|(group, g)| {
+            g.addresses
+                .iter()
+                .enumerate()
+                .map(move |(index, &address)| (group, index, address))
+        })
+        .map(|(group, index, address)| {
             runtime.spawn(
                 client::Client {
                     lease: Arc::clone(&lease),
                     config: config.clone(),
                     address,
                     index,
-                    homes: Arc::clone(&homes),
+                    homes: Arc::clone(&status.groups[group].homes),
+                    group,
+                    groups: Arc::clone(&names),
                     identity: identity.clone(),
                     reporter: Arc::clone(&reporter),
                     world: Arc::clone(&world),
@@ -463,7 +531,11 @@ key = "n.key"
         assert_eq!(ok.aggregators(), vec![a, b]);
         for (bad, field, says) in [
             (with(None, vec![]), "address", "missing"),
-            (with(Some(a), vec![b]), "addresses", "not both"),
+            (
+                with(Some(a), vec![b]),
+                "addresses",
+                "one of address, addresses or groups",
+            ),
             (
                 with(None, vec![a, b, a]),
                 "addresses",
@@ -481,6 +553,65 @@ key = "n.key"
         )
         .unwrap();
         assert_eq!(parsed.aggregators(), vec![a, b]);
+    }
+
+    /// Rooms sharded between groups: every group named once, with
+    /// addresses, no aggregator in two groups, not mixed with `address`.
+    #[test]
+    fn aggregator_groups_are_validated_naming_the_key() {
+        let parse = |extra: &str| -> GossipConfig {
+            toml::from_str(&format!("ca = \"c\"\ncert = \"c\"\nkey = \"k\"\n{extra}")).unwrap()
+        };
+        let ok = parse(
+            "[[groups]]\nname = \"eu\"\naddresses = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n[[groups]]\nname = \"us\"\naddresses = [\"127.0.0.1:3\"]\n",
+        );
+        ok.validate().unwrap();
+        assert_eq!(ok.aggregators().len(), 3);
+        let groups = ok.groups();
+        assert_eq!(
+            groups
+                .iter()
+                .map(|g| (g.name.as_str(), g.addresses.len()))
+                .collect::<Vec<_>>(),
+            [("eu", 2), ("us", 1)]
+        );
+        let one = config().groups();
+        assert_eq!(
+            (one.len(), one[0].name.as_str()),
+            (1, ""),
+            "one unnamed group"
+        );
+        for (extra, field, says) in [
+            (
+                "address = \"127.0.0.1:9\"\n[[groups]]\nname = \"eu\"\naddresses = [\"127.0.0.1:1\"]\n",
+                "groups",
+                "one of address, addresses or groups",
+            ),
+            (
+                "[[groups]]\nname = \"eu\"\naddresses = [\"127.0.0.1:1\"]\n[[groups]]\nname = \"eu\"\naddresses = [\"127.0.0.1:2\"]\n",
+                "groups",
+                "\"eu\" is listed twice",
+            ),
+            (
+                "[[groups]]\nname = \"e u\"\naddresses = [\"127.0.0.1:1\"]\n",
+                "groups",
+                "not a group name",
+            ),
+            (
+                "[[groups]]\nname = \"eu\"\naddresses = []\n",
+                "groups",
+                "\"eu\" has no addresses",
+            ),
+            (
+                "[[groups]]\nname = \"eu\"\naddresses = [\"127.0.0.1:1\"]\n[[groups]]\nname = \"us\"\naddresses = [\"127.0.0.1:1\"]\n",
+                "groups",
+                "127.0.0.1:1 is listed twice",
+            ),
+        ] {
+            let err = parse(extra).validate().unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+            assert!(err.problem.contains(says), "{err}");
+        }
     }
 
     struct Sketch;

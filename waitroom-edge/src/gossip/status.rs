@@ -15,12 +15,8 @@ use waitroom_runtime::metrics::Families;
 /// Updated by the gossip task, read by `/metrics` and `/status`.
 #[derive(Debug)]
 pub struct GossipStatus {
-    /// The connection to the home aggregator is up and has answered.
-    pub connected: AtomicBool,
-    /// The aggregators and which is the home.
-    pub homes: Arc<Homes>,
-    /// Per aggregator: reports it answered (as home or as a peer).
-    pub answered_by: Vec<AtomicU64>,
+    /// Per aggregator group (one, unnamed, unless rooms are sharded).
+    pub groups: Vec<GroupStatus>,
     /// Reports answered by the aggregator.
     pub reports_total: AtomicU64,
     /// Failed connects, failed or refused exchanges, timeouts.
@@ -36,10 +32,24 @@ pub struct GossipStatus {
     pub clock_offset_ms: AtomicI64,
 }
 
-impl GossipStatus {
+/// One aggregator group's part of [`GossipStatus`].
+#[derive(Debug)]
+pub struct GroupStatus {
+    /// The group's name; empty when rooms are not sharded.
+    pub name: String,
+    /// The connection to the group's home aggregator is up and has answered.
+    pub connected: AtomicBool,
+    /// The group's aggregators and which is the home.
+    pub homes: Arc<Homes>,
+    /// Per aggregator: reports it answered (as home or as a peer).
+    pub answered_by: Vec<AtomicU64>,
+}
+
+impl GroupStatus {
     #[must_use]
-    pub fn new(homes: Arc<Homes>) -> Self {
+    pub fn new(name: String, homes: Arc<Homes>) -> Self {
         Self {
+            name,
             connected: AtomicBool::new(false),
             answered_by: homes
                 .addresses()
@@ -47,6 +57,15 @@ impl GossipStatus {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             homes,
+        }
+    }
+}
+
+impl GossipStatus {
+    #[must_use]
+    pub fn new(groups: Vec<GroupStatus>) -> Self {
+        Self {
+            groups,
             reports_total: AtomicU64::new(0),
             errors_total: AtomicU64::new(0),
             clock_offset_ms: AtomicI64::new(0),
@@ -55,12 +74,18 @@ impl GossipStatus {
         }
     }
 
+    /// The home of every group is connected and answering.
+    #[must_use]
+    pub fn connected(&self) -> bool {
+        self.groups.iter().all(|g| g.connected.load(Relaxed))
+    }
+
     /// The `waitroom_gossip_*` families.
     pub fn encode(&self, f: &mut Families<'_>, world: &WorldView, now: Elapsed) -> fmt::Result {
         f.gauge(
             "waitroom_gossip_connected",
-            "1 while a connection to the aggregator is up and answering.",
-            i64::from(self.connected.load(Relaxed)),
+            "1 while a connection to the aggregator (to each group's home, rooms sharded) is up and answering.",
+            i64::from(self.connected()),
         )?;
         if let Some(at) = world.load().received_at {
             f.gauge(
@@ -76,9 +101,25 @@ impl GossipStatus {
         )?;
         f.gauge(
             "waitroom_gossip_stale",
-            "1 when the global state is older than stale_after_ms (or never came): local-only limits apply.",
+            "1 when the global state is older than stale_after_ms (or never came): local-only limits apply (rooms sharded: in some group's rooms).",
             i64::from(!world.freshness(now).is_fresh()),
         )?;
+        if self.groups.len() > 1 {
+            let current = world.load();
+            f.gauges(
+                "waitroom_gossip_group_stale",
+                "1 when the global state of the group's rooms is older than stale_after_ms (or never came): local-only limits apply to them.",
+                self.groups.iter().enumerate().map(|(i, g)| {
+                    let fresh = current
+                        .groups
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .is_some_and(|at| now.since(at) <= world.stale_after_ms());
+                    ([("group", g.name.as_str())], i64::from(!fresh))
+                }),
+            )?;
+        }
         f.counter(
             "waitroom_gossip_reports_total",
             "Reports answered by the aggregator.",
@@ -94,23 +135,33 @@ impl GossipStatus {
             "Connections established to the aggregator.",
             self.connects_total.load(Relaxed),
         )?;
-        let homes = &self.homes;
-        let names: Vec<String> = homes.addresses().iter().map(ToString::to_string).collect();
-        let labels = |i: usize| [("aggregator", names[i].as_str())];
+        // Every aggregator of every group, each once: (group, index, name).
+        let all: Vec<(&GroupStatus, usize, String)> = self
+            .groups
+            .iter()
+            .flat_map(|g| {
+                let names = g.homes.addresses().iter().map(ToString::to_string);
+                names.enumerate().map(move |(i, name)| (g, i, name))
+            })
+            .collect();
+        let labels = |name: &str| [("aggregator", name.to_owned())];
         f.gauges(
             "waitroom_gossip_home",
-            "1 for the aggregator this node takes its grants from (its home), 0 for the others it reports to.",
-            (0..names.len()).map(|i| (labels(i), i64::from(homes.current() == i))),
+            "1 for the aggregator this node takes its grants from (its home; one per group, rooms sharded), 0 for the others it reports to.",
+            all.iter()
+                .map(|(g, i, name)| (labels(name), i64::from(g.homes.current() == *i))),
         )?;
         f.gauges(
             "waitroom_gossip_aggregator_answering",
             "1 while the aggregator answered within an interval and a half.",
-            (0..names.len()).map(|i| (labels(i), i64::from(homes.answering(i, now)))),
+            all.iter()
+                .map(|(g, i, name)| (labels(name), i64::from(g.homes.answering(*i, now)))),
         )?;
         f.counters(
             "waitroom_gossip_aggregator_answers_total",
             "Reports answered, per aggregator (as the home or as a peer).",
-            (0..names.len()).map(|i| (labels(i), self.answered_by[i].load(Relaxed))),
+            all.iter()
+                .map(|(g, i, name)| (labels(name), g.answered_by[*i].load(Relaxed))),
         )
     }
 }

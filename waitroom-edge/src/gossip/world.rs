@@ -17,13 +17,19 @@ use arc_swap::ArcSwap;
 use waitroom_common::{room::RoomId, state::GlobalState, time::UnixMillis};
 use waitroom_runtime::clock::Elapsed;
 
-/// The world as of the last answer from the aggregator.
+/// The world as of the last answer from the aggregator (from each group's
+/// home, rooms sharded between groups: each answer replaces its group's
+/// rooms and keeps the others').
 #[derive(Debug, Clone, Default)]
 pub struct World {
-    /// The node's clock when the answer arrived; `None` before the first.
+    /// The node's clock when the last answer arrived; `None` before the first.
     pub received_at: Option<UnixMillis>,
-    /// The node's monotonic clock then: what ages are measured from.
+    /// The node's monotonic clock when the oldest of the groups' last
+    /// answers arrived (what the world's age is measured from); `None`
+    /// until every group answered.
     pub received: Option<Elapsed>,
+    /// Per aggregator group, when its last answer arrived.
+    pub groups: Vec<Option<Elapsed>>,
     /// The aggregator's clock when it computed the answer.
     pub aggregator_at: Option<UnixMillis>,
     /// One entry per room the aggregator answered for, in the order answered.
@@ -42,6 +48,8 @@ pub struct RoomView {
     /// smoothed over answers: what the node may keep using on its own when
     /// the aggregator is out of reach. `None` until a big enough sample.
     pub share: Option<f64>,
+    /// The node's monotonic clock when the answer that carried it arrived.
+    pub received: Elapsed,
 }
 
 impl World {
@@ -49,6 +57,14 @@ impl World {
     #[must_use]
     pub fn room(&self, room: RoomId) -> Option<&RoomView> {
         self.rooms.iter().find(|r| r.room == room)
+    }
+
+    /// Group `group` of `groups` answered at `received`: the world's age is
+    /// now that of its oldest group.
+    pub fn answered(&mut self, group: usize, groups: usize, received: Elapsed) {
+        self.groups.resize(groups, None);
+        self.groups[group] = Some(received);
+        self.received = self.groups.iter().copied().min().flatten();
     }
 }
 
@@ -88,6 +104,8 @@ pub struct WorldView {
     /// Woken on every store, so whoever turns the world into the rooms'
     /// states does so at once instead of on its next tick.
     changed: tokio::sync::Notify,
+    /// Held by [`WorldView::update`].
+    writer: parking_lot::Mutex<()>,
 }
 
 impl WorldView {
@@ -97,6 +115,7 @@ impl WorldView {
             current: ArcSwap::from_pointee(World::default()),
             stale_after_ms,
             changed: tokio::sync::Notify::new(),
+            writer: parking_lot::Mutex::new(()),
         }
     }
 
@@ -123,10 +142,26 @@ impl WorldView {
         self.stale_after_ms
     }
 
-    /// Swaps in a new world (the gossip task only).
+    /// Whether `room`'s state, from its group's last answer, is still
+    /// fresh at `now`.
+    #[must_use]
+    pub fn room_fresh(&self, room: &RoomView, now: Elapsed) -> bool {
+        now.since(room.received) <= self.stale_after_ms
+    }
+
+    /// Swaps in a new world (tests, and a single gossip task).
     pub fn store(&self, world: World) {
         self.current.store(Arc::new(world));
         self.changed.notify_one();
+    }
+
+    /// Swaps in the world `next` builds from the current one. The gossip
+    /// clients of several groups update it in turn (under a lock of their
+    /// own; readers never take it), so none loses another's rooms.
+    pub fn update(&self, next: impl FnOnce(&World) -> World) {
+        let _one_writer = self.writer.lock();
+        let world = next(&self.current.load());
+        self.store(world);
     }
 
     /// Resolves after the next [`WorldView::store`] (at once if one happened

@@ -1,0 +1,328 @@
+//! Rooms sharded between aggregator groups (issue 20, docs/adr/0001
+//! decision 5), with the real binaries on loopback: two groups of one
+//! aggregator each (`[shard]`, `eu` and `us`), two rooms of which each
+//! group owns one by the stable hash, two nodes configured with both groups
+//! (`[[aggregator.groups]]`) and one node an operator forgot to move to
+//! groups (`address` = the `eu` aggregator only).
+//!
+//! What is asserted:
+//! - each group's aggregator sums only the room its group owns: it counts
+//!   the nodes of that room and none of the other's, and says which it owns
+//!   (`waitroom_aggregator_room_owned`); each node has one home per group
+//!   and is fresh in both;
+//! - the misconfigured node sends both rooms to `eu`: the room `us` owns
+//!   is left out of its reports, counted (`foreign_rooms_total`) and
+//!   logged, and that node is never granted anything there (it queues its
+//!   visitors, having no share), while the room `eu` owns works for it as
+//!   for the others;
+//! - both rooms pushed past their limit in one minute: each stays within
+//!   its `new_users_per_minute`, with no slack;
+//! - the `us` aggregator killed -9: only its room goes local-only at the
+//!   nodes (`waitroom_gossip_group_stale`), the other stays global, every
+//!   visitor is answered, and the minute's admits still hold; restarted,
+//!   its room is fresh again.
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use waitroom_common::{room::RoomId, shard};
+use waitroom_tests::{
+    cluster::{
+        Aggregator, Certs, aggregator_config, free_udp_port, node_config, node_gossip_table,
+        node_gossip_table_groups,
+    },
+    edge::{Edge, SITE, client, get_text, metric, metric_sum},
+    eventually,
+    minutes::{early_in_a_minute, sleep_into_next_minute, unix_secs},
+    procs::{TempDir, start_origin},
+};
+
+const INTERVAL_MS: u64 = 500;
+const NEW_USERS_PER_MINUTE: u64 = 24;
+const GROUPS: [&str; 2] = ["eu", "us"];
+
+/// The first room names `room-N` that group 0 and group 1 own.
+fn rooms() -> [String; 2] {
+    let owned_by = |group: usize| {
+        (0..)
+            .map(|n| format!("room-{n}"))
+            .find(|name| shard::owner(RoomId::from_name(name), &GROUPS) == Some(group))
+            .unwrap()
+    };
+    [owned_by(0), owned_by(1)]
+}
+
+/// A random room (every admission from a shared pool) at `/<index>`.
+fn room_table(id: &str, index: usize) -> String {
+    format!(
+        "[[rooms]]\nid = \"{id}\"\npath = \"/{index}\"\ntotal_active_users = 60\n\
+         new_users_per_minute = {NEW_USERS_PER_MINUTE}\nqueueing_method = \"random\"\n"
+    )
+}
+
+/// A new visitor asks `edge` for room `index`: admitted or not. Panics on
+/// a server error.
+fn admitted(edge: &Edge, index: usize) -> bool {
+    let mut resp = client()
+        .get(&edge.url(&format!("/{index}")))
+        .call()
+        .expect("visitor request");
+    let status = resp.status().as_u16();
+    let body = resp.body_mut().read_to_string().unwrap_or_default();
+    assert!(status < 500, "{}: {status} {body}", edge.proc.name);
+    body.contains(SITE)
+}
+
+/// `rounds` rounds of two new visitors per room at each node: admitted
+/// `[node][room]`, added to `total`.
+fn traffic(edges: &[Edge], rounds: usize, total: &mut [[u64; 2]]) {
+    for _ in 0..rounds {
+        for (edge, counts) in edges.iter().zip(total.iter_mut()) {
+            for (room, count) in counts.iter_mut().enumerate() {
+                for _ in 0..2 {
+                    *count += u64::from(admitted(edge, room));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+}
+
+fn group_stale(edge: &Edge, group: &str) -> Option<f64> {
+    metric(
+        &get_text(&edge.admin_url("/metrics")),
+        &format!("waitroom_gossip_group_stale{{group=\"{group}\"}}"),
+    )
+}
+
+#[test]
+fn each_group_sums_and_grants_only_its_rooms_and_its_outage_stays_in_them() {
+    let started = unix_secs();
+    let dir = TempDir::new("sharded");
+    let names = ["ams-1", "sin-1", "lon-1"];
+    let certs = Certs::generate(&dir.path().join("certs"), &names).unwrap();
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let rooms = rooms();
+    eprintln!("{} is owned by eu, {} by us", rooms[0], rooms[1]);
+    let tables = format!("{}\n{}", room_table(&rooms[0], 0), room_table(&rooms[1], 1));
+
+    let addresses: Vec<SocketAddr> = (0..2)
+        .map(|_| {
+            format!("127.0.0.1:{}", free_udp_port().unwrap())
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let aggregator_text = |g: usize| {
+        let snapshot = dir.path().join(format!("aggregator-{}.json", GROUPS[g]));
+        let shard = format!(
+            "\n[shard]\ngroup = \"{}\"\ngroups = [\"eu\", \"us\"]\n",
+            GROUPS[g]
+        );
+        aggregator_config(addresses[g], &certs, &snapshot, &format!("{tables}{shard}"))
+    };
+    let mut aggregators: Vec<Aggregator> = (0..2)
+        .map(|g| {
+            Aggregator::start(
+                dir.path(),
+                &format!("aggregator-{}", GROUPS[g]),
+                &aggregator_text(g),
+            )
+            .unwrap()
+        })
+        .collect();
+
+    // Node rooms: the origin on both tables (the last gets it from node_config).
+    let node_rooms = format!(
+        "{}origin = \"{origin}\"\n\n{}",
+        room_table(&rooms[0], 0),
+        room_table(&rooms[1], 1)
+    );
+    let groups: [(&str, &[SocketAddr]); 2] = [("eu", &addresses[..1]), ("us", &addresses[1..])];
+    let edges: Vec<Edge> = [("ams-1", "ams"), ("sin-1", "sin"), ("lon-1", "lon")]
+        .iter()
+        .map(|&(name, colo)| {
+            let gossip = if name == "lon-1" {
+                // The node an operator forgot: every room to `eu`.
+                node_gossip_table(addresses[0], &certs, &certs, name, INTERVAL_MS)
+            } else {
+                node_gossip_table_groups(&groups, &certs, &certs, name, INTERVAL_MS)
+            };
+            let config = node_config(
+                dir.path(),
+                name,
+                colo,
+                2,
+                true,
+                &node_rooms,
+                origin,
+                &gossip,
+            );
+            Edge::start(dir.path(), name, &config).unwrap()
+        })
+        .collect();
+    let grouped = &edges[..2];
+
+    // --- Each grouped node: a home in each group, both groups fresh.
+    let settled = |edge: &Edge| {
+        let text = get_text(&edge.admin_url("/metrics"));
+        GROUPS.iter().all(|g| {
+            metric(
+                &text,
+                &format!("waitroom_gossip_group_stale{{group=\"{g}\"}}"),
+            ) == Some(0.0)
+        }) && addresses.iter().all(|a| {
+            metric(
+                &text,
+                &format!("waitroom_gossip_home{{aggregator=\"{a}\"}}"),
+            ) == Some(1.0)
+        }) && metric(&text, "waitroom_gossip_connected") == Some(1.0)
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || grouped.iter().all(settled)),
+        "each node has a home in each group and both are fresh"
+    );
+
+    // --- Each aggregator sums only its own room.
+    let reporting = |a: &Aggregator, room: &str| {
+        a.metric(&format!(
+            "waitroom_aggregator_nodes_reporting{{room=\"{room}\"}}"
+        ))
+        .unwrap_or(0.0)
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            reporting(&aggregators[0], &rooms[0]) == 3.0
+                && reporting(&aggregators[1], &rooms[1]) == 2.0
+        }),
+        "eu counts three nodes in its room, us two in its: {} / {}",
+        reporting(&aggregators[0], &rooms[0]),
+        reporting(&aggregators[1], &rooms[1])
+    );
+    for (g, a) in aggregators.iter().enumerate() {
+        let other = &rooms[1 - g];
+        assert_eq!(reporting(a, other), 0.0, "{} sums {other}", GROUPS[g]);
+        let owned = |room: &str| {
+            a.metric(&format!(
+                "waitroom_aggregator_room_owned{{room=\"{room}\"}}"
+            ))
+        };
+        assert_eq!((owned(&rooms[g]), owned(other)), (Some(1.0), Some(0.0)));
+    }
+    // The forgotten node's reports of the other group's room are left out.
+    let foreign = aggregators[0]
+        .metric("waitroom_aggregator_foreign_rooms_total")
+        .unwrap_or(0.0);
+    assert!(foreign >= 1.0, "foreign rooms counted: {foreign}");
+    assert_eq!(
+        aggregators[1].metric("waitroom_aggregator_foreign_rooms_total"),
+        Some(0.0)
+    );
+    let log = aggregators[0].proc.stderr();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("another aggregator group owns"))
+        .collect();
+    assert!(
+        !lines.is_empty() && lines[0].contains("lon-1") && lines[0].contains(&rooms[1]),
+        "{log}"
+    );
+
+    // --- One minute: both rooms pushed past their limit, then the `us`
+    // aggregator killed mid-minute, more traffic, and it comes back.
+    // Not in the minute the cluster started in: its first grants went to
+    // whichever node reported first, before the aggregators knew the
+    // others, and in a random room a visitor queued anywhere sends every
+    // later one to the draw (these visitors never come back for it).
+    if unix_secs() / 60 == started / 60 {
+        sleep_into_next_minute(1);
+    }
+    early_in_a_minute(45);
+    let mut total = vec![[0_u64; 2]; edges.len()];
+    traffic(&edges, 4, &mut total);
+    eprintln!("before the kill, admitted [node][room]: {total:?}");
+    aggregators[1].proc.kill();
+    let killed = Instant::now();
+    // Only `us`'s room goes local-only; visitors are served meanwhile.
+    while !grouped.iter().all(|e| group_stale(e, "us") == Some(1.0)) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "us's room never went stale"
+        );
+        traffic(&edges, 1, &mut total);
+    }
+    eprintln!("us's room local-only after {:?}", killed.elapsed());
+    for edge in grouped {
+        assert_eq!(group_stale(edge, "eu"), Some(0.0), "eu's room stays global");
+        let status: serde_json::Value =
+            serde_json::from_str(&get_text(&edge.admin_url("/status"))).unwrap();
+        let fresh: Vec<(String, bool)> = status["gossip"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                (
+                    g["name"].as_str().unwrap().to_owned(),
+                    g["fresh"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(fresh, [("eu".to_owned(), true), ("us".to_owned(), false)]);
+    }
+    // eu's room is still decided on the whole picture: each node's global
+    // view of it is every node's sessions, not its own (local-only) part.
+    let active = |room: &str, scope: &str| {
+        format!("waitroom_active_users{{room=\"{room}\",scope=\"{scope}\"}}")
+    };
+    let everyone = metric_sum(&edges, &active(&rooms[0], "node"));
+    assert!(
+        eventually(Duration::from_secs(3), || grouped.iter().all(|e| metric(
+            &get_text(&e.admin_url("/metrics")),
+            &active(&rooms[0], "global")
+        ) == Some(
+            everyone
+        ))),
+        "eu's room keeps the global view ({everyone} sessions) while us is down"
+    );
+    traffic(&edges, 3, &mut total);
+    let restarted =
+        Aggregator::start(dir.path(), "aggregator-us-restarted", &aggregator_text(1)).unwrap();
+    let back = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(5), || grouped
+            .iter()
+            .all(|e| group_stale(e, "us") == Some(0.0))),
+        "us's room is fresh again once its aggregator is back"
+    );
+    eprintln!(
+        "us's room fresh again {:?} after the restart",
+        back.elapsed()
+    );
+    aggregators[1] = restarted;
+    traffic(&edges, 2, &mut total);
+
+    // --- The minute's admits, per room.
+    eprintln!("admitted [node][room]: {total:?}");
+    for (r, room) in rooms.iter().enumerate() {
+        let sum: u64 = total.iter().map(|t| t[r]).sum();
+        let counted = metric_sum(
+            &edges,
+            &format!("waitroom_admitted_this_minute{{room=\"{room}\"}}"),
+        );
+        assert_eq!(counted, sum as f64, "{room}: the counters agree");
+        assert!(
+            sum <= NEW_USERS_PER_MINUTE,
+            "{room}: {sum} admitted > {NEW_USERS_PER_MINUTE}: {total:?}"
+        );
+        assert!(
+            sum >= NEW_USERS_PER_MINUTE / 2,
+            "{room}: most slots used: {total:?}"
+        );
+    }
+    assert_eq!(
+        total[2][1], 0,
+        "the forgotten node is never granted in the room its group does not own"
+    );
+    assert!(total[2][0] > 0, "it admits in the room its aggregator owns");
+}
