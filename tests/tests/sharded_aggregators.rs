@@ -26,15 +26,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use waitroom_common::{room::RoomId, shard};
+use waitroom_aggregator::ledger::{EPOCH_KEY, Etcd, EtcdLedger};
+use waitroom_common::{cluster::grants::GrantLedger, room::RoomId, shard, time::Minute};
 use waitroom_tests::{
     cluster::{
         Aggregator, Certs, aggregator_config, free_udp_port, node_config, node_gossip_table,
         node_gossip_table_groups,
     },
     edge::{Edge, SITE, client, get_text, metric, metric_sum},
+    etcd::{EtcdCluster, history, require_etcd},
     eventually,
-    minutes::{early_in_a_minute, sleep_into_next_minute, unix_secs},
+    minutes::{sleep_into_next_minute, unix_secs},
     procs::{TempDir, start_origin},
 };
 
@@ -98,7 +100,6 @@ fn group_stale(edge: &Edge, group: &str) -> Option<f64> {
 
 #[test]
 fn each_group_sums_and_grants_only_its_rooms_and_its_outage_stays_in_them() {
-    let started = unix_secs();
     let dir = TempDir::new("sharded");
     let names = ["ams-1", "sin-1", "lon-1"];
     let certs = Certs::generate(&dir.path().join("certs"), &names).unwrap();
@@ -231,14 +232,11 @@ fn each_group_sums_and_grants_only_its_rooms_and_its_outage_stays_in_them() {
 
     // --- One minute: both rooms pushed past their limit, then the `us`
     // aggregator killed mid-minute, more traffic, and it comes back.
-    // Not in the minute the cluster started in: its first grants went to
-    // whichever node reported first, before the aggregators knew the
-    // others, and in a random room a visitor queued anywhere sends every
+    // A minute that starts after every node is known: in the minute the
+    // cluster starts, its first grants go to whichever node reported
+    // first, and in a random room a visitor queued anywhere sends every
     // later one to the draw (these visitors never come back for it).
-    if unix_secs() / 60 == started / 60 {
-        sleep_into_next_minute(1);
-    }
-    early_in_a_minute(45);
+    sleep_into_next_minute(1);
     let mut total = vec![[0_u64; 2]; edges.len()];
     traffic(&edges, 4, &mut total);
     eprintln!("before the kill, admitted [node][room]: {total:?}");
@@ -325,4 +323,218 @@ fn each_group_sums_and_grants_only_its_rooms_and_its_outage_stays_in_them() {
         "the forgotten node is never granted in the room its group does not own"
     );
     assert!(total[2][0] > 0, "it admits in the room its aggregator owns");
+}
+
+/// Every version etcd kept of `key` (each is one commit), as ledgers.
+fn versions(endpoints: &[String], key: &str) -> Vec<GrantLedger> {
+    endpoints
+        .iter()
+        .find_map(|e| history(e, key).ok())
+        .expect("an etcd member answers")
+        .into_iter()
+        .map(|(_, bytes)| serde_json::from_slice(&bytes).unwrap())
+        .collect()
+}
+
+/// A group added in the middle of a minute, the way OPERATIONS says: one
+/// group `eu` (epoch 1) owns both rooms; then `us` is started, the fence
+/// in etcd is moved to `2 groups=eu,us`, `eu`'s aggregator is restarted
+/// with the new list and epoch, and the nodes are restarted with both
+/// groups, so the room `us` now owns moves to it mid-minute. Each room's
+/// admits over the minute stay within its limit, every commit of either
+/// epoch does, and the new epoch's first commit of each room starts from
+/// the caps the old epoch held (nothing granted twice across the change).
+#[test]
+fn a_group_added_mid_minute_grants_no_slot_twice() {
+    if !require_etcd() {
+        return;
+    }
+    let etcd = EtcdCluster::start("sharded-epoch-etcd", 3).unwrap();
+    let endpoints = etcd.endpoints();
+    let dir = TempDir::new("sharded-epoch");
+    let nodes = [("ams-1", "ams"), ("sin-1", "sin")];
+    let certs = Certs::generate(&dir.path().join("certs"), &["ams-1", "sin-1"]).unwrap();
+    let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
+    let rooms = rooms();
+    let tables = format!("{}\n{}", room_table(&rooms[0], 0), room_table(&rooms[1], 1));
+    let node_rooms = format!(
+        "{}origin = \"{origin}\"\n\n{}",
+        room_table(&rooms[0], 0),
+        room_table(&rooms[1], 1)
+    );
+    let addresses: Vec<SocketAddr> = (0..2)
+        .map(|_| {
+            format!("127.0.0.1:{}", free_udp_port().unwrap())
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let list: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
+    let aggregator_text = |g: usize, groups: &str, epoch: u64| {
+        let snapshot = dir.path().join(format!("aggregator-{}.json", GROUPS[g]));
+        let extra = format!(
+            "\n[shard]\ngroup = \"{}\"\ngroups = [{groups}]\n\n[ledger]\nendpoints = [{}]\nepoch = {epoch}\n",
+            GROUPS[g],
+            list.join(", ")
+        );
+        aggregator_config(addresses[g], &certs, &snapshot, &format!("{tables}{extra}"))
+    };
+    let start_nodes = |groups: &[(&str, &[SocketAddr])], run: &str| -> Vec<Edge> {
+        nodes
+            .iter()
+            .map(|&(name, colo)| {
+                let gossip = node_gossip_table_groups(groups, &certs, &certs, name, INTERVAL_MS);
+                let config = node_config(
+                    dir.path(),
+                    name,
+                    colo,
+                    2,
+                    true,
+                    &node_rooms,
+                    origin,
+                    &gossip,
+                );
+                Edge::start(dir.path(), &format!("{name}-{run}"), &config).unwrap()
+            })
+            .collect()
+    };
+
+    // --- Epoch 1: one group, `eu`, owns both rooms.
+    let mut eu = Aggregator::start(
+        dir.path(),
+        "aggregator-eu-1",
+        &aggregator_text(0, "\"eu\"", 1),
+    )
+    .unwrap();
+    let mut edges = start_nodes(&[("eu", &addresses[..1])], "1");
+    let fresh_at = |edge: &Edge, home: SocketAddr| {
+        let text = get_text(&edge.admin_url("/metrics"));
+        metric(
+            &text,
+            &format!("waitroom_gossip_home{{aggregator=\"{home}\"}}"),
+        ) == Some(1.0)
+            && metric(&text, "waitroom_gossip_stale") == Some(0.0)
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || edges
+            .iter()
+            .all(|e| fresh_at(e, addresses[0]))),
+        "both nodes fresh at eu"
+    );
+    // A minute that starts after both nodes are known (see above).
+    sleep_into_next_minute(1);
+    let minute = unix_secs() / 60;
+    let mut total = vec![[0_u64; 2]; edges.len()];
+    traffic(&edges, 3, &mut total);
+    eprintln!("epoch 1, admitted [node][room]: {total:?}");
+
+    // --- The change, in the order OPERATIONS gives.
+    let us = Aggregator::start(
+        dir.path(),
+        "aggregator-us-2",
+        &aggregator_text(1, "\"eu\", \"us\"", 2),
+    )
+    .unwrap();
+    let kv = Etcd::new(endpoints.clone(), Duration::from_secs(2));
+    let fence = kv.get(EPOCH_KEY).unwrap();
+    assert_eq!(
+        fence.value.as_deref(),
+        Some(&b"1 groups=eu"[..]),
+        "epoch 1's fence"
+    );
+    assert!(
+        kv.swap(EPOCH_KEY, fence.mod_revision, b"2 groups=eu,us")
+            .unwrap()
+    );
+    eu.proc.kill();
+    eu = Aggregator::start(
+        dir.path(),
+        "aggregator-eu-2",
+        &aggregator_text(0, "\"eu\", \"us\"", 2),
+    )
+    .unwrap();
+    for edge in &mut edges {
+        edge.proc.kill();
+    }
+    let groups: [(&str, &[SocketAddr]); 2] = [("eu", &addresses[..1]), ("us", &addresses[1..])];
+    let edges = start_nodes(&groups, "2");
+    assert!(
+        eventually(Duration::from_secs(10), || edges
+            .iter()
+            .all(|e| { GROUPS.iter().all(|g| group_stale(e, g) == Some(0.0)) })),
+        "both nodes fresh in both groups after the change"
+    );
+    traffic(&edges, 6, &mut total);
+    assert_eq!(unix_secs() / 60, minute, "the test ran within one minute");
+
+    // --- Each room within its limit over the whole minute.
+    eprintln!("admitted [node][room] over the minute: {total:?}");
+    for (r, room) in rooms.iter().enumerate() {
+        let sum: u64 = total.iter().map(|t| t[r]).sum();
+        let counted = metric_sum(
+            &edges,
+            &format!("waitroom_admitted_this_minute{{room=\"{room}\"}}"),
+        );
+        assert_eq!(
+            counted, sum as f64,
+            "{room}: the counters agree (kept over the restart)"
+        );
+        assert!(
+            sum <= NEW_USERS_PER_MINUTE,
+            "{room}: {sum} > {NEW_USERS_PER_MINUTE}"
+        );
+        assert!(
+            sum >= NEW_USERS_PER_MINUTE / 2,
+            "{room}: most slots used: {total:?}"
+        );
+    }
+
+    // --- The ledger: every commit of either epoch within the limit, and
+    // each room's first commit under epoch 2 holds every cap epoch 1 left.
+    for room in &rooms {
+        let old = versions(&endpoints, &EtcdLedger::key(1, room, Minute(minute)));
+        let new = versions(&endpoints, &EtcdLedger::key(2, room, Minute(minute)));
+        eprintln!(
+            "{room}: {} commits under epoch 1, {} under epoch 2",
+            old.len(),
+            new.len()
+        );
+        assert!(
+            !old.is_empty() && !new.is_empty(),
+            "{room} committed under both epochs"
+        );
+        for ledger in old.iter().chain(&new) {
+            assert!(
+                ledger.total() <= NEW_USERS_PER_MINUTE,
+                "{room}: a commit left {:?}",
+                ledger.caps
+            );
+        }
+        let (last_old, first_new) = (old.last().unwrap(), &new[0]);
+        for (node, cap) in &last_old.caps {
+            let kept = first_new.caps.get(node).copied().unwrap_or(0);
+            // A cap may be lowered only to what the node admitted; a
+            // node absent from the new epoch's first commit lost nothing
+            // it held unless the old cap was fully unused.
+            assert!(
+                kept > 0 || *cap == 0,
+                "{room}: epoch 2 started without {node}'s cap {cap}: {:?} then {:?}",
+                last_old.caps,
+                first_new.caps
+            );
+        }
+    }
+    // Each group now sums only its own room; `eu` hears of `us`'s room no more.
+    let reporting = |a: &Aggregator, room: &str| {
+        a.metric(&format!(
+            "waitroom_aggregator_nodes_reporting{{room=\"{room}\"}}"
+        ))
+        .unwrap_or(0.0)
+    };
+    assert_eq!(reporting(&us, &rooms[1]), 2.0);
+    assert_eq!(reporting(&us, &rooms[0]), 0.0);
+    assert_eq!(
+        eu.metric("waitroom_aggregator_foreign_rooms_total"),
+        Some(0.0)
+    );
 }
