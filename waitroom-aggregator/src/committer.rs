@@ -230,9 +230,13 @@ async fn run(
                         grant.room.clone(),
                         grant.minute.minus(2),
                     );
+                    // The epoch before this one too: its keys are read only
+                    // for the minute of an epoch change (to start from).
                     tokio::task::spawn_blocking(move || {
-                        if let Err(err) = ledger.forget_before(epoch, &room, before) {
-                            tracing::debug!(%room, %err, "could not delete past minutes' ledgers");
+                        for epoch in (epoch.saturating_sub(1).max(1)..=epoch).rev() {
+                            if let Err(err) = ledger.forget_before(epoch, &room, before) {
+                                tracing::debug!(%room, epoch, %err, "could not delete past minutes' ledgers");
+                            }
                         }
                     });
                 }
