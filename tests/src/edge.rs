@@ -153,8 +153,13 @@ pub fn get_text(url: &str) -> String {
 /// site. Panics on a server error: no fault a test makes may cost a visitor
 /// a 5xx.
 pub fn admits_new_visitor(edge: &Edge) -> bool {
+    admits_new_visitor_at(edge, "/")
+}
+
+/// [`admits_new_visitor`] at `path`.
+pub fn admits_new_visitor_at(edge: &Edge, path: &str) -> bool {
     let mut resp = client()
-        .get(&edge.url("/"))
+        .get(&edge.url(path))
         .call()
         .expect("visitor request");
     let status = resp.status().as_u16();

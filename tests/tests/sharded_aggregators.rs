@@ -33,7 +33,7 @@ use waitroom_tests::{
         Aggregator, Certs, aggregator_config, free_udp_port, node_config, node_gossip_table,
         node_gossip_table_groups,
     },
-    edge::{Edge, SITE, client, get_text, metric, metric_sum},
+    edge::{Edge, admits_new_visitor_at, get_text, metric, metric_sum},
     etcd::{EtcdCluster, history, require_etcd},
     eventually,
     minutes::{sleep_into_next_minute, unix_secs},
@@ -63,17 +63,56 @@ fn room_table(id: &str, index: usize) -> String {
     )
 }
 
-/// A new visitor asks `edge` for room `index`: admitted or not. Panics on
-/// a server error.
-fn admitted(edge: &Edge, index: usize) -> bool {
-    let mut resp = client()
-        .get(&edge.url(&format!("/{index}")))
-        .call()
-        .expect("visitor request");
-    let status = resp.status().as_u16();
-    let body = resp.body_mut().read_to_string().unwrap_or_default();
-    assert!(status < 500, "{}: {status} {body}", edge.proc.name);
-    body.contains(SITE)
+/// Both rooms' tables for the aggregators, and for the nodes (in front of
+/// `origin`; `node_config` adds it to the last).
+fn tables(rooms: &[String; 2], origin: SocketAddr) -> (String, String) {
+    let (a, b) = (room_table(&rooms[0], 0), room_table(&rooms[1], 1));
+    (
+        format!("{a}\n{b}"),
+        format!("{a}origin = \"{origin}\"\n\n{b}"),
+    )
+}
+
+/// `n` free loopback UDP addresses for aggregators.
+fn listens(n: usize) -> Vec<SocketAddr> {
+    (0..n)
+        .map(|_| {
+            format!("127.0.0.1:{}", free_udp_port().unwrap())
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// The nodes `a` counts in `room` (0 when it shows none).
+fn reporting(a: &Aggregator, room: &str) -> f64 {
+    a.metric(&format!(
+        "waitroom_aggregator_nodes_reporting{{room=\"{room}\"}}"
+    ))
+    .unwrap_or(0.0)
+}
+
+/// Each room's admits over the minute, `total[node][room]` as the visitors
+/// saw them: what the nodes count, within the limit with no slack, and
+/// most of it used.
+fn check_the_minute(edges: &[Edge], rooms: &[String; 2], total: &[[u64; 2]]) {
+    eprintln!("admitted [node][room] over the minute: {total:?}");
+    for (r, room) in rooms.iter().enumerate() {
+        let sum: u64 = total.iter().map(|t| t[r]).sum();
+        let counted = metric_sum(
+            edges,
+            &format!("waitroom_admitted_this_minute{{room=\"{room}\"}}"),
+        );
+        assert_eq!(counted, sum as f64, "{room}: the counters agree");
+        assert!(
+            sum <= NEW_USERS_PER_MINUTE,
+            "{room}: {sum} admitted > {NEW_USERS_PER_MINUTE}: {total:?}"
+        );
+        assert!(
+            sum >= NEW_USERS_PER_MINUTE / 2,
+            "{room}: most slots used: {total:?}"
+        );
+    }
 }
 
 /// `rounds` rounds of two new visitors per room at each node: admitted
@@ -83,7 +122,7 @@ fn traffic(edges: &[Edge], rounds: usize, total: &mut [[u64; 2]]) {
         for (edge, counts) in edges.iter().zip(total.iter_mut()) {
             for (room, count) in counts.iter_mut().enumerate() {
                 for _ in 0..2 {
-                    *count += u64::from(admitted(edge, room));
+                    *count += u64::from(admits_new_visitor_at(edge, &format!("/{room}")));
                 }
             }
         }
@@ -106,15 +145,8 @@ fn each_group_sums_and_grants_only_its_rooms_and_its_outage_stays_in_them() {
     let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
     let rooms = rooms();
     eprintln!("{} is owned by eu, {} by us", rooms[0], rooms[1]);
-    let tables = format!("{}\n{}", room_table(&rooms[0], 0), room_table(&rooms[1], 1));
-
-    let addresses: Vec<SocketAddr> = (0..2)
-        .map(|_| {
-            format!("127.0.0.1:{}", free_udp_port().unwrap())
-                .parse()
-                .unwrap()
-        })
-        .collect();
+    let (tables, node_rooms) = tables(&rooms, origin);
+    let addresses = listens(2);
     let aggregator_text = |g: usize| {
         let snapshot = dir.path().join(format!("aggregator-{}.json", GROUPS[g]));
         let shard = format!(
@@ -134,12 +166,6 @@ fn each_group_sums_and_grants_only_its_rooms_and_its_outage_stays_in_them() {
         })
         .collect();
 
-    // Node rooms: the origin on both tables (the last gets it from node_config).
-    let node_rooms = format!(
-        "{}origin = \"{origin}\"\n\n{}",
-        room_table(&rooms[0], 0),
-        room_table(&rooms[1], 1)
-    );
     let groups: [(&str, &[SocketAddr]); 2] = [("eu", &addresses[..1]), ("us", &addresses[1..])];
     let edges: Vec<Edge> = [("ams-1", "ams"), ("sin-1", "sin"), ("lon-1", "lon")]
         .iter()
@@ -186,12 +212,6 @@ fn each_group_sums_and_grants_only_its_rooms_and_its_outage_stays_in_them() {
     );
 
     // --- Each aggregator sums only its own room.
-    let reporting = |a: &Aggregator, room: &str| {
-        a.metric(&format!(
-            "waitroom_aggregator_nodes_reporting{{room=\"{room}\"}}"
-        ))
-        .unwrap_or(0.0)
-    };
     assert!(
         eventually(Duration::from_secs(10), || {
             reporting(&aggregators[0], &rooms[0]) == 3.0
@@ -300,24 +320,7 @@ fn each_group_sums_and_grants_only_its_rooms_and_its_outage_stays_in_them() {
     aggregators[1] = restarted;
     traffic(&edges, 2, &mut total);
 
-    // --- The minute's admits, per room.
-    eprintln!("admitted [node][room]: {total:?}");
-    for (r, room) in rooms.iter().enumerate() {
-        let sum: u64 = total.iter().map(|t| t[r]).sum();
-        let counted = metric_sum(
-            &edges,
-            &format!("waitroom_admitted_this_minute{{room=\"{room}\"}}"),
-        );
-        assert_eq!(counted, sum as f64, "{room}: the counters agree");
-        assert!(
-            sum <= NEW_USERS_PER_MINUTE,
-            "{room}: {sum} admitted > {NEW_USERS_PER_MINUTE}: {total:?}"
-        );
-        assert!(
-            sum >= NEW_USERS_PER_MINUTE / 2,
-            "{room}: most slots used: {total:?}"
-        );
-    }
+    check_the_minute(&edges, &rooms, &total);
     assert_eq!(
         total[2][1], 0,
         "the forgotten node is never granted in the room its group does not own"
@@ -356,19 +359,8 @@ fn a_group_added_mid_minute_grants_no_slot_twice() {
     let certs = Certs::generate(&dir.path().join("certs"), &["ams-1", "sin-1"]).unwrap();
     let (_origin, origin) = start_origin(dir.path(), "origin").unwrap();
     let rooms = rooms();
-    let tables = format!("{}\n{}", room_table(&rooms[0], 0), room_table(&rooms[1], 1));
-    let node_rooms = format!(
-        "{}origin = \"{origin}\"\n\n{}",
-        room_table(&rooms[0], 0),
-        room_table(&rooms[1], 1)
-    );
-    let addresses: Vec<SocketAddr> = (0..2)
-        .map(|_| {
-            format!("127.0.0.1:{}", free_udp_port().unwrap())
-                .parse()
-                .unwrap()
-        })
-        .collect();
+    let (tables, node_rooms) = tables(&rooms, origin);
+    let addresses = listens(2);
     let list: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
     let aggregator_text = |g: usize, groups: &str, epoch: u64| {
         let snapshot = dir.path().join(format!("aggregator-{}.json", GROUPS[g]));
@@ -467,27 +459,9 @@ fn a_group_added_mid_minute_grants_no_slot_twice() {
     traffic(&edges, 6, &mut total);
     assert_eq!(unix_secs() / 60, minute, "the test ran within one minute");
 
-    // --- Each room within its limit over the whole minute.
-    eprintln!("admitted [node][room] over the minute: {total:?}");
-    for (r, room) in rooms.iter().enumerate() {
-        let sum: u64 = total.iter().map(|t| t[r]).sum();
-        let counted = metric_sum(
-            &edges,
-            &format!("waitroom_admitted_this_minute{{room=\"{room}\"}}"),
-        );
-        assert_eq!(
-            counted, sum as f64,
-            "{room}: the counters agree (kept over the restart)"
-        );
-        assert!(
-            sum <= NEW_USERS_PER_MINUTE,
-            "{room}: {sum} > {NEW_USERS_PER_MINUTE}"
-        );
-        assert!(
-            sum >= NEW_USERS_PER_MINUTE / 2,
-            "{room}: most slots used: {total:?}"
-        );
-    }
+    // --- Each room within its limit over the whole minute (the counters
+    // were kept over the nodes' restart).
+    check_the_minute(&edges, &rooms, &total);
 
     // --- The ledger: every commit of either epoch within the limit, and
     // each room's first commit under epoch 2 holds every cap epoch 1 left.
@@ -525,12 +499,6 @@ fn a_group_added_mid_minute_grants_no_slot_twice() {
         }
     }
     // Each group now sums only its own room; `eu` hears of `us`'s room no more.
-    let reporting = |a: &Aggregator, room: &str| {
-        a.metric(&format!(
-            "waitroom_aggregator_nodes_reporting{{room=\"{room}\"}}"
-        ))
-        .unwrap_or(0.0)
-    };
     assert_eq!(reporting(&us, &rooms[1]), 2.0);
     assert_eq!(reporting(&us, &rooms[0]), 0.0);
     assert_eq!(
