@@ -19,7 +19,9 @@
 //!   front of it) is passed over once and not asked again while another
 //!   answers; with every member slow the aggregator's committer answers
 //!   within the nodes' wait with what they hold and nothing new, and commits
-//!   again once etcd is fast.
+//!   again once etcd is fast;
+//! - with `batch_interval_ms`, reports arriving every 125 ms for a second
+//!   are committed in at most one batch per interval, each told its grant.
 use std::{
     collections::BTreeMap,
     time::{Duration, Instant},
@@ -289,6 +291,7 @@ fn a_slow_member_is_passed_over_and_an_all_slow_etcd_grants_nothing_new_in_time(
         epoch: 1,
         call_timeout_ms: 300,
         commit_deadline_ms: 600,
+        batch_interval_ms: 0,
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let committer = runtime.block_on(async { Committer::start(&config, None) });
@@ -480,4 +483,87 @@ fn another_epoch_is_fenced_off_and_a_new_epoch_starts_from_the_old_minute() {
         vec![("c".to_owned(), 20)],
         "b's 80 of epoch 2 count under epoch 3"
     );
+}
+
+/// `batch_interval_ms` bounds how often a room's value is rewritten: the
+/// same waves of reports (5 nodes every 125 ms for a second) committed by a
+/// committer without it and by one with 200 ms, on one etcd. Without it
+/// each wave is a batch (unless the machine is slow enough to merge some);
+/// with it there are at most one batch per 200 ms. Every node is told its
+/// grant either way.
+#[test]
+fn a_batch_interval_bounds_how_often_a_room_is_written() {
+    if !require_etcd() {
+        return;
+    }
+    let cluster = EtcdCluster::start("ledger-interval", 3).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let now = UnixMillis(waitroom_tests::minutes::unix_secs() * 1_000);
+    let waves = |interval_ms: u64, room: &str| -> (u64, u64) {
+        let config = LedgerConfig {
+            endpoints: cluster.endpoints(),
+            epoch: 1,
+            call_timeout_ms: 500,
+            commit_deadline_ms: 500,
+            batch_interval_ms: interval_ms,
+        };
+        runtime.block_on(async {
+            let committer = std::sync::Arc::new(Committer::start(&config, None));
+            // A fresh cluster takes its first write a little late.
+            let warm = SharedGrant {
+                room: RoomId::from_name(room),
+                minute: now.minute(),
+                used: (0, 0),
+                held: (0, 0),
+                colo_allowance: 0,
+                anywhere_allowance: 1,
+                budget: 1_000,
+                holds: (0, 0),
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while committer.commit("warm", &[(room.to_owned(), warm)]).await[0] != (0, 1) {
+                assert!(Instant::now() < deadline, "a fresh etcd takes commits");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let before = committer
+                .metrics
+                .batches_total
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let mut tasks = Vec::new();
+            for wave in 0..8_u64 {
+                for n in 0..5_u64 {
+                    let (committer, room) = (std::sync::Arc::clone(&committer), room.to_owned());
+                    let grant = SharedGrant {
+                        anywhere_allowance: 2 + n,
+                        ..warm
+                    };
+                    tasks.push(tokio::spawn(async move {
+                        let node = format!("node-{wave}-{n}");
+                        committer.commit(&node, &[(room, grant)]).await[0] == (0, 2 + n)
+                    }));
+                }
+                tokio::time::sleep(Duration::from_millis(125)).await;
+            }
+            let mut told = 0;
+            for task in tasks {
+                told += u64::from(task.await.unwrap());
+            }
+            let batches = committer
+                .metrics
+                .batches_total
+                .load(std::sync::atomic::Ordering::Relaxed)
+                - before;
+            (batches, told)
+        })
+    };
+    let (plain, told) = waves(0, "shop");
+    assert_eq!(told, 40, "every node told its grant");
+    let (spaced, told) = waves(200, "shop2");
+    assert_eq!(told, 40, "every node told its grant");
+    eprintln!(
+        "8 waves of 5 reports over 1 s: {plain} batches without an interval, {spaced} with 200 ms"
+    );
+    // The waves span 875 ms: at most one batch at 0, 200, …, 800 ms, and
+    // one for a wave that came as the last began.
+    assert!(spaced <= 6, "{spaced} batches with 200 ms between them");
 }

@@ -115,7 +115,13 @@ impl Committer {
         let ledger = Arc::new(ledger);
         let (tx, rx) = mpsc::channel(QUEUE);
         let metrics = Arc::new(LedgerMetrics::default());
-        tokio::spawn(run(ledger, config.epoch, rx, Arc::clone(&metrics)));
+        tokio::spawn(run(
+            ledger,
+            config.epoch,
+            Duration::from_millis(config.batch_interval_ms),
+            rx,
+            Arc::clone(&metrics),
+        ));
         Self {
             tx,
             epoch: config.epoch,
@@ -193,6 +199,7 @@ fn instance() -> String {
 async fn run(
     ledger: Arc<EtcdLedger>,
     epoch: u64,
+    interval: Duration,
     mut rx: mpsc::Receiver<Pending>,
     metrics: Arc<LedgerMetrics>,
 ) {
@@ -203,8 +210,16 @@ async fn run(
     let mut batch_no = 0_u64;
     let mut failures_logged: Option<Instant> = None;
     let mut skip_until: Option<Instant> = None;
+    let mut last_batch: Option<Instant> = None;
     while let Some(first) = rx.recv().await {
+        // Every report that comes meanwhile joins this batch.
+        if let Some(next) = last_batch.map(|at| at + interval)
+            && Instant::now() < next
+        {
+            tokio::time::sleep_until(next.into()).await;
+        }
         let started = Instant::now();
+        last_batch = Some(started);
         let mut batch = vec![first];
         while let Ok(more) = rx.try_recv() {
             batch.push(more);
@@ -348,6 +363,7 @@ mod tests {
                 epoch: 1,
                 call_timeout_ms: 200,
                 commit_deadline_ms: 500,
+                batch_interval_ms: 0,
             },
             None,
         ));

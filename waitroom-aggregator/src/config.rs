@@ -18,6 +18,7 @@
 //! epoch = 1
 //! call_timeout_ms = 200
 //! commit_deadline_ms = 500
+//! batch_interval_ms = 0               # at least this long between commits: bounds etcd's writes
 //!
 //! [shard]                             # optional: rooms sharded between aggregator groups
 //! group = "eu"                        # this aggregator's group
@@ -101,6 +102,8 @@ struct RawLedger {
     call_timeout_ms: u64,
     #[serde(default = "default_commit_deadline_ms")]
     commit_deadline_ms: u64,
+    #[serde(default)]
+    batch_interval_ms: u64,
 }
 
 fn default_epoch() -> u64 {
@@ -117,6 +120,9 @@ fn default_call_timeout_ms() -> u64 {
 fn default_commit_deadline_ms() -> u64 {
     500
 }
+
+/// What a node waits for an answer at least (its `answer_timeout`).
+const NODE_WAIT_MS: u64 = 1_000;
 
 /// Longest commit deadline: a node waits at least 1 s for an answer, and
 /// the answer waits for the commit.
@@ -136,6 +142,11 @@ pub struct LedgerConfig {
     /// A commit's deadline over all its attempts; past it the node is
     /// answered with what it holds and nothing new.
     pub commit_deadline_ms: u64,
+    /// The shortest time from one batch's start to the next's: with many
+    /// nodes, each room's value (every node's cap) is rewritten at most
+    /// `1000 / batch_interval_ms` times a second per aggregator. 0: a batch
+    /// as soon as the last is done (group commit only).
+    pub batch_interval_ms: u64,
 }
 
 fn default_snapshot_interval_ms() -> u64 {
@@ -337,6 +348,15 @@ fn ledger_config(file: &ConfigText<'_>, raw: RawLedger) -> Result<LedgerConfig, 
             ),
         ));
     }
+    if raw.batch_interval_ms + raw.commit_deadline_ms > NODE_WAIT_MS {
+        return Err(file.invalid(
+            "ledger.batch_interval_ms",
+            format!(
+                "{} with commit_deadline_ms ({}) is above {NODE_WAIT_MS}: a node waits at least 1 s for its answer, which may wait this long for its batch and then its commit",
+                raw.batch_interval_ms, raw.commit_deadline_ms
+            ),
+        ));
+    }
     Ok(LedgerConfig {
         endpoints: raw
             .endpoints
@@ -346,6 +366,7 @@ fn ledger_config(file: &ConfigText<'_>, raw: RawLedger) -> Result<LedgerConfig, 
         epoch: raw.epoch,
         call_timeout_ms: raw.call_timeout_ms,
         commit_deadline_ms: raw.commit_deadline_ms,
+        batch_interval_ms: raw.batch_interval_ms,
     })
 }
 
@@ -483,6 +504,7 @@ new_users_per_minute = 50
                 epoch: 1,
                 call_timeout_ms: 200,
                 commit_deadline_ms: 500,
+                batch_interval_ms: 0,
             })
         );
         assert_eq!(parse(ROOM).unwrap().ledger, None, "no table: no store");
@@ -519,6 +541,10 @@ new_users_per_minute = 50
                 "ledger.endpoint: unknown field",
             ),
             ("epoch = 2", "ledger.endpoints: missing"),
+            (
+                "endpoints = [\"http://a:1\"]\nbatch_interval_ms = 600",
+                "ledger.batch_interval_ms: 600 with commit_deadline_ms (500) is above 1000",
+            ),
         ] {
             let err = parse(&format!("{ROOM}[ledger]\n{table}\n"))
                 .unwrap_err()

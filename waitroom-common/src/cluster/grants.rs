@@ -142,6 +142,50 @@ mod tests {
         list.iter().map(|&(n, c)| (n.to_owned(), c)).collect()
     }
 
+    /// What one room's minute costs in etcd: every node's cap, and the
+    /// last 64 batches' results (`cargo test -p waitroom-common --features
+    /// std value_size -- --nocapture` prints the figures in OPERATIONS.md).
+    /// The value grows by the name and cap of each node, plus those of the
+    /// nodes in the batches it keeps, and by nothing else.
+    #[test]
+    fn the_stored_value_grows_by_each_node_s_name_and_cap() {
+        let name = |n: usize| format!("edge-ams-{n:05}");
+        for (nodes, per_batch) in [(100, 2), (1_000, 16), (10_000, 160)] {
+            let mut ledger = GrantLedger::default();
+            // Every node asks once, in batches of `per_batch` (group commit:
+            // the reports waiting when the last commit ended).
+            for (b, chunk) in (0..nodes).collect::<Vec<_>>().chunks(per_batch).enumerate() {
+                let batch: Vec<Ask> = chunk
+                    .iter()
+                    .map(|&n| Ask {
+                        node: name(n),
+                        cap: 100 + (n as u64 % 900),
+                        pool: u64::MAX,
+                        floor: 0,
+                    })
+                    .collect();
+                ledger.apply_asks(&format!("aggregator-1/{b}"), &batch);
+            }
+            let bytes = serde_json::to_vec(&ledger).unwrap().len();
+            let caps = serde_json::to_vec(&ledger.caps).unwrap().len();
+            let one = name(0).len() + r#""":999,"#.len();
+            eprintln!(
+                "{nodes} nodes, batches of {per_batch}: {bytes} bytes ({caps} of caps, {} of the last {} batches)",
+                bytes - caps,
+                ledger.recent.len()
+            );
+            assert!(caps <= nodes * one + 2, "{caps} for {nodes} caps");
+            let batch_bytes =
+                per_batch * (one + 2) + r#"{"id":"aggregator-1/99999","caps":[]},"#.len();
+            assert!(
+                bytes - caps <= RECENT_BATCHES * batch_bytes + 32,
+                "{} for {} batches",
+                bytes - caps,
+                ledger.recent.len()
+            );
+        }
+    }
+
     #[test]
     fn a_cap_replaces_the_last_and_what_is_left_goes_to_the_next() {
         let mut ledger = GrantLedger::default();
