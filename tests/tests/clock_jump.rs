@@ -116,7 +116,7 @@ fn run(tag: &str, step: Step) -> Outcome {
         }
         let into = cluster.now().0 % MILLIS_PER_MINUTE;
         if fresh_after_step.is_none() && minute == 0 && into >= 22_000 {
-            let received = gossip.world.load().received;
+            let received = gossip.world.load().received();
             departures_before = Some(cluster.aggregator().departures_total());
             match step {
                 Step::Node(by) => {
@@ -145,7 +145,7 @@ fn run(tag: &str, step: Step) -> Outcome {
             }
             println!(
                 "a new answer came before the first visitor after the step: {}",
-                gossip.world.load().received != received
+                gossip.world.load().received() != received
             );
         }
         // The queued check in again (as the queue page's refresh would),

@@ -402,17 +402,12 @@ pub(crate) fn status(node: &Node) -> serde_json::Value {
         let groups: Vec<_> = (g.status.groups.len() > 1)
             .then(|| {
                 g.status.groups.iter().enumerate().map(|(i, group)| {
-                    let age = world
-                        .groups
-                        .get(i)
-                        .copied()
-                        .flatten()
-                        .map(|at| now.since(at));
+                    let freshness = g.world.group_freshness(&world, i, now);
                     serde_json::json!({
                         "name": group.name,
                         "connected": group.connected.load(Relaxed),
-                        "fresh": age.is_some_and(|a| a <= g.world.stale_after_ms()),
-                        "state_age_ms": age,
+                        "fresh": freshness.is_fresh(),
+                        "state_age_ms": freshness.age_ms(),
                     })
                 })
             })

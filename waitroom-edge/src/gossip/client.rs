@@ -467,7 +467,6 @@ impl Client {
             ));
             let mut world = World {
                 received_at: Some(received_at),
-                received: previous.received,
                 groups: previous.groups.clone(),
                 aggregator_at: Some(answer.at),
                 rooms,

@@ -110,12 +110,7 @@ impl GossipStatus {
                 "waitroom_gossip_group_stale",
                 "1 when the global state of the group's rooms is older than stale_after_ms (or never came): local-only limits apply to them.",
                 self.groups.iter().enumerate().map(|(i, g)| {
-                    let fresh = current
-                        .groups
-                        .get(i)
-                        .copied()
-                        .flatten()
-                        .is_some_and(|at| now.since(at) <= world.stale_after_ms());
+                    let fresh = world.group_freshness(&current, i, now).is_fresh();
                     ([("group", g.name.as_str())], i64::from(!fresh))
                 }),
             )?;

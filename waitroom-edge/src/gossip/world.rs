@@ -24,11 +24,9 @@ use waitroom_runtime::clock::Elapsed;
 pub struct World {
     /// The node's clock when the last answer arrived; `None` before the first.
     pub received_at: Option<UnixMillis>,
-    /// The node's monotonic clock when the oldest of the groups' last
-    /// answers arrived (what the world's age is measured from); `None`
-    /// until every group answered.
-    pub received: Option<Elapsed>,
-    /// Per aggregator group, when its last answer arrived.
+    /// Per aggregator group (one unless rooms are sharded), the node's
+    /// monotonic clock when its last answer arrived: what ages are
+    /// measured from.
     pub groups: Vec<Option<Elapsed>>,
     /// The aggregator's clock when it computed the answer.
     pub aggregator_at: Option<UnixMillis>,
@@ -59,12 +57,17 @@ impl World {
         self.rooms.iter().find(|r| r.room == room)
     }
 
-    /// Group `group` of `groups` answered at `received`: the world's age is
-    /// now that of its oldest group.
+    /// Group `group` of `groups` answered at `received`.
     pub fn answered(&mut self, group: usize, groups: usize, received: Elapsed) {
         self.groups.resize(groups, None);
         self.groups[group] = Some(received);
-        self.received = self.groups.iter().copied().min().flatten();
+    }
+
+    /// When the oldest of the groups' last answers arrived (the world's
+    /// age); `None` until every group answered.
+    #[must_use]
+    pub fn received(&self) -> Option<Elapsed> {
+        self.groups.iter().copied().min().flatten()
     }
 }
 
@@ -130,10 +133,18 @@ impl WorldView {
         self.current.load_full()
     }
 
-    /// How fresh the world is at `now` (the node clock's monotonic reading).
+    /// How fresh the world is at `now` (the node clock's monotonic
+    /// reading): as fresh as its oldest group.
     #[must_use]
     pub fn freshness(&self, now: Elapsed) -> Freshness {
-        freshness(&self.current.load(), now, self.stale_after_ms)
+        freshness(self.current.load().received(), now, self.stale_after_ms)
+    }
+
+    /// How fresh group `group`'s rooms in `world` are at `now`.
+    #[must_use]
+    pub fn group_freshness(&self, world: &World, group: usize, now: Elapsed) -> Freshness {
+        let received = world.groups.get(group).copied().flatten();
+        freshness(received, now, self.stale_after_ms)
     }
 
     /// Staleness limit in milliseconds.
@@ -146,7 +157,7 @@ impl WorldView {
     /// fresh at `now`.
     #[must_use]
     pub fn room_fresh(&self, room: &RoomView, now: Elapsed) -> bool {
-        now.since(room.received) <= self.stale_after_ms
+        freshness(Some(room.received), now, self.stale_after_ms).is_fresh()
     }
 
     /// Swaps in a new world (tests, and a single gossip task).
@@ -171,10 +182,11 @@ impl WorldView {
     }
 }
 
-/// The freshness of `world` at `now` when it goes stale after `stale_after_ms`.
+/// The freshness at `now` of news that arrived at `received` (`None`:
+/// never) and goes stale after `stale_after_ms`.
 #[must_use]
-pub fn freshness(world: &World, now: Elapsed, stale_after_ms: u64) -> Freshness {
-    match world.received {
+pub fn freshness(received: Option<Elapsed>, now: Elapsed, stale_after_ms: u64) -> Freshness {
+    match received {
         None => Freshness::Never,
         Some(at) => {
             let age_ms = now.since(at);
@@ -196,7 +208,7 @@ mod tests {
         let view = WorldView::new(10_000);
         assert_eq!(view.freshness(Elapsed(5)), Freshness::Never);
         view.store(World {
-            received: Some(Elapsed(1_000)),
+            groups: vec![Some(Elapsed(1_000))],
             ..World::default()
         });
         assert_eq!(
@@ -208,7 +220,7 @@ mod tests {
             Freshness::Stale { age_ms: 10_001 }
         );
         view.store(World {
-            received: Some(Elapsed(11_500)),
+            groups: vec![Some(Elapsed(11_500))],
             ..World::default()
         });
         assert!(view.freshness(Elapsed(11_600)).is_fresh());
