@@ -46,7 +46,7 @@ use serde::Deserialize;
 use waitroom_common::{
     cluster::RoomDef,
     room_table::{self, RoomTable, RoomsError},
-    shard::Membership,
+    shard::{GroupsError, Membership},
 };
 use waitroom_runtime::{
     config_file::{self, ConfigText},
@@ -266,14 +266,12 @@ impl AggregatorConfig {
         let shard = raw
             .shard
             .map(|s| {
-                let own = s.group.clone();
                 Membership::new(&s.group, s.groups).map_err(|e| {
-                    let key = if e.0.contains(&format!("{own:?} is not among")) {
-                        "shard.group"
-                    } else {
-                        "shard.groups"
+                    let key = match e {
+                        GroupsError::NotAmong(_) => "shard.group",
+                        GroupsError::List(_) => "shard.groups",
                     };
-                    file.invalid(key, e.0)
+                    file.invalid(key, e.to_string())
                 })
             })
             .transpose()?;

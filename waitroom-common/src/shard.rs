@@ -44,21 +44,26 @@ pub fn owner<S: AsRef<str>>(room: RoomId, groups: &[S]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// Why a list of groups cannot be used: the problem, for the caller to
-/// name its key.
+/// Why a list of groups cannot be used, for the caller to name its key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct GroupsError(pub String);
+pub enum GroupsError {
+    /// The list itself (its length, a name, a name twice).
+    #[error("{0}")]
+    List(String),
+    /// The aggregator's own group is not in the list.
+    #[error("this aggregator's group {0:?} is not among them")]
+    NotAmong(String),
+}
 
 /// Checks a cluster's group names: one at least, at most [`MAX_GROUPS`],
 /// each 1–64 of `A-Z a-z 0-9 . _ -` (they are written into etcd's fence
 /// and into metric labels), none twice.
 pub fn check_names<S: AsRef<str>>(groups: &[S]) -> Result<(), GroupsError> {
     if groups.is_empty() {
-        return Err(GroupsError("at least one group is required".into()));
+        return Err(GroupsError::List("at least one group is required".into()));
     }
     if groups.len() > MAX_GROUPS {
-        return Err(GroupsError(format!(
+        return Err(GroupsError::List(format!(
             "{} groups; at most {MAX_GROUPS}",
             groups.len()
         )));
@@ -67,12 +72,12 @@ pub fn check_names<S: AsRef<str>>(groups: &[S]) -> Result<(), GroupsError> {
         let g = g.as_ref();
         let fine = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
         if g.is_empty() || g.len() > 64 || !g.chars().all(fine) {
-            return Err(GroupsError(format!(
+            return Err(GroupsError::List(format!(
                 "{g:?} is not a group name (1 to 64 of A-Z a-z 0-9 . _ -)"
             )));
         }
         if groups[..i].iter().any(|h| h.as_ref() == g) {
-            return Err(GroupsError(format!("{g:?} is listed twice")));
+            return Err(GroupsError::List(format!("{g:?} is listed twice")));
         }
     }
     Ok(())
@@ -92,9 +97,10 @@ impl Membership {
     /// `own` among `groups`, checked.
     pub fn new(own: &str, groups: Vec<String>) -> Result<Self, GroupsError> {
         check_names(&groups)?;
-        let own = groups.iter().position(|g| g == own).ok_or_else(|| {
-            GroupsError(format!("this aggregator's group {own:?} is not among them"))
-        })?;
+        let own = groups
+            .iter()
+            .position(|g| g == own)
+            .ok_or_else(|| GroupsError::NotAmong(own.to_owned()))?;
         Ok(Self { groups, own })
     }
 
@@ -199,9 +205,14 @@ mod tests {
         ] {
             let groups = groups.into_iter().map(String::from).collect();
             let err = Membership::new(own, groups).unwrap_err();
-            assert!(err.0.contains(says), "{err}");
+            assert!(err.to_string().contains(says), "{err}");
         }
         let many: Vec<String> = names(65);
-        assert!(check_names(&many).unwrap_err().0.contains("at most 64"));
+        assert!(
+            check_names(&many)
+                .unwrap_err()
+                .to_string()
+                .contains("at most 64")
+        );
     }
 }

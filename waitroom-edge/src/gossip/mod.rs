@@ -175,6 +175,12 @@ impl GossipConfig {
             !self.addresses.is_empty(),
             !self.groups.is_empty(),
         ];
+        // The key a problem with the list of aggregators is named by.
+        let list = if self.groups.is_empty() {
+            "addresses"
+        } else {
+            "groups"
+        };
         match given.iter().filter(|&&g| g).count() {
             0 => {
                 return Err(GossipConfigError {
@@ -187,7 +193,7 @@ impl GossipConfig {
             1 => {}
             _ => {
                 return Err(GossipConfigError {
-                    field: if given[2] { "groups" } else { "addresses" },
+                    field: list,
                     problem: "give one of address, addresses or groups".into(),
                 });
             }
@@ -196,7 +202,7 @@ impl GossipConfig {
         if !names.is_empty() {
             waitroom_common::shard::check_names(&names).map_err(|e| GossipConfigError {
                 field: "groups",
-                problem: e.0,
+                problem: e.to_string(),
             })?;
         }
         if let Some(g) = self.groups.iter().find(|g| g.addresses.is_empty()) {
@@ -208,7 +214,7 @@ impl GossipConfig {
         let all = self.aggregators();
         if all.len() > MAX_AGGREGATORS {
             return Err(GossipConfigError {
-                field: if given[2] { "groups" } else { "addresses" },
+                field: list,
                 problem: format!("{} aggregators; at most {MAX_AGGREGATORS}", all.len()),
             });
         }
@@ -218,11 +224,7 @@ impl GossipConfig {
             .find_map(|(i, a)| all[..i].contains(a).then_some(a))
         {
             return Err(GossipConfigError {
-                field: if self.groups.is_empty() {
-                    "addresses"
-                } else {
-                    "groups"
-                },
+                field: list,
                 problem: format!("{twice} is listed twice"),
             });
         }
