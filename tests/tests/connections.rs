@@ -306,20 +306,26 @@ fn hostile_sockets_are_closed_by_their_deadlines_and_visitors_stay_fast() {
         "too few visitor samples: {}",
         latencies.len()
     );
-    // The bound, 100 ms, holds for an optimized node (measured: p99
-    // 22-43 ms with `cargo build --release -p waitroom-edge` and
-    // WAITROOM_BIN_DIR=target/release:target/debug). An unoptimized node on a loaded
-    // 2-core machine takes a few hundred ms while it accepts the 2,200
-    // sockets (548 ms once, with the machine's load average at 13); the
-    // hang this test guards against is visitors waiting until the hostile
-    // sockets' header deadline frees the node, so that deadline is the
-    // unoptimized node's bound.
+    // What this test guards against is a hang: visitors waiting until the
+    // hostile sockets' header deadline frees the node. The p99 is printed
+    // above as a figure, not held to a speed target (speed is measured by
+    // `cargo xtask bench`): an optimized node measured 22-43 ms here, but
+    // once 139 ms in CI on the shared 2-core machine (2 of 83 requests
+    // while it accepted the 2,200 sockets), and an unoptimized node a few
+    // hundred ms (548 ms once, load average 13). So the bound is half the
+    // header deadline for an optimized node and the deadline itself for an
+    // unoptimized one: a visitor stuck behind the hostile sockets fails
+    // either.
     let node_binary = procs::binary("waitroom-edge");
     let optimized_node = node_binary
         .parent()
         .and_then(|d| d.file_name())
         .is_some_and(|d| d == "release");
-    let p99_bound = Duration::from_millis(if optimized_node { 100 } else { HEADER_MS });
+    let p99_bound = Duration::from_millis(if optimized_node {
+        HEADER_MS / 2
+    } else {
+        HEADER_MS
+    });
     assert!(
         percentile(&latencies, 99) < p99_bound,
         "visitor p99 {:?} over {p99_bound:?} (p50 {:?}, {} samples)",
