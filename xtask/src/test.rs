@@ -78,9 +78,10 @@ pub fn run(args: &Args) -> Result<()> {
         None,
     )?;
     if args.test_args.is_empty() {
-        // The hostile-connections test holds visitors' p99 to 100 ms only
-        // against an optimized node (debug builds are several times slower
-        // per request): run it once more against the release node. As root
+        // The hostile-connections test holds visitors' p99 to half the
+        // header deadline (500 ms) only against an optimized node (debug
+        // builds are several times slower per request, so they get the whole
+        // deadline): run it once more against the release node. As root
         // the package step has just built it, so this build does nothing;
         // the node alone, as the package builds it, because with the tests'
         // crate beside it cargo would unify features and build every
@@ -96,7 +97,7 @@ pub fn run(args: &Args) -> Result<()> {
             cmd::target_dir().join("debug"),
         ])?;
         let (p, f, i) = cargo_test(
-            "connection deadlines against the optimized node (p99 ≤ 100 ms)",
+            "connection deadlines against the optimized node (p99 < 500 ms)",
             &["--workspace", "--test", "connections"],
             &[],
             Some(&dirs),
