@@ -83,14 +83,14 @@ pub fn run(args: &Args) -> Result<()> {
         // builds are several times slower per request, so they get the whole
         // deadline): run it once more against the release node. As root
         // the package step has just built it, so this build does nothing;
-        // the node alone, as the package builds it, because with the tests'
-        // crate beside it cargo would unify features and build every
+        // the services alone, as the package builds them, because with the
+        // tests' crate beside them cargo would unify features and build every
         // dependency again (it once took 9 of CI's 47 minutes). The demo
         // origin comes from the debug build. `--workspace` keeps the test
         // build's feature set, so the test binary is not rebuilt either.
         cmd::run(
             "building the release node for the connection deadlines test",
-            &mut crate::package::build_release_node(),
+            &mut crate::package::build_release_binaries(),
         )?;
         let dirs = std::env::join_paths([
             cmd::target_dir().join("release"),
