@@ -63,3 +63,47 @@ pub fn eventually(limit: std::time::Duration, mut check: impl FnMut() -> bool) -
     }
     check()
 }
+
+/// Runs each named scenario on its own thread, all at once, and fails with
+/// the names of those that failed (each one's panic message is printed under
+/// its thread's name, the scenario's).
+///
+/// For scenarios that spend most of a wall-clock minute waiting (a pressed
+/// minute of a cluster of real processes, a few requests a second): run one
+/// after another on the test harness's two threads they took minutes of CI
+/// that a machine mostly idle spent waiting. Each scenario must build its own
+/// cluster (its own temporary directory, ports and processes).
+pub fn concurrently(scenarios: &[(&str, fn())]) {
+    let started = std::time::Instant::now();
+    let results: Vec<(&str, Result<std::time::Duration, ()>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = scenarios
+            .iter()
+            .map(|&(name, run)| {
+                let handle = std::thread::Builder::new()
+                    .name(name.to_owned())
+                    .spawn_scoped(scope, move || {
+                        run();
+                        started.elapsed()
+                    })
+                    .expect("a thread for the scenario");
+                (name, handle)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(name, handle)| (name, handle.join().map_err(|_| ())))
+            .collect()
+    });
+    for (name, result) in &results {
+        match result {
+            Ok(took) => eprintln!("scenario {name}: ok in {:.1} s", took.as_secs_f64()),
+            Err(()) => eprintln!("scenario {name}: FAILED (its panic is printed above)"),
+        }
+    }
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|(_, r)| r.is_err())
+        .map(|(name, _)| *name)
+        .collect();
+    assert!(failed.is_empty(), "scenarios failed: {failed:?}");
+}

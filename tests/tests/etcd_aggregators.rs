@@ -5,8 +5,9 @@
 //! room (every admission from a shared pool).
 //!
 //! What is asserted, in one minute with demand past the limit at both nodes
-//! (each test its own cluster: in a random room the visitors queued in one
-//! minute take the next one's slots):
+//! (each scenario its own cluster: in a random room the visitors queued in
+//! one minute take the next one's slots; the scenarios run at once, so they
+//! press the same minute):
 //! - the minute's admits over both nodes stay within `new_users_per_minute`,
 //!   with no slack, and every visitor gets an answer (admitted or queued);
 //! - etcd holds both nodes' caps for the minute, written by their two homes,
@@ -348,7 +349,6 @@ impl Setup {
     }
 }
 
-#[test]
 fn an_aggregator_that_lost_its_state_grants_from_what_etcd_holds() {
     if !require_etcd() {
         return;
@@ -414,7 +414,6 @@ fn an_aggregator_that_lost_its_state_grants_from_what_etcd_holds() {
     }
 }
 
-#[test]
 fn without_a_quorum_nodes_keep_what_they_hold_and_nothing_more() {
     if !require_etcd() {
         return;
@@ -580,12 +579,10 @@ fn cut_from_etcd(tag: &str, replies_only: bool) {
     );
 }
 
-#[test]
 fn an_aggregator_cut_off_from_etcd_grants_nothing_new_and_the_other_goes_on() {
     cut_from_etcd("etcd-cut", false);
 }
 
-#[test]
 fn an_aggregator_that_never_hears_etcd_reply_grants_nothing_new() {
     cut_from_etcd("etcd-no-replies", true);
 }
@@ -596,7 +593,6 @@ fn an_aggregator_that_never_hears_etcd_reply_grants_nothing_new() {
 /// grants through etcd; whatever the thawed one then commits from its old
 /// view still fits the ledger (every version of the key is checked), and it
 /// takes its node back.
-#[test]
 fn an_aggregator_frozen_mid_commit_and_thawed_grants_nothing_twice() {
     if !require_etcd() {
         return;
@@ -653,4 +649,47 @@ fn an_aggregator_frozen_mid_commit_and_thawed_grants_nothing_twice() {
         log_lines(&setup.edges[0].proc, |l| l.contains("WARN")
             || l.contains("INFO"))
     );
+}
+
+// Each scenario builds its own cluster and spends most of a wall-clock
+// minute pressing it with a few requests a second; run one after another on
+// the harness's two threads they took 220 s of CI on an idle machine, so
+// they run all at once (`concurrently`), in two tests.
+
+#[test]
+fn an_aggregator_that_lost_its_state_or_etcd_its_quorum_grants_no_slot_twice() {
+    if !require_etcd() {
+        return;
+    }
+    waitroom_tests::concurrently(&[
+        (
+            "lost state",
+            an_aggregator_that_lost_its_state_grants_from_what_etcd_holds,
+        ),
+        (
+            "no quorum",
+            without_a_quorum_nodes_keep_what_they_hold_and_nothing_more,
+        ),
+    ]);
+}
+
+#[test]
+fn an_aggregator_cut_off_or_frozen_grants_no_slot_twice() {
+    if !require_etcd() {
+        return;
+    }
+    waitroom_tests::concurrently(&[
+        (
+            "cut both ways",
+            an_aggregator_cut_off_from_etcd_grants_nothing_new_and_the_other_goes_on,
+        ),
+        (
+            "replies cut",
+            an_aggregator_that_never_hears_etcd_reply_grants_nothing_new,
+        ),
+        (
+            "frozen",
+            an_aggregator_frozen_mid_commit_and_thawed_grants_nothing_twice,
+        ),
+    ]);
 }
