@@ -75,7 +75,6 @@ pub fn run(args: &Args) -> Result<()> {
         "cargo test (unit, integration and privileged tests)",
         &["--workspace"],
         &args.test_args,
-        None,
     )?;
     if args.test_args.is_empty() {
         // The hostile-connections test holds visitors' p99 to half the
@@ -86,8 +85,8 @@ pub fn run(args: &Args) -> Result<()> {
         // the services alone, as the package builds them, because with the
         // tests' crate beside them cargo would unify features and build every
         // dependency again (it once took 9 of CI's 47 minutes). The demo
-        // origin comes from the debug build. `--workspace` keeps the test
-        // build's feature set, so the test binary is not rebuilt either.
+        // origin comes from the debug build, and the test binary is the one
+        // the workspace's run built (`run_test_binary`).
         cmd::run(
             "building the release node for the connection deadlines test",
             &mut crate::package::build_release_binaries(),
@@ -96,11 +95,10 @@ pub fn run(args: &Args) -> Result<()> {
             cmd::target_dir().join("release"),
             cmd::target_dir().join("debug"),
         ])?;
-        let (p, f, i) = cargo_test(
+        let (p, f, i) = run_test_binary(
             "connection deadlines against the optimized node (p99 < 500 ms)",
-            &["--workspace", "--test", "connections"],
-            &[],
-            Some(&dirs),
+            "connections",
+            &dirs,
         )?;
         (passed, failed, ignored) = (passed + p, failed + f, ignored + i);
     }
@@ -123,15 +121,7 @@ pub fn run(args: &Args) -> Result<()> {
 
 /// Runs `cargo test` over the workspace, echoing its output, and adds up the
 /// `test result:` lines of every test binary.
-/// With `bin_dirs` (a `:`-separated list), the integration tests start the
-/// binaries found there first (`WAITROOM_BIN_DIR`) instead of the debug ones.
-fn cargo_test(
-    what: &str,
-    select: &[&str],
-    extra: &[String],
-    bin_dirs: Option<&std::ffi::OsStr>,
-) -> Result<(u64, u64, u64)> {
-    use std::io::{BufRead as _, BufReader};
+fn cargo_test(what: &str, select: &[&str], extra: &[String]) -> Result<(u64, u64, u64)> {
     cmd::step(what);
     let mut command = cmd::cargo();
     command
@@ -139,12 +129,62 @@ fn cargo_test(
         .args(select)
         .args(["--no-fail-fast", "--"])
         .args(extra)
-        .current_dir(cmd::workspace_root())
-        .stdout(std::process::Stdio::piped());
-    if let Some(dirs) = bin_dirs {
-        command.env("WAITROOM_BIN_DIR", dirs);
+        .current_dir(cmd::workspace_root());
+    count_results(command, "cargo test")
+}
+
+/// Runs the integration test binary `name` that the workspace's
+/// `cargo test` built, with `bin_dirs` (a `:`-separated list) as
+/// `WAITROOM_BIN_DIR`: the test starts the binaries found there first.
+///
+/// Directly, not through `cargo test --test NAME`: cargo resolves that
+/// selection's features apart from the workspace's and built the node and
+/// the test crate once more for it (25-38 s of every CI run). The
+/// executable's path comes from `cargo test --no-run` with the workspace's
+/// own selection, which builds nothing.
+fn run_test_binary(what: &str, name: &str, bin_dirs: &std::ffi::OsStr) -> Result<(u64, u64, u64)> {
+    cmd::step(what);
+    let listing = cmd::output(
+        cmd::cargo()
+            .args(["test", "--workspace", "--no-run", "--message-format=json"])
+            .current_dir(cmd::workspace_root()),
+    )
+    .ok_or_else(|| anyhow::anyhow!("cargo test --no-run failed"))?;
+    let (executable, manifest) = test_executable(&listing, name)
+        .ok_or_else(|| anyhow::anyhow!("no test binary named {name} in the workspace's build"))?;
+    let mut command = Command::new(&executable);
+    // As cargo runs it: in its package's directory.
+    if let Some(dir) = std::path::Path::new(&manifest).parent() {
+        command.current_dir(dir);
     }
-    let mut child = command.spawn()?;
+    command.env("WAITROOM_BIN_DIR", bin_dirs);
+    count_results(command, &executable)
+}
+
+/// The executable and manifest of the test target `name` in cargo's JSON
+/// messages (`--message-format=json`, one per line).
+fn test_executable(messages: &str, name: &str) -> Option<(String, String)> {
+    messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find_map(|message| {
+            let target = message.get("target")?;
+            let is_test = target.get("kind")?.as_array()?.iter().any(|k| k == "test");
+            if !is_test || target.get("name")? != name {
+                return None;
+            }
+            Some((
+                message.get("executable")?.as_str()?.to_owned(),
+                message.get("manifest_path")?.as_str()?.to_owned(),
+            ))
+        })
+}
+
+/// Runs `command`, echoing its standard output, and adds up its `test
+/// result:` lines (passed, failed, ignored).
+fn count_results(mut command: Command, what: &str) -> Result<(u64, u64, u64)> {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = command.stdout(std::process::Stdio::piped()).spawn()?;
     let (mut passed, mut failed, mut ignored) = (0, 0, 0);
     let stdout = child.stdout.take().expect("piped stdout");
     for line in BufReader::new(stdout).lines() {
@@ -164,7 +204,7 @@ fn cargo_test(
     }
     let status = child.wait()?;
     if !status.success() && failed == 0 {
-        anyhow::bail!("cargo test failed ({status}) before any test failed: see above");
+        anyhow::bail!("{what} failed ({status}) before any test failed: see above");
     }
     Ok((passed, failed, ignored))
 }
@@ -205,4 +245,29 @@ fn ebpf_clippy() -> Command {
         "--cfg=bpf_target_arch=\"x86_64\"",
     );
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_executable;
+
+    #[test]
+    fn the_named_test_binary_is_found_among_cargos_messages() {
+        let messages = [
+            r#"{"reason":"compiler-artifact","target":{"name":"connections","kind":["lib"]},"executable":null,"manifest_path":"/w/a/Cargo.toml"}"#,
+            "not json: cargo's own progress line",
+            r#"{"reason":"compiler-artifact","target":{"name":"edge","kind":["test"]},"executable":"/w/target/debug/deps/edge-1","manifest_path":"/w/tests/Cargo.toml"}"#,
+            r#"{"reason":"compiler-artifact","target":{"name":"connections","kind":["test"]},"executable":"/w/target/debug/deps/connections-2","manifest_path":"/w/tests/Cargo.toml"}"#,
+            r#"{"reason":"build-finished","success":true}"#,
+        ]
+        .join("\n");
+        assert_eq!(
+            test_executable(&messages, "connections"),
+            Some((
+                "/w/target/debug/deps/connections-2".to_owned(),
+                "/w/tests/Cargo.toml".to_owned()
+            ))
+        );
+        assert_eq!(test_executable(&messages, "absent"), None);
+    }
 }
