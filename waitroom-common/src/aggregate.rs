@@ -103,8 +103,17 @@ impl RoomCounters {
                 .filter(|a| a.admits != PoolCounts::default())
                 .collect(),
             waiting: self.waiting_buckets(minute).collect(),
+            // Visitors held for an on-demand lease are not noted yet, but
+            // they are this minute's visitors (`hold_visitor`).
             distinct_visitors: recent
-                .map(|m| (m, self.distinct_visitors(m)))
+                .map(|m| {
+                    let held = if m == minute {
+                        self.held_visitors(m)
+                    } else {
+                        0
+                    };
+                    (m, self.distinct_visitors(m).saturating_add(held))
+                })
                 .filter(|&(_, n)| n > 0)
                 .collect(),
         }

@@ -278,8 +278,10 @@ pub struct RoomCounters {
     /// the ring from now to here only, so their cost follows the session
     /// length, not the ring's.
     furthest_expiry: AtomicU64,
-    /// Pads the hot header to whole cache lines.
-    _reserved: [AtomicU64; 1],
+    /// New visitors held right now for an on-demand lease, tagged with the
+    /// minute their hold began (see [`RoomCounters::hold_visitor`]). Was
+    /// padding, so a counters file of an older node reads as none held.
+    held: TaggedCount,
     /// Signed session-expiry counts: `[expiry slot % EXPIRY_RING]`.
     expiries: [TaggedCount; EXPIRY_RING],
     /// Waiting visitors: `[bucket % WAITING_BUCKETS][check-in minute % CHECK_IN_SLOTS]`,
@@ -293,6 +295,22 @@ const _: () = assert!(
 );
 const _: () = assert!((MAX_BUCKET_AGE_MINUTES as usize) < WAITING_BUCKETS);
 const _: () = assert!(CHECK_IN_SLOTS as u64 > WAITING_WINDOW_MINUTES);
+
+/// A visitor counted as held ([`RoomCounters::hold_visitor`]) until dropped,
+/// also when the request's future is (the visitor left mid-hold). A hold
+/// that crosses a minute ends nothing of the new minute's count: the minute
+/// it began in has aged out.
+#[derive(Debug)]
+pub struct HeldVisitor<'a> {
+    counters: &'a RoomCounters,
+    minute: Minute,
+}
+
+impl Drop for HeldVisitor<'_> {
+    fn drop(&mut self) {
+        self.counters.end_held(self.minute);
+    }
+}
 
 impl Default for RoomCounters {
     fn default() -> Self {
@@ -321,7 +339,7 @@ impl RoomCounters {
             admits: [const { TaggedCount::zero() }; RECENT_MINUTES * POOLS],
             distinct: [const { TaggedCount::zero() }; RECENT_MINUTES],
             furthest_expiry: AtomicU64::new(0),
-            _reserved: [const { AtomicU64::new(0) }; 1],
+            held: TaggedCount::zero(),
             expiries: [const { TaggedCount::zero() }; EXPIRY_RING],
             waiting: [const { TaggedCount::zero() }; WAITING_BUCKETS * CHECK_IN_SLOTS],
         }
@@ -458,6 +476,41 @@ impl RoomCounters {
     /// Counts a visitor seen for the first time in `minute`.
     pub fn note_visitor(&self, minute: Minute) {
         self.distinct[minute.0 as usize % RECENT_MINUTES].add(tag_of(minute), 1);
+    }
+
+    /// Counts a new visitor held, before the engine decides (and notes) it,
+    /// while the node asks the aggregator for a slot on demand; the count
+    /// ends when the guard drops. A report adds the visitors held to the
+    /// current minute's distinct visitors ([`Self::report`]): the
+    /// aggregator promises an asking node what its visitors since its last
+    /// report call for, and a node idle for minutes (at 1,200 nodes, most
+    /// of them) asks *because* of a visitor it has not noted yet; without
+    /// it that ask reads as no need and is promised nothing.
+    #[must_use = "the visitor counts as held until the guard drops"]
+    pub fn hold_visitor(&self, minute: Minute) -> HeldVisitor<'_> {
+        self.note_held(minute);
+        HeldVisitor {
+            counters: self,
+            minute,
+        }
+    }
+
+    /// [`Self::hold_visitor`] without the guard, for a caller that keeps its
+    /// held visitors itself (the simulator): pair every call with
+    /// [`Self::end_held`] for the same minute.
+    pub fn note_held(&self, minute: Minute) {
+        self.held.add(tag_of(minute), 1);
+    }
+
+    /// Ends the hold of a visitor counted by [`Self::note_held`] in `minute`.
+    pub fn end_held(&self, minute: Minute) {
+        self.held.add(tag_of(minute), -1);
+    }
+
+    /// New visitors held in `minute` for an on-demand lease, now.
+    #[must_use]
+    pub fn held_visitors(&self, minute: Minute) -> u64 {
+        u64::try_from(self.held.get(tag_of(minute))).unwrap_or(0)
     }
 
     /// Distinct visitors counted in `minute` (zero once it left the ring).
@@ -1002,5 +1055,38 @@ mod tests {
         assert_eq!(counters.distinct_visitors(M), 2);
         assert_eq!(counters.distinct_visitors(M.plus(1)), 1);
         assert_eq!(counters.distinct_visitors(M.plus(2)), 0);
+    }
+
+    #[test]
+    fn a_held_visitor_is_reported_as_this_minutes_visitor_until_its_hold_ends() {
+        let counters = RoomCounters::new_boxed(RoomId(1));
+        let now = M.start().plus_millis(10_000);
+        let distinct = |c: &RoomCounters, at: UnixMillis| {
+            c.report(at)
+                .distinct_visitors
+                .iter()
+                .find(|&&(m, _)| m == at.minute())
+                .map_or(0, |&(_, n)| n)
+        };
+        counters.note_visitor(M);
+        {
+            let _a = counters.hold_visitor(M);
+            let _b = counters.hold_visitor(M);
+            assert_eq!(counters.held_visitors(M), 2);
+            assert_eq!(distinct(&counters, now), 3, "one noted, two held");
+        }
+        // Both holds ended (the guards dropped, as when a visitor leaves
+        // mid-hold); the engine notes whoever it decides.
+        assert_eq!(counters.held_visitors(M), 0);
+        assert_eq!(distinct(&counters, now), 1);
+
+        // A hold across a minute boundary: it counts in the minute it began
+        // in only, and its end leaves the next minute's holds alone.
+        let old = counters.hold_visitor(M);
+        let _new = counters.hold_visitor(M.plus(1));
+        assert_eq!(counters.held_visitors(M), 0, "the older minute aged out");
+        drop(old);
+        assert_eq!(counters.held_visitors(M.plus(1)), 1);
+        assert_eq!(distinct(&counters, now.plus_millis(60_000)), 1);
     }
 }

@@ -14,9 +14,12 @@
 //! [`crate::wire`]) is promised what its own recent admits say it will use
 //! before it reports again, not its fair part:
 //!
-//! - *need* = its shared-pool admits since its last answer, as a rate, over
-//!   [`PromisePolicy::horizon_ms`] (twice the default report interval, so a
-//!   steady node never runs dry between its reports);
+//! - *need* = its shared-pool admits (or new visitors, whichever is more)
+//!   since its last answer, as a rate, over [`PromisePolicy::horizon_ms`]
+//!   (twice the default report interval, so a steady node never runs dry
+//!   between its reports). The visitors a node holds while it asks count
+//!   among its new visitors (`RoomCounters::hold_visitor`), so an ask never
+//!   reads as no need;
 //! - an idle node's need is [`PromisePolicy::min_promise`], but never more
 //!   than its fair part (at 1,200 nodes a fair part is under a slot);
 //! - the promise is the need, taken from what the node's colo has not

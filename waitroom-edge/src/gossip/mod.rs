@@ -333,7 +333,10 @@ pub fn room_report(
     if let Some(traffic) = traffic {
         for (minute, count) in &mut report.distinct_visitors {
             if let Some(better) = traffic.distinct_visitors(report.room, *minute) {
-                *count = better;
+                // The visitors held for an on-demand lease stay counted
+                // (`RoomCounters::hold_visitor`): the sketch may not have
+                // seen them, and the ask they caused must read as need.
+                *count = better.saturating_add(counters.held_visitors(*minute));
             }
         }
         // Minutes the sketch saw that the userspace counter did not.
@@ -639,5 +642,12 @@ key = "n.key"
             4,
             "all recent minutes the sketch knows"
         );
+        // A visitor held for an on-demand lease counts on top of either: the
+        // ask it causes must read as need.
+        let _held = counters.hold_visitor(m);
+        let plain = room_report(&counters, now, None);
+        assert_eq!(plain.distinct_visitors, vec![(m, 2)]);
+        let with = room_report(&counters, now, Some(&Sketch));
+        assert_eq!(with.distinct_visitors[0], (m, m.0 % 100 + 1));
     }
 }

@@ -271,6 +271,9 @@ async fn answer(
             now,
         )
     {
+        // Counted as held while it waits, so the ask reads as this
+        // visitor's need; noted as a visitor when the engine decides.
+        let _held = node.room_counters(index).hold_visitor(now.minute());
         lease.hold().await;
         now = node.clock.now();
     }

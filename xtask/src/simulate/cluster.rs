@@ -518,7 +518,9 @@ struct Node {
     /// Reconnect attempts since the last answer (the backoff's exponent).
     reconnect_attempt: u32,
     /// Visitors held on the on-demand lease.
-    held: Vec<usize>,
+    /// Visitors held for an on-demand lease, with the node's minute their
+    /// hold began in (counted as held in the node's counters meanwhile).
+    held: Vec<(usize, Minute)>,
     /// An out-of-cycle ask is outstanding until this instant (its answer,
     /// or the answer timeout when it is lost).
     asking_until: Option<u64>,
@@ -834,8 +836,9 @@ impl Sim {
             Event::Arrive(v) | Event::Request(v) => self.request(v, now_ms),
             Event::HoldEnd(v, i) => {
                 let node = &mut self.nodes[i];
-                if let Some(at) = node.held.iter().position(|&h| h == v) {
-                    node.held.swap_remove(at);
+                if let Some(at) = node.held.iter().position(|&(h, _)| h == v) {
+                    let (_, minute) = node.held.swap_remove(at);
+                    node.counters.end_held(minute);
                     node.degraded = true;
                     self.gossip.lease_holds_timed_out += 1;
                     self.decide_at(v, i, now_ms, false);
@@ -1185,7 +1188,8 @@ impl Sim {
     /// refresh loop's `LeaseAsk::answered`), and it may hold again.
     fn release_held(&mut self, i: usize, now_ms: u64) {
         self.nodes[i].degraded = false;
-        for v in std::mem::take(&mut self.nodes[i].held) {
+        for (v, minute) in std::mem::take(&mut self.nodes[i].held) {
+            self.nodes[i].counters.end_held(minute);
             self.decide_at(v, i, now_ms, false);
         }
     }
@@ -1401,7 +1405,8 @@ impl Sim {
             && short_of_slots(&self.room, &node.state, &node.counters, now)
         {
             self.gossip.lease_holds += 1;
-            self.nodes[i].held.push(v);
+            self.nodes[i].held.push((v, now.minute()));
+            self.nodes[i].counters.note_held(now.minute());
             if self.nodes[i].asking_until.is_none_or(|t| now_ms >= t) {
                 self.ask(i, now_ms, false);
             }
