@@ -104,15 +104,15 @@ impl RoomCounters {
                 .collect(),
             waiting: self.waiting_buckets(minute).collect(),
             // Visitors held for an on-demand lease are not noted yet, but
-            // they are this minute's visitors (`hold_visitor`).
+            // they are visitors of the minute their hold began in
+            // (`hold_visitor`; 0 for every other minute).
             distinct_visitors: recent
                 .map(|m| {
-                    let held = if m == minute {
-                        self.held_visitors(m)
-                    } else {
-                        0
-                    };
-                    (m, self.distinct_visitors(m).saturating_add(held))
+                    (
+                        m,
+                        self.distinct_visitors(m)
+                            .saturating_add(self.held_visitors(m)),
+                    )
                 })
                 .filter(|&(_, n)| n > 0)
                 .collect(),
