@@ -88,7 +88,7 @@ pub fn run(args: &Args) -> Result<()> {
         // origin comes from the debug build, and the test binary is the one
         // the workspace's run built (`run_test_binary`).
         cmd::run(
-            "building the release node for the connection deadlines test",
+            "building the release node and aggregator for the connection deadlines test",
             &mut crate::package::build_release_binaries(),
         )?;
         let dirs = std::env::join_paths([
@@ -162,22 +162,21 @@ fn run_test_binary(what: &str, name: &str, bin_dirs: &std::ffi::OsStr) -> Result
 }
 
 /// The executable and manifest of the test target `name` in cargo's JSON
-/// messages (`--message-format=json`, one per line).
+/// messages (`--message-format=json`), read as `waitroom-edge/build.rs`
+/// reads the nested eBPF build's.
 fn test_executable(messages: &str, name: &str) -> Option<(String, String)> {
-    messages
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find_map(|message| {
-            let target = message.get("target")?;
-            let is_test = target.get("kind")?.as_array()?.iter().any(|k| k == "test");
-            if !is_test || target.get("name")? != name {
-                return None;
-            }
-            Some((
-                message.get("executable")?.as_str()?.to_owned(),
-                message.get("manifest_path")?.as_str()?.to_owned(),
-            ))
-        })
+    use cargo_metadata::{Artifact, Message, TargetKind};
+    Message::parse_stream(messages.as_bytes()).find_map(|message| match message.ok()? {
+        Message::CompilerArtifact(Artifact {
+            target,
+            executable: Some(executable),
+            manifest_path,
+            ..
+        }) if target.name == name && target.is_kind(TargetKind::Test) => {
+            Some((executable.into_string(), manifest_path.into_string()))
+        }
+        _ => None,
+    })
 }
 
 /// Runs `command`, echoing its standard output, and adds up its `test
@@ -253,12 +252,25 @@ mod tests {
 
     #[test]
     fn the_named_test_binary_is_found_among_cargos_messages() {
+        // Messages as cargo 1.95 prints them (paths shortened): a library
+        // and a test of other names, a progress line, the test, the end.
+        let artifact = |name: &str, kind: &str, exe: Option<&str>| {
+            let file = exe.unwrap_or("/w/target/debug/deps/libconnections.rlib");
+            let exe = exe.map_or("null".to_owned(), |e| format!("\"{e}\""));
+            format!(
+                r#"{{"reason":"compiler-artifact","package_id":"path+file:///w/tests#waitroom-tests@0.1.0","manifest_path":"/w/tests/Cargo.toml","target":{{"kind":["{kind}"],"crate_types":["bin"],"name":"{name}","src_path":"/w/tests/tests/{name}.rs","edition":"2024","doc":false,"doctest":false,"test":true}},"profile":{{"opt_level":"0","debuginfo":"line-tables-only","debug_assertions":true,"overflow_checks":true,"test":true}},"features":[],"filenames":["{file}"],"executable":{exe},"fresh":true}}"#
+            )
+        };
         let messages = [
-            r#"{"reason":"compiler-artifact","target":{"name":"connections","kind":["lib"]},"executable":null,"manifest_path":"/w/a/Cargo.toml"}"#,
-            "not json: cargo's own progress line",
-            r#"{"reason":"compiler-artifact","target":{"name":"edge","kind":["test"]},"executable":"/w/target/debug/deps/edge-1","manifest_path":"/w/tests/Cargo.toml"}"#,
-            r#"{"reason":"compiler-artifact","target":{"name":"connections","kind":["test"]},"executable":"/w/target/debug/deps/connections-2","manifest_path":"/w/tests/Cargo.toml"}"#,
-            r#"{"reason":"build-finished","success":true}"#,
+            artifact("connections", "lib", None),
+            "not json: cargo's own progress line".to_owned(),
+            artifact("edge", "test", Some("/w/target/debug/deps/edge-1")),
+            artifact(
+                "connections",
+                "test",
+                Some("/w/target/debug/deps/connections-2"),
+            ),
+            r#"{"reason":"build-finished","success":true}"#.to_owned(),
         ]
         .join("\n");
         assert_eq!(
