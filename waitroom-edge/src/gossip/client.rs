@@ -260,6 +260,9 @@ impl Client {
                 homes: &self.homes,
                 index: self.index,
             });
+            // Numbered before the counters are read: a visitor held from
+            // here on may not be counted, and waits for a later answer.
+            let number = home.then(|| self.lease.begin_report());
             let mut rooms = self.reporter.report(now);
             rooms.retain(|r| self.mine(r.room));
             let report = NodeReport {
@@ -323,6 +326,9 @@ impl Client {
                     // A peer's answer grants nothing: it only shows that
                     // this aggregator could take over.
                     if home {
+                        if let Some(number) = number {
+                            self.lease.answer_to(number);
+                        }
                         self.store(&report, answer, sent);
                         // A lowered cap stays counted at the home until
                         // this node says it got it: say so at once (once

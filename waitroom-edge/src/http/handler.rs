@@ -273,8 +273,18 @@ async fn answer(
     {
         // Counted as held while it waits, so the ask reads as this
         // visitor's need; noted as a visitor when the engine decides.
+        // Held until an answer counted them, or an earlier one gave room.
         let _held = node.room_counters(index).hold_visitor(now.minute());
-        lease.hold().await;
+        lease
+            .hold(|| {
+                engine::short_of_slots(
+                    engine_room,
+                    &room.state.load(),
+                    node.room_counters(index),
+                    node.clock.now(),
+                )
+            })
+            .await;
         now = node.clock.now();
     }
     let state = room.state.load();

@@ -517,13 +517,17 @@ struct Node {
     missed: u32,
     /// Reconnect attempts since the last answer (the backoff's exponent).
     reconnect_attempt: u32,
-    /// Visitors held on the on-demand lease.
     /// Visitors held for an on-demand lease, with the node's minute their
-    /// hold began in (counted as held in the node's counters meanwhile).
-    held: Vec<(usize, Minute)>,
+    /// hold began in (counted as held in the node's counters meanwhile) and
+    /// when it began (only an answer to a report made since releases them).
+    held: Vec<(usize, Minute, u64)>,
     /// An out-of-cycle ask is outstanding until this instant (its answer,
     /// or the answer timeout when it is lost).
     asking_until: Option<u64>,
+    /// A visitor was held while an ask made before its hold was out: that
+    /// ask does not count them, so another goes when it is answered (the
+    /// edge's `LeaseAsk`: one report for every hold begun since the last).
+    ask_again: bool,
     /// A hold ended without an answer: nobody is held until the next one.
     degraded: bool,
 }
@@ -644,6 +648,7 @@ impl Sim {
                 reconnect_attempt: 0,
                 held: Vec::new(),
                 asking_until: None,
+                ask_again: false,
                 degraded: false,
             })
             .collect::<Vec<_>>();
@@ -836,8 +841,8 @@ impl Sim {
             Event::Arrive(v) | Event::Request(v) => self.request(v, now_ms),
             Event::HoldEnd(v, i) => {
                 let node = &mut self.nodes[i];
-                if let Some(at) = node.held.iter().position(|&(h, _)| h == v) {
-                    let (_, minute) = node.held.swap_remove(at);
+                if let Some(at) = node.held.iter().position(|&(h, _, _)| h == v) {
+                    let (_, minute, _) = node.held.swap_remove(at);
                     node.counters.end_held(minute);
                     node.degraded = true;
                     self.gossip.lease_holds_timed_out += 1;
@@ -1133,6 +1138,7 @@ impl Sim {
     /// answer to the report it waits for (on that report's own stream).
     fn deliver(&mut self, id: u64, now_ms: u64) {
         let exchange = self.exchanges.remove(&id).expect("delivered once");
+        let made_ms = exchange.sent_ms;
         if exchange.on_demand {
             self.gossip.answers_taken += 1;
             let i = exchange.node;
@@ -1140,7 +1146,16 @@ impl Sim {
             let before = shared_cap(&self.nodes[i].state);
             self.take_answer(exchange, now_ms);
             self.confirm_if_lowered(i, before, now_ms);
-            self.release_held(i, now_ms);
+            self.release_held(i, now_ms, made_ms);
+            // Visitors held since this ask was made wait for the next one
+            // (a confirmation just sent counts them too).
+            let node = &mut self.nodes[i];
+            if std::mem::take(&mut node.ask_again)
+                && !node.held.is_empty()
+                && node.asking_until.is_none()
+            {
+                self.ask(i, now_ms, false);
+            }
             return;
         }
         if self.nodes[exchange.node].in_flight != Some(id) {
@@ -1160,7 +1175,7 @@ impl Sim {
         node.reconnect_attempt = 0;
         self.next_tick(i, now_ms);
         self.confirm_if_lowered(i, before, now_ms);
-        self.release_held(i, now_ms);
+        self.release_held(i, now_ms, made_ms);
     }
 
     /// The answer node `i` just took in lowered its cap from `before`: the
@@ -1185,10 +1200,21 @@ impl Sim {
     }
 
     /// The node's held visitors decide again with its new answer (the
-    /// refresh loop's `LeaseAsk::answered`), and it may hold again.
-    fn release_held(&mut self, i: usize, now_ms: u64) {
+    /// refresh loop's `LeaseAsk::answered`), and it may hold again; but a
+    /// visitor held after the answered report was made (`made_ms`) and
+    /// still short of slots with it stays held: that answer did not count
+    /// them (a periodic answer computed before they came would queue them
+    /// on the old promise).
+    fn release_held(&mut self, i: usize, now_ms: u64, made_ms: u64) {
         self.nodes[i].degraded = false;
-        for (v, minute) in std::mem::take(&mut self.nodes[i].held) {
+        let now = self.node_at(i, now_ms);
+        let node = &mut self.nodes[i];
+        let held = std::mem::take(&mut node.held);
+        let (counted, later): (Vec<_>, Vec<_>) = held.into_iter().partition(|&(_, _, at)| {
+            at <= made_ms || !short_of_slots(&self.room, &node.state, &node.counters, now)
+        });
+        node.held = later;
+        for (v, minute, _) in counted {
             self.nodes[i].counters.end_held(minute);
             self.decide_at(v, i, now_ms, false);
         }
@@ -1405,10 +1431,12 @@ impl Sim {
             && short_of_slots(&self.room, &node.state, &node.counters, now)
         {
             self.gossip.lease_holds += 1;
-            self.nodes[i].held.push((v, now.minute()));
+            self.nodes[i].held.push((v, now.minute(), now_ms));
             self.nodes[i].counters.note_held(now.minute());
             if self.nodes[i].asking_until.is_none_or(|t| now_ms >= t) {
                 self.ask(i, now_ms, false);
+            } else {
+                self.nodes[i].ask_again = true;
             }
             self.schedule(now_ms + wait, Event::HoldEnd(v, i));
             return;
