@@ -1182,11 +1182,12 @@ impl Cluster {
                     )),
                     elapsed_since(previous_seen, now),
                 );
-                let free = promise::Free {
-                    colo: shares.colo_pool.saturating_sub(shares.colo_held_in_colo),
-                    anywhere: shares.pool.saturating_sub(shares.held_by_others),
-                    total: room_left,
-                };
+                let free = promise::Free::new(
+                    shares.colo_pool.saturating_sub(shares.colo_held_in_colo),
+                    shares.pool.saturating_sub(shares.held_by_others),
+                    room_left,
+                    plan.shared_slots,
+                );
                 (colo_granted, granted) =
                     self.promises.promise((colo_granted, granted), free, need);
             }
@@ -2340,7 +2341,9 @@ mod tests {
             let b1_holds = held(&b1[0].state, T0.minute());
             let t = T0.plus_millis(4_500);
             assert!(!after.learning(t));
-            let b2 = after.apply_holding(asking_report("b", t, quiet, 900), &[b1_holds], true, t);
+            // b still has visitors coming (an idle node is promised nothing
+            // of the reserve, half the pool, which a holds).
+            let b2 = after.apply_holding(asking_report("b", t, quiet, 950), &[b1_holds], true, t);
             (b0_cap, a_cap, b1_cap, a1_cap, shared_cap(&b2[0].state))
         };
         let (_, a_cap, b1_cap, ..) = run(false);

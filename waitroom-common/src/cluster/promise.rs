@@ -21,7 +21,11 @@
 //!   among its new visitors (`RoomCounters::hold_visitor`), so an ask never
 //!   reads as no need;
 //! - an idle node's need is [`PromisePolicy::min_promise`], but never more
-//!   than its fair part (at 1,200 nodes a fair part is under a slot);
+//!   than its fair part (at 1,200 nodes a fair part is under a slot), and
+//!   only out of what the other nodes leave beyond the *reserve*, half the
+//!   round's shared slots ([`Free::reserve`]): at 1,200 nodes, 2 slots to
+//!   each of the few hundred nodes with a visitor in the last minutes held
+//!   the whole Anywhere pool, and the nodes that asked got nothing;
 //! - the promise is the need, taken from what the node's colo has not
 //!   promised first, then from the Anywhere pool, within what the ledgers
 //!   leave ([`Free`]): a node that asks may take more than its fair part
@@ -73,6 +77,23 @@ pub struct Free {
     pub anywhere: u64,
     /// The round's shared slots minus what the other nodes hold of both.
     pub total: u64,
+    /// The part of the round's shared slots an idle node's promise never
+    /// takes (half of them): it stays for the nodes that ask.
+    pub reserve: u64,
+}
+
+impl Free {
+    /// What the ledgers leave, with the reserve kept out of idle promises
+    /// for `shared_slots`, the round's shared slots.
+    #[must_use]
+    pub fn new(colo: u64, anywhere: u64, total: u64, shared_slots: u64) -> Self {
+        Self {
+            colo,
+            anywhere,
+            total,
+            reserve: shared_slots / 2,
+        }
+    }
 }
 
 impl PromisePolicy {
@@ -90,7 +111,11 @@ impl PromisePolicy {
     #[must_use]
     pub fn promise(&self, (fair_colo, fair_any): (u64, u64), free: Free, need: u64) -> (u64, u64) {
         let fair = fair_colo.saturating_add(fair_any);
-        let want = need.max(self.min_promise.min(fair));
+        let idle = self
+            .min_promise
+            .min(fair)
+            .min(free.total.saturating_sub(free.reserve));
+        let want = need.max(idle);
         let colo = want.min(free.colo).min(free.total);
         let anywhere = want
             .saturating_sub(colo)
@@ -108,6 +133,7 @@ mod tests {
         colo: 100,
         anywhere: 30,
         total: 120,
+        reserve: 0,
     };
 
     #[test]
@@ -118,6 +144,26 @@ mod tests {
         // Never more than its fair part: at scale that is under a slot.
         assert_eq!(p.promise((0, 1), FREE, 0), (1, 0));
         assert_eq!(p.promise((0, 0), FREE, 0), (0, 0));
+    }
+
+    #[test]
+    fn idle_promises_leave_half_the_shared_slots_to_the_nodes_that_ask() {
+        let p = PromisePolicy::default();
+        // 500 shared slots, 249 of them held by others: 251 left, 250 of
+        // them the reserve, so an idle node gets one slot of its two.
+        let free = Free::new(0, 251, 251, 500);
+        assert_eq!(free.reserve, 250);
+        assert_eq!(p.promise((0, 5), free, 0), (0, 1));
+        // Half held: an idle node is promised nothing; the reserve is
+        // there for whoever asks, in full.
+        let free = Free::new(0, 250, 250, 500);
+        assert_eq!(p.promise((0, 5), free, 0), (0, 0));
+        assert_eq!(p.promise((0, 5), free, 3), (0, 3));
+        assert_eq!(p.promise((0, 5), free, 1_000), (0, 250));
+        // At the old scale nothing changes: a few nodes' idle promises
+        // are far from half the pool.
+        let free = Free::new(100, 400, 490, 500);
+        assert_eq!(p.promise((50, 5), free, 0), (2, 0));
     }
 
     #[test]
@@ -152,6 +198,7 @@ mod tests {
             colo: 0,
             anywhere: 0,
             total: 0,
+            reserve: 0,
         };
         assert_eq!(p.promise((5, 5), nothing, u64::MAX), (0, 0));
     }

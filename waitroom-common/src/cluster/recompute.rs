@@ -125,11 +125,16 @@ impl Recomputing {
                     [&memory.colo_leases, &memory.leases],
                     minute,
                 );
-                let free = super::promise::Free {
-                    colo: colo_free(&states, &node, &self.reports, &memory.colo_leases, minute),
-                    anywhere: anywhere_free(&states, &node, &memory.leases, minute),
+                let shared_slots = states.iter().fold(0_u64, |sum, (_, s)| {
+                    sum.saturating_add(s.allowance.colo_share)
+                        .saturating_add(s.allowance.anywhere)
+                });
+                let free = super::promise::Free::new(
+                    colo_free(&states, &node, &self.reports, &memory.colo_leases, minute),
+                    anywhere_free(&states, &node, &memory.leases, minute),
                     total,
-                };
+                    shared_slots,
+                );
                 let leases = (memory.colo_leases.get(&node), memory.leases.get(&node));
                 let room_report = self.reports[index]
                     .rooms
