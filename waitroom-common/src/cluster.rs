@@ -1186,7 +1186,7 @@ impl Cluster {
                     shares.colo_pool.saturating_sub(shares.colo_held_in_colo),
                     shares.pool.saturating_sub(shares.held_by_others),
                     room_left,
-                    plan.shared_slots,
+                    (shares.colo_pool, shares.pool, plan.shared_slots),
                 );
                 (colo_granted, granted) =
                     self.promises.promise((colo_granted, granted), free, need);

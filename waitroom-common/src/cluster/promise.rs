@@ -22,10 +22,11 @@
 //!   reads as no need;
 //! - an idle node's need is [`PromisePolicy::min_promise`], but never more
 //!   than its fair part (at 1,200 nodes a fair part is under a slot), and
-//!   only out of what the other nodes leave beyond the *reserve*, half the
-//!   round's shared slots ([`Free::reserve`]): at 1,200 nodes, 2 slots to
-//!   each of the few hundred nodes with a visitor in the last minutes held
-//!   the whole Anywhere pool, and the nodes that asked got nothing;
+//!   only out of what the other nodes leave beyond the *reserve*, half of
+//!   each pool and of the round's shared slots ([`Free::new`]): at 1,200
+//!   nodes, 2 slots to each of the few hundred nodes with a visitor in the
+//!   last minutes held the whole Anywhere pool, and the nodes that asked
+//!   got nothing;
 //! - the promise is the need, taken from what the node's colo has not
 //!   promised first, then from the Anywhere pool, within what the ledgers
 //!   leave ([`Free`]): a node that asks may take more than its fair part
@@ -77,22 +78,46 @@ pub struct Free {
     pub anywhere: u64,
     /// The round's shared slots minus what the other nodes hold of both.
     pub total: u64,
-    /// The part of the round's shared slots an idle node's promise never
-    /// takes (half of them): it stays for the nodes that ask.
-    pub reserve: u64,
+    /// What an idle node's promise never takes of each, `(colo, anywhere,
+    /// total)`: half of the colo's slots, of the Anywhere pool and of the
+    /// round's shared slots. It stays for the nodes that ask.
+    pub reserve: (u64, u64, u64),
 }
 
 impl Free {
-    /// What the ledgers leave, with the reserve kept out of idle promises
-    /// for `shared_slots`, the round's shared slots.
+    /// What the ledgers leave, with the reserve kept out of idle promises;
+    /// `pools` are the colo's slots, the Anywhere pool and the round's
+    /// shared slots.
     #[must_use]
-    pub fn new(colo: u64, anywhere: u64, total: u64, shared_slots: u64) -> Self {
+    pub fn new(colo: u64, anywhere: u64, total: u64, pools: (u64, u64, u64)) -> Self {
         Self {
             colo,
             anywhere,
             total,
-            reserve: shared_slots / 2,
+            reserve: (pools.0 / 2, pools.1 / 2, pools.2 / 2),
         }
+    }
+
+    /// What an idle node may be promised of: what is free beyond the reserve.
+    fn beyond_reserve(self) -> Self {
+        let (colo, anywhere, total) = self.reserve;
+        Self {
+            colo: self.colo.saturating_sub(colo),
+            anywhere: self.anywhere.saturating_sub(anywhere),
+            total: self.total.saturating_sub(total),
+            reserve: (0, 0, 0),
+        }
+    }
+
+    /// `want` taken from the colo's slots first, then from Anywhere,
+    /// within what each leaves and the total.
+    fn take(self, want: u64) -> (u64, u64) {
+        let colo = want.min(self.colo).min(self.total);
+        let anywhere = want
+            .saturating_sub(colo)
+            .min(self.anywhere)
+            .min(self.total.saturating_sub(colo));
+        (colo, anywhere)
     }
 }
 
@@ -111,17 +136,13 @@ impl PromisePolicy {
     #[must_use]
     pub fn promise(&self, (fair_colo, fair_any): (u64, u64), free: Free, need: u64) -> (u64, u64) {
         let fair = fair_colo.saturating_add(fair_any);
-        let idle = self
-            .min_promise
-            .min(fair)
-            .min(free.total.saturating_sub(free.reserve));
-        let want = need.max(idle);
-        let colo = want.min(free.colo).min(free.total);
-        let anywhere = want
-            .saturating_sub(colo)
-            .min(free.anywhere)
-            .min(free.total.saturating_sub(colo));
-        (colo, anywhere)
+        let idle = free.beyond_reserve().take(self.min_promise.min(fair));
+        let asked = free.take(need);
+        if idle.0 + idle.1 > asked.0 + asked.1 {
+            idle
+        } else {
+            asked
+        }
     }
 }
 
@@ -133,7 +154,7 @@ mod tests {
         colo: 100,
         anywhere: 30,
         total: 120,
-        reserve: 0,
+        reserve: (0, 0, 0),
     };
 
     #[test]
@@ -149,20 +170,30 @@ mod tests {
     #[test]
     fn idle_promises_leave_half_the_shared_slots_to_the_nodes_that_ask() {
         let p = PromisePolicy::default();
-        // 500 shared slots, 249 of them held by others: 251 left, 250 of
-        // them the reserve, so an idle node gets one slot of its two.
-        let free = Free::new(0, 251, 251, 500);
-        assert_eq!(free.reserve, 250);
+        // 500 shared slots, all Anywhere, 249 of them held by others: 251
+        // left, 250 of them the reserve, so an idle node gets one of its two.
+        let free = Free::new(0, 251, 251, (0, 500, 500));
+        assert_eq!(free.reserve, (0, 250, 250));
         assert_eq!(p.promise((0, 5), free, 0), (0, 1));
         // Half held: an idle node is promised nothing; the reserve is
         // there for whoever asks, in full.
-        let free = Free::new(0, 250, 250, 500);
+        let free = Free::new(0, 250, 250, (0, 500, 500));
         assert_eq!(p.promise((0, 5), free, 0), (0, 0));
         assert_eq!(p.promise((0, 5), free, 3), (0, 3));
         assert_eq!(p.promise((0, 5), free, 1_000), (0, 250));
+        // Each pool has its reserve: a small Anywhere pool (60 of 500, the
+        // rest in colos that saw traffic) held by idle nodes down to its
+        // half is left to askers from colos without slots, although the
+        // round has plenty.
+        let free = Free::new(0, 30, 400, (0, 60, 500));
+        assert_eq!(p.promise((0, 5), free, 0), (0, 0));
+        assert_eq!(p.promise((0, 5), free, 2), (0, 2));
+        // The colo's own pool likewise.
+        let free = Free::new(10, 150, 400, (20, 200, 500));
+        assert_eq!(p.promise((5, 5), free, 0), (0, 2));
         // At the old scale nothing changes: a few nodes' idle promises
-        // are far from half the pool.
-        let free = Free::new(100, 400, 490, 500);
+        // are far from half of any pool.
+        let free = Free::new(100, 40, 490, (110, 50, 500));
         assert_eq!(p.promise((50, 5), free, 0), (2, 0));
     }
 
@@ -198,7 +229,7 @@ mod tests {
             colo: 0,
             anywhere: 0,
             total: 0,
-            reserve: 0,
+            reserve: (0, 0, 0),
         };
         assert_eq!(p.promise((5, 5), nothing, u64::MAX), (0, 0));
     }

@@ -129,11 +129,14 @@ impl Recomputing {
                     sum.saturating_add(s.allowance.colo_share)
                         .saturating_add(s.allowance.anywhere)
                 });
+                let (colo_pool, colo_left) =
+                    colo_free(&states, &node, &self.reports, &memory.colo_leases, minute);
+                let (any_pool, any_left) = anywhere_free(&states, &node, &memory.leases, minute);
                 let free = super::promise::Free::new(
-                    colo_free(&states, &node, &self.reports, &memory.colo_leases, minute),
-                    anywhere_free(&states, &node, &memory.leases, minute),
+                    colo_left,
+                    any_left,
                     total,
-                    shared_slots,
+                    (colo_pool, any_pool, shared_slots),
                 );
                 let leases = (memory.colo_leases.get(&node), memory.leases.get(&node));
                 let room_report = self.reports[index]
@@ -224,16 +227,16 @@ fn clamp_anywhere(
         .iter()
         .find(|(name, _)| name == node)
         .map_or(0, |(_, s)| s.allowance.anywhere);
-    engine.min(anywhere_free(states, node, leases, minute))
+    engine.min(anywhere_free(states, node, leases, minute).1)
 }
 
-/// The round's Anywhere pool minus what other nodes still hold unused.
+/// The round's Anywhere pool, and that pool minus what other nodes still hold unused.
 fn anywhere_free(
     states: &[(String, GlobalState)],
     node: &str,
     leases: &BTreeMap<String, Lease>,
     minute: Minute,
-) -> u64 {
+) -> (u64, u64) {
     let pool: u64 = states
         .iter()
         .fold(0_u64, |t, (_, s)| t.saturating_add(s.allowance.anywhere));
@@ -246,7 +249,7 @@ fn anywhere_free(
                 .map(|l| l.outstanding(minute, s.used.anywhere))
         })
         .fold(0_u64, u64::saturating_add);
-    pool.saturating_sub(held)
+    (pool, pool.saturating_sub(held))
 }
 
 /// Both shared grants of `node` together, `(colo_share, anywhere)`, cut to
@@ -301,24 +304,24 @@ fn clamp_colo_share(
         .iter()
         .find(|(name, _)| name == node)
         .map_or(0, |(_, s)| s.allowance.colo_share);
-    engine.min(colo_free(states, node, reports, leases, minute))
+    engine.min(colo_free(states, node, reports, leases, minute).1)
 }
 
-/// `node`'s colo's slots this round minus what its other nodes still hold.
+/// `node`'s colo's slots this round, and those minus what its other nodes still hold.
 fn colo_free(
     states: &[(String, GlobalState)],
     node: &str,
     reports: &[NodeReport],
     leases: &BTreeMap<String, Lease>,
     minute: Minute,
-) -> u64 {
+) -> (u64, u64) {
     let colos: BTreeMap<&str, &str> = reports
         .iter()
         .map(|r| (r.node.as_str(), r.colo.as_str()))
         .collect();
     let colo_of = |name: &str| colos.get(name).copied();
     let Some(colo) = colo_of(node) else {
-        return 0;
+        return (0, 0);
     };
     let (mut pool, mut held) = (0_u64, 0_u64);
     for (name, state) in states
@@ -332,5 +335,5 @@ fn colo_free(
             held = held.saturating_add(lease.outstanding(minute, state.used.colo_share));
         }
     }
-    pool.saturating_sub(held)
+    (pool, pool.saturating_sub(held))
 }
