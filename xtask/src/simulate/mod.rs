@@ -895,9 +895,12 @@ mod tests {
     /// the held leases in the peer reports, the worldwide spike stays
     /// within 3 % of both limits; without them each home promises what the
     /// other's nodes hold, and the spike goes further over than with them.
+    /// Over eight seeds: since idle promises keep out of half of each pool
+    /// there is less for the homes to promise twice, and one seed alone
+    /// (a small room: a step of 0.005) can go either way.
     #[test]
     fn peer_leases_keep_two_aggregators_close_to_one() {
-        let over = |aggregators, peer_leases| {
+        let over = |aggregators, peer_leases| -> Vec<f64> {
             let topology = harsh(Conditions {
                 aggregators,
                 peer_leases,
@@ -906,17 +909,27 @@ mod tests {
                 lease_rtt_ms: 20,
                 ..Conditions::NONE
             });
-            let (r, _) = run_on("uniform-spike", &topology, 3);
-            r.peak_admits_ratio.max(r.peak_active_ratio)
+            (1..=8)
+                .map(|seed| {
+                    let (r, _) = run_on("uniform-spike", &topology, seed);
+                    r.peak_admits_ratio.max(r.peak_active_ratio)
+                })
+                .collect()
         };
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let one = over(1, true);
         let told = over(2, true);
         let untold = over(2, false);
-        eprintln!("peak over the limits: one {one:.3}, two {told:.3}, two untold {untold:.3}");
-        assert!(told <= 1.03, "two aggregators, told: {told}");
+        eprintln!(
+            "peak over the limits, seeds 1-8: one {one:.3?}, two {told:.3?}, two untold {untold:.3?}"
+        );
         assert!(
-            untold > told,
-            "the held leases matter: {untold} against {told}"
+            told.iter().all(|&t| t <= 1.03),
+            "two aggregators, told: {told:?}"
+        );
+        assert!(
+            mean(&untold) > mean(&told),
+            "the held leases matter: {untold:?} against {told:?}"
         );
     }
 
