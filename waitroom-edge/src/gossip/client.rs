@@ -242,6 +242,9 @@ impl Client {
             let out_of_cycle = tokio::select! {
                 _ = tick.tick() => false,
                 () = self.lease.wanted(self.group), if was_home => true,
+                // Another aggregator, the home, raised what the node holds:
+                // this peer hears of it now, not an interval later.
+                () = self.homes.wait_raised(), if !was_home => false,
             };
             if out_of_cycle {
                 self.lease.asks_total.fetch_add(1, Relaxed);
@@ -337,12 +340,16 @@ impl Client {
                         let now = self.clock.elapsed().0;
                         let interval_ms =
                             u64::try_from(self.interval().as_millis()).unwrap_or(u64::MAX);
+                        let held_after = self.held();
                         if holding_report
                             && confirmed_at.is_none_or(|at| now.saturating_sub(at) >= interval_ms)
-                            && lowered(&held_before, &self.held())
+                            && lowered(&held_before, &held_after)
                         {
                             confirmed_at = Some(now);
                             tick.reset_immediately();
+                        }
+                        if raised(&held_before, &held_after) {
+                            self.homes.raised();
                         }
                         self.status.reports_total.fetch_add(1, Relaxed);
                         if !self.status.groups[self.group].connected.swap(true, Relaxed) {
@@ -541,18 +548,32 @@ async fn exchange(
 /// `after` is below the one in `before` for the same minute: an answer took
 /// back slots the node held.
 fn lowered(before: &[HeldLease], after: &[HeldLease]) -> bool {
-    let cap = |h: &HeldLease| {
-        h.anywhere
-            .saturating_add(h.anywhere_used)
-            .saturating_add(h.colo_share)
-            .saturating_add(h.colo_share_used)
-    };
     after.iter().any(|a| {
         before
             .iter()
             .find(|b| b.room == a.room && b.minute == a.minute)
-            .is_some_and(|b| cap(a) < cap(b))
+            .is_some_and(|b| held_cap(a) < held_cap(b))
     })
+}
+
+/// Whether `after` holds more than `before` in some room: a higher cap in
+/// the same minute, or a lease of a later minute with anything in it.
+fn raised(before: &[HeldLease], after: &[HeldLease]) -> bool {
+    after
+        .iter()
+        .any(|a| match before.iter().find(|b| b.room == a.room) {
+            Some(b) if b.minute == a.minute => held_cap(a) > held_cap(b),
+            Some(b) => a.minute > b.minute && held_cap(a) > 0,
+            None => held_cap(a) > 0,
+        })
+}
+
+/// What a held lease lets the node admit in its minute: used and unused.
+fn held_cap(h: &HeldLease) -> u64 {
+    h.anywhere
+        .saturating_add(h.anywhere_used)
+        .saturating_add(h.colo_share)
+        .saturating_add(h.colo_share_used)
 }
 
 #[cfg(test)]
@@ -597,5 +618,18 @@ mod tests {
             "another minute"
         );
         assert!(!lowered(&[], &[lease(5, 1, 0)]), "nothing held before");
+        // Raised: the peers are told at once.
+        assert!(raised(&[lease(5, 4, 8)], &[lease(5, 30, 2)]), "12 → 32");
+        assert!(!raised(&[lease(5, 24, 8)], &[lease(5, 30, 2)]), "32 → 32");
+        assert!(!raised(&[lease(5, 30, 2)], &[lease(5, 4, 8)]), "lowered");
+        assert!(
+            raised(&[lease(5, 30, 2)], &[lease(6, 1, 0)]),
+            "a new minute's lease"
+        );
+        assert!(
+            !raised(&[lease(6, 30, 2)], &[lease(5, 40, 0)]),
+            "an older minute"
+        );
+        assert!(raised(&[], &[lease(5, 1, 0)]), "nothing held before");
     }
 }

@@ -48,6 +48,9 @@ pub struct Homes {
     /// The aggregator a report asking for grants is in flight to, or
     /// [`NOBODY`].
     granting: AtomicUsize,
+    /// Woken when the home's answer raised what the node holds: the other
+    /// aggregators are told at once (`Homes::raised`).
+    raised: tokio::sync::Notify,
 }
 
 /// No report asking for grants is in flight.
@@ -68,7 +71,25 @@ impl Homes {
             grace_ms: interval_ms + interval_ms / 2,
             current: AtomicUsize::new(first),
             granting: AtomicUsize::new(NOBODY),
+            raised: tokio::sync::Notify::new(),
         }
+    }
+
+    /// The home's answer raised the leases the node holds: every other
+    /// aggregator's client sends its peer report now rather than on its
+    /// tick. A peer learns what the home granted from the leases named in
+    /// the node's peer reports; on the tick, a peer report leaves with the
+    /// leases held *before* the home's answer of the same tick, so a peer
+    /// granting its own nodes within that interval counted this node at its
+    /// old lease and could promise the same slots twice (32 of 24 in
+    /// `aggregators.rs`, one run in about seven).
+    pub fn raised(&self) {
+        self.raised.notify_waiters();
+    }
+
+    /// Resolves at the next [`Homes::raised`].
+    pub async fn wait_raised(&self) {
+        self.raised.notified().await;
     }
 
     /// How long an aggregator may be silent and stay the home.
