@@ -125,10 +125,7 @@ impl Recomputing {
                     [&memory.colo_leases, &memory.leases],
                     minute,
                 );
-                let shared_slots = states.iter().fold(0_u64, |sum, (_, s)| {
-                    sum.saturating_add(s.allowance.colo_share)
-                        .saturating_add(s.allowance.anywhere)
-                });
+                let shared_slots = shared_pool(&states);
                 let (colo_pool, colo_left) =
                     colo_free(&states, &node, &self.reports, &memory.colo_leases, minute);
                 let (any_pool, any_left) = anywhere_free(&states, &node, &memory.leases, minute);
@@ -252,6 +249,14 @@ fn anywhere_free(
     (pool, pool.saturating_sub(held))
 }
 
+/// The round's shared slots: every node's colo share and Anywhere part.
+fn shared_pool(states: &[(String, GlobalState)]) -> u64 {
+    states.iter().fold(0_u64, |sum, (_, s)| {
+        sum.saturating_add(s.allowance.colo_share)
+            .saturating_add(s.allowance.anywhere)
+    })
+}
+
 /// Both shared grants of `node` together, `(colo_share, anywhere)`, cut to
 /// the round's shared slots minus what every other node still holds unused
 /// of both its leases (Anywhere first). Each pool has its own ledger, but
@@ -265,11 +270,9 @@ fn clamp_shared(
     [colo_leases, leases]: [&BTreeMap<String, Lease>; 2],
     minute: Minute,
 ) -> (u64, u64) {
-    let (mut pool, mut held) = (0_u64, 0_u64);
+    let pool = shared_pool(states);
+    let mut held = 0_u64;
     for (name, state) in states {
-        pool = pool
-            .saturating_add(state.allowance.colo_share)
-            .saturating_add(state.allowance.anywhere);
         if name != node {
             let outstanding = |leases: &BTreeMap<String, Lease>, used| {
                 leases

@@ -81,8 +81,8 @@ impl Homes {
     /// the node's peer reports; on the tick, a peer report leaves with the
     /// leases held *before* the home's answer of the same tick, so a peer
     /// granting its own nodes within that interval counted this node at its
-    /// old lease and could promise the same slots twice (32 of 24 in
-    /// `aggregators.rs`, one run in about seven).
+    /// old lease and could promise the same slots twice (31–34 of 24 in
+    /// `aggregators.rs`, in 7 of 28 runs that began their traffic at once).
     pub fn raised(&self) {
         self.raised.notify_waiters();
     }
