@@ -24,6 +24,19 @@
 //! during an outage ([`Sim::with_outage`]) is lost; the node tries again when
 //! the client would, after its answer timeout.
 //!
+//! # Several aggregators
+//! With `--aggregators K`, node `i`'s home is aggregator `i % K`: its
+//! reports are applied there as home reports (granted to) and at every
+//! other aggregator, at the same instant, as peer reports naming the leases
+//! the node holds then (its asks too, which the edge sends to its home
+//! alone). When an answer from its home raises what the node
+//! holds (the edge's `raised`: a higher cap in the same minute, or a lease of
+//! a later minute), the node also sends its peer reports at once, as the
+//! edge's gossip client does (`Homes::raised`): over the open connections,
+//! like an ask, so they reach the peers half a `lease_rtt_ms` later. Without
+//! them (`--no-raised-peer-reports`) the peers hear of the raised lease only
+//! with the node's next report.
+//!
 //! # The harsher network ([`Conditions`])
 //! Answers can be lost (the report was applied; the node waits for its answer
 //! timeout, reports again, and after [`MAX_MISSED_ANSWERS`] in a row
@@ -137,6 +150,11 @@ pub struct Conditions {
     /// Peer reports say which leases the node holds from its home (the
     /// real system); off: they say none, to show what that buys.
     pub peer_leases: bool,
+    /// A node whose home's answer raised what it holds sends its peer
+    /// reports at once, as the edge does (`Homes::raised`), over the open
+    /// connections: they reach the peers half a `lease_rtt_ms` later. Off:
+    /// the peers hear of it only with the node's next report.
+    pub raised_peer_reports: bool,
     /// Every aggregator commits its grants of both shared pools (colo share
     /// and Anywhere, one cap per node) to one grant ledger per minute
     /// (`cluster::grants::GrantLedger`, the code the etcd ledger runs, here
@@ -164,6 +182,7 @@ impl Conditions {
         promise_horizon_ms: 2_000,
         aggregators: 1,
         peer_leases: true,
+        raised_peer_reports: true,
         shared_ledger: false,
     };
 }
@@ -385,6 +404,9 @@ pub struct GossipCounts {
     /// those of them lost (not in `lost`).
     pub confirms: u64,
     pub confirms_lost: u64,
+    /// Peer reports sent at once because the home's answer raised what the
+    /// node holds (one per other aggregator).
+    pub raised_peer_reports: u64,
     pub lease_holds: u64,
     pub lease_holds_timed_out: u64,
     /// Largest |report time − true time| over all reports, in ms (the skew).
@@ -475,6 +497,9 @@ enum Event {
     SessionEnd(usize),
     /// Visitor `.0`'s hold at node `.1` ends (`lease_wait_ms` passed).
     HoldEnd(usize, usize),
+    /// The peer reports sent at once after a raised lease (`.0` in
+    /// `Sim::peer_reports`) reach the other aggregators.
+    PeerReport(u64),
 }
 
 /// The last answer a node took in: the node's `World` for this one room.
@@ -530,6 +555,15 @@ struct Node {
     ask_again: bool,
     /// A hold ended without an answer: nobody is held until the next one.
     degraded: bool,
+}
+
+/// Peer reports a node sent at once after its home raised its lease, on
+/// their way to the other aggregators (their answers grant nothing).
+#[derive(Debug)]
+struct PeerReports {
+    node: usize,
+    report: NodeReport,
+    held: Vec<HeldLease>,
 }
 
 /// One report on its way to the aggregator, then its answer on the way back.
@@ -590,6 +624,9 @@ pub struct Sim {
     net_rng: ChaCha8Rng,
     exchanges: BTreeMap<u64, Exchange>,
     next_exchange: u64,
+    /// Peer reports sent at once and not yet arrived, by the id of their
+    /// [`Event::PeerReport`] (numbered with the exchanges).
+    peer_reports: BTreeMap<u64, PeerReports>,
     // What is measured.
     active: u64,
     peak_active: u64,
@@ -701,6 +738,7 @@ impl Sim {
             net_rng,
             exchanges: BTreeMap::new(),
             next_exchange: 0,
+            peer_reports: BTreeMap::new(),
             active: 0,
             peak_active: 0,
             peak_active_counted: 0,
@@ -837,6 +875,11 @@ impl Sim {
             Event::Apply(exchange) => self.apply(exchange, now_ms),
             Event::Deliver(exchange) => self.deliver(exchange, now_ms),
             Event::Timeout(exchange) => self.time_out(exchange, now_ms),
+            Event::PeerReport(id) => {
+                let sent = self.peer_reports.remove(&id).expect("arrives once");
+                let home = sent.node % (self.peers.len() + 1);
+                self.tell_peers(home, &sent.report, &sent.held, at(now_ms));
+            }
             Event::Sample => self.sample(now_ms),
             Event::Arrive(v) | Event::Request(v) => self.request(v, now_ms),
             Event::HoldEnd(v, i) => {
@@ -954,43 +997,23 @@ impl Sim {
     /// the node's home grants and the others take a peer report.
     fn apply(&mut self, id: u64, now_ms: u64) {
         let now = at(now_ms);
-        let exchange = self.exchanges.get_mut(&id).expect("applied once");
-        let k = self.peers.len() + 1;
-        let home = exchange.node % k;
+        let exchange = &self.exchanges[&id];
+        let (i, report) = (exchange.node, exchange.report.clone());
+        let home = i % (self.peers.len() + 1);
         // The leases the node holds, by its last answer: a node reports
         // them to its home (`Message::HomeReport`) and, with
         // `peer_leases`, to the others.
-        let state = &self.nodes[exchange.node].state;
-        let holding = vec![HeldLease {
-            room: self.room.id(),
-            minute: state.as_of.minute(),
-            anywhere: state.allowance.anywhere,
-            anywhere_used: state.used.anywhere,
-            colo_share: state.allowance.colo_share,
-            colo_share_used: state.used.colo_share,
-        }];
-        if k > 1 {
-            let held = if self.topology.conditions.peer_leases {
-                holding.clone()
-            } else {
-                Vec::new()
-            };
-            for a in (0..k).filter(|&a| a != home) {
-                let peer = if a == 0 {
-                    &mut self.cluster
-                } else {
-                    &mut self.peers[a - 1]
-                };
-                peer.apply_peer(exchange.report.clone(), &held, now);
-            }
-        }
+        let holding = self.holding(i);
+        let held = self.peer_held(i);
+        self.tell_peers(home, &report, &held, now);
+        let exchange = &self.exchanges[&id];
         let aggregator = if home == 0 {
             &mut self.cluster
         } else {
             &mut self.peers[home - 1]
         };
         let asks = self.topology.conditions.lease_wait_ms > 0;
-        let mut answers = aggregator.apply_holding(exchange.report.clone(), &holding, asks, now);
+        let mut answers = aggregator.apply_holding(report, &holding, asks, now);
         if self.topology.conditions.shared_ledger {
             let node = &exchange.report.node;
             let limit = self.room.at(now).new_users_per_minute();
@@ -1023,6 +1046,85 @@ impl Sim {
             .get_mut(&id)
             .expect("still in flight")
             .answers = answers;
+    }
+
+    /// The leases node `i` holds, by its last answer, as its reports name them.
+    fn holding(&self, i: usize) -> Vec<HeldLease> {
+        let state = &self.nodes[i].state;
+        vec![HeldLease {
+            room: self.room.id(),
+            minute: state.as_of.minute(),
+            anywhere: state.allowance.anywhere,
+            anywhere_used: state.used.anywhere,
+            colo_share: state.allowance.colo_share,
+            colo_share_used: state.used.colo_share,
+        }]
+    }
+
+    /// What node `i`'s peer reports name: what it holds, or with
+    /// `peer_leases` off, nothing.
+    fn peer_held(&self, i: usize) -> Vec<HeldLease> {
+        if self.topology.conditions.peer_leases {
+            self.holding(i)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Every aggregator but `home` takes `report` in as a peer report.
+    fn tell_peers(
+        &mut self,
+        home: usize,
+        report: &NodeReport,
+        held: &[HeldLease],
+        now: UnixMillis,
+    ) {
+        let k = self.peers.len() + 1;
+        for a in (0..k).filter(|&a| a != home) {
+            let peer = if a == 0 {
+                &mut self.cluster
+            } else {
+                &mut self.peers[a - 1]
+            };
+            peer.apply_peer(report.clone(), held, now);
+        }
+    }
+
+    /// The answer node `i` just took in from its home raised what it holds
+    /// from `before` (the edge's `raised`): with `raised_peer_reports`, the
+    /// node sends its peer reports now rather than with its next report, as
+    /// the edge's gossip client does (`Homes::raised`). Over the open
+    /// connections like an ask: they arrive half a `lease_rtt_ms` later
+    /// (never, in an outage).
+    fn tell_peers_if_raised(&mut self, i: usize, before: Option<(Minute, u64)>, now_ms: u64) {
+        let k = self.peers.len() + 1;
+        if k < 2 || !self.topology.conditions.raised_peer_reports {
+            return;
+        }
+        if !raised(before, answered_cap(&self.nodes[i])) {
+            return;
+        }
+        if self
+            .outage
+            .is_some_and(|(from, to)| (from..to).contains(&now_ms))
+        {
+            return;
+        }
+        self.gossip.raised_peer_reports += k as u64 - 1;
+        let id = self.next_exchange;
+        self.next_exchange += 1;
+        let report = self.node_report(i, self.node_at(i, now_ms));
+        let held = self.peer_held(i);
+        self.peer_reports.insert(
+            id,
+            PeerReports {
+                node: i,
+                report,
+                held,
+            },
+        );
+        let arrive = now_ms + self.topology.conditions.lease_rtt_ms / 2;
+        self.schedule(arrive, Event::PeerReport(id));
     }
 
     /// The node stops waiting for exchange `id` (`Client::session`): it
@@ -1144,7 +1246,9 @@ impl Sim {
             let i = exchange.node;
             self.nodes[i].asking_until = None;
             let before = shared_cap(&self.nodes[i].state);
+            let held_before = answered_cap(&self.nodes[i]);
             self.take_answer(exchange, now_ms);
+            self.tell_peers_if_raised(i, held_before, now_ms);
             self.confirm_if_lowered(i, before, now_ms);
             self.release_held(i, now_ms, made_ms);
             // Visitors held since this ask was made wait for the next one
@@ -1168,7 +1272,9 @@ impl Sim {
         }
         let i = exchange.node;
         let before = shared_cap(&self.nodes[i].state);
+        let held_before = answered_cap(&self.nodes[i]);
         self.take_answer(exchange, now_ms);
+        self.tell_peers_if_raised(i, held_before, now_ms);
         let node = &mut self.nodes[i];
         node.in_flight = None;
         node.missed = 0;
@@ -1561,4 +1667,48 @@ fn shared_cap(state: &GlobalState) -> Option<(Minute, u64)> {
                 + state.allowance.colo_share,
         )
     })
+}
+
+/// The cap of the leases node `node` holds from its last answer (the edge's
+/// `held`, which reads the answer, not a local-only state made since); `None`
+/// before an answer for the room.
+fn answered_cap(node: &Node) -> Option<(Minute, u64)> {
+    if !node.heard.as_ref().is_some_and(|h| h.answered) {
+        return None;
+    }
+    shared_cap(node.lease.as_ref().unwrap_or(&node.state))
+}
+
+/// The edge's `raised` (waitroom-edge's gossip client) on caps: `after`
+/// holds more than `before`: a higher cap in the same minute, or a lease of
+/// a later minute (or the first one) with anything in it.
+fn raised(before: Option<(Minute, u64)>, after: Option<(Minute, u64)>) -> bool {
+    match (before, after) {
+        (_, None) => false,
+        (None, Some((_, cap))) => cap > 0,
+        (Some((m0, c0)), Some((m1, c1))) if m0 == m1 => c1 > c0,
+        (Some((m0, _)), Some((m1, c1))) => m1 > m0 && c1 > 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The same cases as the edge's `a_cap_is_lowered_only_within_its_minute`.
+    #[test]
+    fn a_lease_is_raised_as_the_edge_judges_it() {
+        let cap = |minute, cap| Some((Minute(minute), cap));
+        assert!(raised(cap(5, 12), cap(5, 32)), "12 → 32");
+        assert!(!raised(cap(5, 32), cap(5, 32)), "32 → 32");
+        assert!(!raised(cap(5, 32), cap(5, 12)), "lowered");
+        assert!(raised(cap(5, 32), cap(6, 1)), "a new minute's lease");
+        assert!(!raised(cap(6, 32), cap(5, 40)), "an older minute's");
+        assert!(
+            !raised(cap(5, 32), cap(6, 0)),
+            "a new minute, nothing in it"
+        );
+        assert!(raised(None, cap(5, 1)), "nothing held before");
+        assert!(!raised(cap(5, 1), None), "nothing held after");
+    }
 }
