@@ -420,13 +420,15 @@ pub struct GossipCounts {
     pub aggregator_clamped: u64,
 }
 
-/// The Anywhere ledger, checked after every report the aggregator applied.
+/// The ledgers of shared leases (colo shares and Anywhere together), checked
+/// after every report the aggregator applied.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LedgerCheck {
     /// Reports applied, each followed by one check.
     pub checks: u64,
-    /// Checks where the Anywhere slots leased and not yet used exceeded the
-    /// pool. The ledger exists to keep this at 0.
+    /// Checks where the shared slots leased and not yet used (colo shares
+    /// and Anywhere) exceeded the round's shared slots. The ledgers exist to
+    /// keep this at 0.
     pub over_pool: u64,
     /// Of those, checks where a lease granted in an earlier minute still
     /// counted (its bare allowance, which the holder may spend on the new
@@ -438,11 +440,12 @@ pub struct LedgerCheck {
     /// The same where a lease of an earlier minute counted.
     pub worst_excess_carried: u64,
     /// The same count for the leases the engine alone would have granted
-    /// (each node's share of the pool, unclamped) at the same moments.
+    /// (each node's shares of the pools, unclamped) at the same moments.
     pub over_pool_without_ledger: u64,
     /// Most slots by which those unclamped leases exceeded the pool.
     pub worst_excess_without_ledger: u64,
-    /// Answers whose Anywhere allowance the ledger cut below the engine's share.
+    /// Answers whose shared allowance (both pools) the ledgers cut below the
+    /// engine's shares.
     pub clamped: u64,
 }
 
@@ -613,7 +616,8 @@ pub struct Sim {
     outage: Option<(u64, u64)>,
     /// Each node's latest lease as answered: with the ledger, and as the
     /// engine alone would have granted it.
-    leases: BTreeMap<String, (Lease, Lease)>,
+    /// Each pair is (colo share, Anywhere).
+    leases: BTreeMap<String, ((Lease, Lease), (Lease, Lease))>,
     visitors: Vec<Visitor>,
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
@@ -1186,32 +1190,52 @@ impl Sim {
             let engine = states
                 .iter()
                 .find(|(name, _)| name == node)
-                .map_or(0, |(_, s)| s.allowance.anywhere);
-            let allowance = &mut answer.state.allowance.anywhere;
-            if *allowance < engine {
+                .map_or((0, 0), |(_, s)| {
+                    (s.allowance.colo_share, s.allowance.anywhere)
+                });
+            let allowance = &mut answer.state.allowance;
+            if allowance.colo_share + allowance.anywhere < engine.0 + engine.1 {
                 self.ledger.clamped += 1;
             }
             if self.topology.grants == Grants::EngineShare {
-                *allowance = engine;
+                allowance.anywhere = engine.1;
             }
-            let lease = |allowance| Lease {
-                minute,
-                used_at_grant: answer.state.used.anywhere,
-                allowance,
+            let used = answer.state.used;
+            let leases = |(colo, anywhere): (u64, u64)| {
+                let lease = |used_at_grant, allowance| Lease {
+                    minute,
+                    used_at_grant,
+                    allowance,
+                };
+                (lease(used.colo_share, colo), lease(used.anywhere, anywhere))
             };
             self.leases.insert(
                 node.to_owned(),
-                (lease(answer.state.allowance.anywhere), lease(engine)),
+                (
+                    leases((allowance.colo_share, allowance.anywhere)),
+                    leases(engine),
+                ),
             );
         }
-        let pool: u64 = states.iter().map(|(_, s)| s.allowance.anywhere).sum();
+        // Both shared pools together: a node that asks may borrow the other
+        // colos' unheld slots as an Anywhere lease, so what the ledgers
+        // keep within bounds is the round's shared slots, not the Anywhere
+        // pool alone.
+        let pool: u64 = states
+            .iter()
+            .map(|(_, s)| s.allowance.colo_share + s.allowance.anywhere)
+            .sum();
         let (mut held, mut held_engine, mut carried) = (0, 0, false);
         for (name, state) in states.iter().filter(|(name, _)| !departed.contains(name)) {
             if let Some((lease, engine)) = self.leases.get(name) {
-                let outstanding = lease.outstanding(minute, state.used.anywhere);
-                held += outstanding;
-                carried |= outstanding > 0 && lease.minute != minute;
-                held_engine += engine.outstanding(minute, state.used.anywhere);
+                let outstanding = |(colo, any): &(Lease, Lease)| {
+                    colo.outstanding(minute, state.used.colo_share)
+                        + any.outstanding(minute, state.used.anywhere)
+                };
+                let out = outstanding(lease);
+                held += out;
+                carried |= out > 0 && (lease.0.minute != minute || lease.1.minute != minute);
+                held_engine += outstanding(engine);
             }
         }
         self.ledger.checks += 1;

@@ -102,7 +102,7 @@ pub struct Args {
     /// Without --preset: skip the hostile run that follows the normal one.
     #[arg(long)]
     no_hostile: bool,
-    /// Skip the Anywhere ledger check after every report (O(nodes) each:
+    /// Skip the shared ledger check after every report (O(nodes) each:
     /// for the scale run).
     #[arg(long)]
     no_ledger_check: bool,
@@ -484,11 +484,11 @@ pub fn conditions_row(r: &scenario::ScenarioResult) -> String {
     )
 }
 
-/// The Anywhere ledger check of every scenario, as a second table.
+/// The shared leases check of every scenario, as a second table.
 #[must_use]
 pub fn ledger_header() -> String {
     [
-        "| scenario | reports applied (= checks) | leases over the Anywhere pool: checks (with a lease carried over a minute) | worst excess, slots: this minute's leases / with a carried one | the engine's unclamped shares over the pool: checks | worst excess | answers clamped | local-only decisions |",
+        "| scenario | reports applied (= checks) | shared leases over the round's shared slots: checks (with a lease carried over a minute) | worst excess, slots: this minute's leases / with a carried one | the engine's unclamped shares over them: checks | worst excess | answers clamped | local-only decisions |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     .join("\n")
@@ -516,7 +516,7 @@ pub fn ledger_row(r: &scenario::ScenarioResult) -> String {
 #[must_use]
 pub fn ledger_line(l: &LedgerCheck) -> String {
     format!(
-        "Anywhere leases over the pool in {} of {} checks (by up to {} slots; {} with a lease carried over a minute, by up to {}); the engine's unclamped shares would have been in {}, by up to {} slots; {} answers clamped",
+        "shared leases (colo shares and Anywhere) over the round's shared slots in {} of {} checks (by up to {} slots; {} with a lease carried over a minute, by up to {}); the engine's unclamped shares would have been in {}, by up to {} slots; {} answers clamped",
         l.over_pool,
         l.checks,
         l.worst_excess,
