@@ -2421,6 +2421,61 @@ mod tests {
         );
     }
 
+    /// A node in a colo without history asks for more than its colo and
+    /// the Anywhere pool hold: it borrows half of what the colo with history
+    /// leaves unheld, and that colo's own node, asking next, still gets the
+    /// other half; together never more than the minute's limit.
+    #[test]
+    fn an_asking_node_borrows_half_of_what_other_colos_leave_unheld() {
+        let in_colo = |node: &str, colo: &str, now: UnixMillis, used, back, current| {
+            let m = now.minute();
+            report(
+                node,
+                colo,
+                now,
+                RoomReport {
+                    room: RoomId::from_name("shop"),
+                    expiries: vec![(crate::time::ExpirySlot::end_of_minute(m.plus(3)), 1)],
+                    admits: vec![MinuteAdmits {
+                        minute: m,
+                        admits: used,
+                    }],
+                    waiting: vec![],
+                    distinct_visitors: vec![(m.minus(2), back), (m, current)],
+                },
+            )
+        };
+        let quiet = PoolCounts::default();
+        let mut cluster = Cluster::new(vec![room(10_000, 100)], 5_000);
+        // Colo x had all the traffic two minutes back: 90 of the 100 slots
+        // are its colo's; Anywhere is the other 10. Its node is idle now.
+        let a = cluster.apply_asking(in_colo("a", "x", T0, quiet, 10, 0), T0);
+        let a_cap = shared_cap(&a[0].state);
+        assert!(a_cap <= 2, "an idle node's promise is small: {a_cap}");
+        // The spike reaches colo y, which had no traffic: its node asks for
+        // far more than Anywhere's 10 (5,000 visitors in 10.3 s of the minute).
+        let t = T0.plus_millis(300);
+        let b = cluster.apply_asking(in_colo("b", "y", t, quiet, 0, 5_000), t);
+        let b_cap = shared_cap(&b[0].state);
+        let unheld_in_x = 90 - a_cap;
+        assert_eq!(
+            b_cap,
+            10 + unheld_in_x / 2,
+            "Anywhere and half of what x leaves unheld"
+        );
+        // Colo x's own node now asks: the half left is there for it.
+        let t = t.plus_millis(300);
+        let a = cluster.apply_asking(in_colo("a", "x", t, quiet, 10, 5_000), t);
+        let a_cap = shared_cap(&a[0].state);
+        assert!(a_cap >= unheld_in_x / 2, "x keeps its half: {a_cap}");
+        assert!(a_cap + b_cap <= 100, "{a_cap} + {b_cap}");
+        // A third colo's node (not asking: fair parts) gets what is left.
+        let t = t.plus_millis(300);
+        let c = cluster.apply(in_colo("c", "z", t, quiet, 0, 5_000), t);
+        let c_cap = shared_cap(&c[0].state);
+        assert!(a_cap + b_cap + c_cap <= 100, "{a_cap} + {b_cap} + {c_cap}");
+    }
+
     /// The attacker (or a runaway node): it asks every millisecond, each
     /// time claiming to have spent everything it holds. Its grants grow,
     /// but what every node holds never passes the minute's limit, and an

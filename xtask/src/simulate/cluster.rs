@@ -449,6 +449,9 @@ pub struct LedgerCheck {
     pub clamped: u64,
 }
 
+/// A node's two shared leases: (colo share, Anywhere).
+type SharedLeases = (Lease, Lease);
+
 /// When a run stops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Until {
@@ -616,8 +619,7 @@ pub struct Sim {
     outage: Option<(u64, u64)>,
     /// Each node's latest lease as answered: with the ledger, and as the
     /// engine alone would have granted it.
-    /// Each pair is (colo share, Anywhere).
-    leases: BTreeMap<String, ((Lease, Lease), (Lease, Lease))>,
+    leases: BTreeMap<String, (SharedLeases, SharedLeases)>,
     visitors: Vec<Visitor>,
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
@@ -1228,7 +1230,7 @@ impl Sim {
         let (mut held, mut held_engine, mut carried) = (0, 0, false);
         for (name, state) in states.iter().filter(|(name, _)| !departed.contains(name)) {
             if let Some((lease, engine)) = self.leases.get(name) {
-                let outstanding = |(colo, any): &(Lease, Lease)| {
+                let outstanding = |(colo, any): &SharedLeases| {
                     colo.outstanding(minute, state.used.colo_share)
                         + any.outstanding(minute, state.used.anywhere)
                 };
