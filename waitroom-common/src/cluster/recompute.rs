@@ -61,11 +61,15 @@ impl Recomputing {
             }
         }
         let node = report.node.clone();
+        let at = report.at;
         let previous_seen = self
             .reports
             .iter()
             .position(|r| r.node == node)
-            .map(|i| self.meta[i].last_seen);
+            .map(|i| super::Seen {
+                seen: self.meta[i].last_seen,
+                at: self.reports[i].at,
+            });
         let previous_visitors =
             super::visitors_now(self.reports.iter().find(|r| r.node == node), now.minute());
         let index = match self.reports.iter().position(|r| r.node == node) {
@@ -146,7 +150,7 @@ impl Recomputing {
                         super::admitted_since(leases, state.used, minute).max(
                             super::visitors_since(&previous_visitors, room_report, minute),
                         ),
-                        super::elapsed_since(previous_seen, now),
+                        super::elapsed_since(previous_seen, at, now),
                     );
                 (colo_granted, granted) =
                     self.promises.promise((colo_granted, granted), free, need);
