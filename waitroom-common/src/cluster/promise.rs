@@ -37,9 +37,12 @@
 //!   worldwide spike after a quiet spell a dozen colos hold 90 % of the
 //!   slots while every other node shares the Anywhere tenth: at 1,200 nodes
 //!   1,690 visitors were queued below 98 % of the limits, 293 with the
-//!   loan. The half not lent stays for the lending colo's own nodes, whose
-//!   traffic earned it; whatever is lent, the round's shared slots minus
-//!   what every node holds bounds every grant, so the limits hold as before.
+//!   loan. Each loan leaves half of what is unheld at that moment for the
+//!   lending colo's own nodes, whose traffic earned it (a node asking again
+//!   and again borrows half of what is left each time, as a FIFO room's
+//!   newcomers anywhere would be admitted first come, first served);
+//!   whatever is lent, the round's shared slots minus what every node holds
+//!   bounds every grant, so the limits hold as before.
 //!
 //! What is not promised is the reserve: it stays unspent in the ledgers, so
 //! the next node to ask, out of cycle because its promise ran out, is
@@ -138,8 +141,9 @@ impl Free {
 
     /// `want` for a node that asked: as [`Free::take`], and what that
     /// leaves short borrowed from the other colos' unheld slots, at most
-    /// half of them (the other half stays for those colos' own nodes, whose
-    /// traffic earned the slots). The borrowed slots are an Anywhere lease.
+    /// half of them (the other half is left for those colos' own nodes,
+    /// whose traffic earned the slots). The borrowed slots are an Anywhere
+    /// lease.
     fn take_asked(self, want: u64) -> (u64, u64) {
         let (colo, anywhere) = self.take(want);
         let borrowed = want
