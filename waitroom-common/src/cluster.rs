@@ -1037,8 +1037,9 @@ impl Cluster {
     }
 
     /// Takes `report` into the cluster (its node's previous one out of the
-    /// running sums, this one in): the node's index, its name, when it was
-    /// last seen before (taken in and made) and (for a node that asks) its visitors before.
+    /// running sums, this one in): the node's index, its name, when its
+    /// previous report was taken in and made, and (for a node that asks) its
+    /// visitors before.
     fn merge(
         &mut self,
         mut report: NodeReport,
