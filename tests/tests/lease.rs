@@ -28,17 +28,52 @@ const ROOM: &str = "total_active_users = 400\nnew_users_per_minute = 200\n\
                     session_duration = 5\nqueueing_method = \"fifo\"\n";
 const NODES: &[(&str, &str)] = &[("node-a1", "a"), ("node-a2", "a"), ("node-b1", "b")];
 
+/// The cluster, started and through three rounds of answers.
+fn started(name: &str) -> InProcCluster {
+    let cluster = InProcCluster::start(name, ROOM, NODES, 1_000).expect("cluster starts");
+    for _ in 0..3 {
+        cluster.advance(Duration::from_secs(1)).expect("fresh");
+    }
+    cluster
+}
+
+/// On to one second into the next minute.
+fn to_next_minute(cluster: &InProcCluster) {
+    let minute_start = (cluster.now().0 / 60_000 + 1) * 60_000 + 1_000;
+    cluster
+        .advance(Duration::from_millis(minute_start - cluster.now().0))
+        .expect("fresh");
+}
+
+/// What node `i` holds of the shared pools.
+fn promise(cluster: &InProcCluster, i: usize) -> u64 {
+    let state = cluster.node_state(i);
+    state.allowance.colo_share + state.allowance.anywhere
+}
+
+/// New visitors at `url`, `n` of them, the minute's admits so far being
+/// `admitted`: the admits after them, and the admits at which each visitor
+/// was queued while they were below 98 % of the limit.
+fn visit_counting_early(url: &str, n: u64, mut admitted: u64) -> (u64, Vec<u64>) {
+    let mut queued_early = Vec::new();
+    for _ in 0..n {
+        if visit_new(url) {
+            admitted += 1;
+        } else if admitted * 100 < NEW_USERS_PER_MINUTE * 98 {
+            queued_early.push(admitted);
+        }
+    }
+    (admitted, queued_early)
+}
+
 fn lease(cluster: &InProcCluster, i: usize) -> &waitroom_edge::gossip::LeaseAsk {
     &cluster.node(i).gossip.as_ref().expect("gossips").lease
 }
 
 #[test]
 fn in_a_seven_to_one_burst_nobody_is_queued_below_98_percent_while_the_aggregator_has_room() {
-    let cluster = InProcCluster::start("lease-burst", ROOM, NODES, 1_000).expect("cluster starts");
+    let cluster = started("lease-burst");
     let [a, b, c] = [0, 1, 2].map(|i| cluster.nodes[i].url("/"));
-    for _ in 0..3 {
-        cluster.advance(Duration::from_secs(1)).expect("fresh");
-    }
     // A little history: A and B alike, C now and then.
     for step in 0..6 {
         assert!(visit_new(&a) && visit_new(&b));
@@ -47,15 +82,11 @@ fn in_a_seven_to_one_burst_nobody_is_queued_below_98_percent_while_the_aggregato
         }
         cluster.advance(Duration::from_secs(10)).expect("fresh");
     }
-    let minute_start = (cluster.now().0 / 60_000 + 1) * 60_000 + 1_000;
-    cluster
-        .advance(Duration::from_millis(minute_start - cluster.now().0))
-        .expect("fresh");
+    to_next_minute(&cluster);
 
     // The quiet node first: B holds a small promise (it had one visitor in
     // ten seconds), and its visitors of the burst come before its next report.
-    let held = cluster.node_state(1);
-    let b_promise = held.allowance.colo_share + held.allowance.anywhere;
+    let b_promise = promise(&cluster, 1);
     let b_answers = cluster
         .node(1)
         .gossip
@@ -105,15 +136,7 @@ fn in_a_seven_to_one_burst_nobody_is_queued_below_98_percent_while_the_aggregato
     // the limit).
     cluster.advance(Duration::from_millis(500)).expect("fresh");
     let at_a = 157_u64;
-    let mut admitted = b_admitted;
-    let mut queued_early = Vec::new();
-    for _ in 0..at_a {
-        if visit_new(&a) {
-            admitted += 1;
-        } else if admitted * 100 < NEW_USERS_PER_MINUTE * 98 {
-            queued_early.push(admitted);
-        }
-    }
+    let (admitted, queued_early) = visit_counting_early(&a, at_a, b_admitted);
     cluster.advance(Duration::from_millis(500)).expect("fresh");
     let room = &cluster.status().rooms[0];
     eprintln!(
@@ -135,12 +158,8 @@ fn in_a_seven_to_one_burst_nobody_is_queued_below_98_percent_while_the_aggregato
 
 #[test]
 fn with_the_aggregator_gone_a_visitor_is_held_at_most_lease_wait_ms_once_and_everyone_is_served() {
-    let mut cluster =
-        InProcCluster::start("lease-dead", ROOM, NODES, 1_000).expect("cluster starts");
+    let mut cluster = started("lease-dead");
     let b = cluster.nodes[1].url("/");
-    for _ in 0..3 {
-        cluster.advance(Duration::from_secs(1)).expect("fresh");
-    }
     cluster.stop_aggregator();
     // Past the node's answer timeout, whichever way the node hears of it.
     std::thread::sleep(Duration::from_millis(200));
@@ -187,34 +206,19 @@ fn with_the_aggregator_gone_a_visitor_is_held_at_most_lease_wait_ms_once_and_eve
 /// below 98 % of the limit, and the limit holds exactly.
 #[test]
 fn a_spike_at_a_colo_without_history_borrows_the_slots_the_other_colo_does_not_hold() {
-    let cluster = InProcCluster::start("lease-loan", ROOM, NODES, 1_000).expect("cluster starts");
+    let cluster = started("lease-loan");
     let [a1, a2, b1] = [0, 1, 2].map(|i| cluster.nodes[i].url("/"));
-    for _ in 0..3 {
-        cluster.advance(Duration::from_secs(1)).expect("fresh");
-    }
     // Two minutes of history in colo a only.
     for _ in 0..12 {
         assert!(visit_new(&a1) && visit_new(&a2));
         cluster.advance(Duration::from_secs(10)).expect("fresh");
     }
-    let minute_start = (cluster.now().0 / 60_000 + 1) * 60_000 + 1_000;
-    cluster
-        .advance(Duration::from_millis(minute_start - cluster.now().0))
-        .expect("fresh");
-    let before = cluster.node_state(2);
-    let b_promise = before.allowance.colo_share + before.allowance.anywhere;
+    to_next_minute(&cluster);
+    let b_promise = promise(&cluster, 2);
 
     // The spike at b1: 180 new visitors, 90 % of the minute's limit.
     let at_b = 180_u64;
-    let mut admitted = 0_u64;
-    let mut queued_early = Vec::new();
-    for _ in 0..at_b {
-        if visit_new(&b1) {
-            admitted += 1;
-        } else if admitted * 100 < NEW_USERS_PER_MINUTE * 98 {
-            queued_early.push(admitted);
-        }
-    }
+    let (admitted, queued_early) = visit_counting_early(&b1, at_b, 0);
     let asks = lease(&cluster, 2).asks_total.load(Relaxed);
     let timed_out = lease(&cluster, 2).holds_timed_out_total.load(Relaxed);
     cluster.advance(Duration::from_millis(500)).expect("fresh");

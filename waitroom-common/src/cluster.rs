@@ -1954,10 +1954,22 @@ mod tests {
     /// `used` this minute, the same history two minutes back, `current`
     /// visitors now.
     fn asking_report(node: &str, now: UnixMillis, used: PoolCounts, current: u64) -> NodeReport {
+        report_in_colo(node, "x", now, used, 10, current)
+    }
+
+    /// The same in `colo`, with `back` visitors two minutes back.
+    fn report_in_colo(
+        node: &str,
+        colo: &str,
+        now: UnixMillis,
+        used: PoolCounts,
+        back: u64,
+        current: u64,
+    ) -> NodeReport {
         let m = now.minute();
         report(
             node,
-            "x",
+            colo,
             now,
             RoomReport {
                 room: RoomId::from_name("shop"),
@@ -1967,7 +1979,7 @@ mod tests {
                     admits: used,
                 }],
                 waiting: vec![],
-                distinct_visitors: vec![(m.minus(2), 10), (m, current)],
+                distinct_visitors: vec![(m.minus(2), back), (m, current)],
             },
         )
     }
@@ -2512,24 +2524,7 @@ mod tests {
     /// other half; together never more than the minute's limit.
     #[test]
     fn an_asking_node_borrows_half_of_what_other_colos_leave_unheld() {
-        let in_colo = |node: &str, colo: &str, now: UnixMillis, used, back, current| {
-            let m = now.minute();
-            report(
-                node,
-                colo,
-                now,
-                RoomReport {
-                    room: RoomId::from_name("shop"),
-                    expiries: vec![(crate::time::ExpirySlot::end_of_minute(m.plus(3)), 1)],
-                    admits: vec![MinuteAdmits {
-                        minute: m,
-                        admits: used,
-                    }],
-                    waiting: vec![],
-                    distinct_visitors: vec![(m.minus(2), back), (m, current)],
-                },
-            )
-        };
+        let in_colo = report_in_colo;
         let quiet = PoolCounts::default();
         let mut cluster = Cluster::new(vec![room(10_000, 100)], 5_000);
         // Colo x had all the traffic two minutes back: 90 of the 100 slots
