@@ -124,6 +124,57 @@ pub struct HeldLease {
     pub colo_share_used: u64,
 }
 
+impl HeldLease {
+    /// The lease a node holds of `room` by the state its last answer gave.
+    #[must_use]
+    pub fn of(room: RoomId, state: &GlobalState) -> Self {
+        Self {
+            room,
+            minute: state.as_of.minute(),
+            anywhere: state.allowance.anywhere,
+            anywhere_used: state.used.anywhere,
+            colo_share: state.allowance.colo_share,
+            colo_share_used: state.used.colo_share,
+        }
+    }
+
+    /// What the lease lets the node admit in its minute: used and unused.
+    #[must_use]
+    pub fn cap(&self) -> u64 {
+        self.anywhere
+            .saturating_add(self.anywhere_used)
+            .saturating_add(self.colo_share)
+            .saturating_add(self.colo_share_used)
+    }
+
+    /// Whether the cap of some room's lease in `after` is below the one in
+    /// `before` for the same minute: an answer took back slots the node
+    /// held (a new minute's smaller lease takes nothing back).
+    #[must_use]
+    pub fn lowered(before: &[Self], after: &[Self]) -> bool {
+        after.iter().any(|a| {
+            before
+                .iter()
+                .find(|b| b.room == a.room && b.minute == a.minute)
+                .is_some_and(|b| a.cap() < b.cap())
+        })
+    }
+
+    /// Whether `after` holds more than `before` in some room: a higher cap
+    /// in the same minute, or a lease of a later minute (or the first one)
+    /// with anything in it.
+    #[must_use]
+    pub fn raised(before: &[Self], after: &[Self]) -> bool {
+        after
+            .iter()
+            .any(|a| match before.iter().find(|b| b.room == a.room) {
+                Some(b) if b.minute == a.minute => a.cap() > b.cap(),
+                Some(b) => a.minute > b.minute && a.cap() > 0,
+                None => a.cap() > 0,
+            })
+    }
+}
+
 /// A node's report: its counts for every room it serves.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReportFrame {
@@ -352,6 +403,54 @@ mod tests {
     };
 
     use super::*;
+
+    /// An answer lowers a cap only against a lease of the same room and
+    /// minute; a new minute's smaller lease is not taking anything back. It
+    /// raises a cap in the same minute, or by a later minute's lease with
+    /// anything in it (the edge's gossip client and the simulator alike).
+    #[test]
+    fn a_cap_is_lowered_only_within_its_minute_and_raised_by_a_later_one() {
+        use crate::time::Minute;
+        let lease = |minute: u64, anywhere: u64, used: u64| HeldLease {
+            room: RoomId::from_name("shop"),
+            minute: Minute(minute),
+            anywhere,
+            anywhere_used: used,
+            colo_share: 1,
+            colo_share_used: 0,
+        };
+        let lowered = HeldLease::lowered;
+        let raised = HeldLease::raised;
+        assert!(lowered(&[lease(5, 30, 2)], &[lease(5, 4, 8)]), "32 → 12");
+        assert!(!lowered(&[lease(5, 30, 2)], &[lease(5, 24, 8)]), "32 → 32");
+        assert!(
+            !lowered(&[lease(5, 30, 2)], &[lease(6, 1, 0)]),
+            "another minute"
+        );
+        assert!(!lowered(&[], &[lease(5, 1, 0)]), "nothing held before");
+        // Raised: the peers are told at once.
+        assert!(raised(&[lease(5, 4, 8)], &[lease(5, 30, 2)]), "12 → 32");
+        assert!(!raised(&[lease(5, 24, 8)], &[lease(5, 30, 2)]), "32 → 32");
+        assert!(!raised(&[lease(5, 30, 2)], &[lease(5, 4, 8)]), "lowered");
+        assert!(
+            raised(&[lease(5, 30, 2)], &[lease(6, 1, 0)]),
+            "a new minute's lease"
+        );
+        assert!(
+            !raised(&[lease(6, 30, 2)], &[lease(5, 40, 0)]),
+            "an older minute"
+        );
+        let empty = HeldLease {
+            colo_share: 0,
+            ..lease(6, 0, 0)
+        };
+        assert!(
+            !raised(&[lease(5, 30, 2)], &[empty]),
+            "a new minute's lease with nothing in it"
+        );
+        assert!(raised(&[], &[lease(5, 1, 0)]), "nothing held before");
+        assert!(!raised(&[lease(5, 1, 0)], &[]), "nothing held after");
+    }
 
     fn sample_report() -> Message {
         Message::Report(ReportFrame {

@@ -343,12 +343,12 @@ impl Client {
                         let held_after = self.held();
                         if holding_report
                             && confirmed_at.is_none_or(|at| now.saturating_sub(at) >= interval_ms)
-                            && lowered(&held_before, &held_after)
+                            && HeldLease::lowered(&held_before, &held_after)
                         {
                             confirmed_at = Some(now);
                             tick.reset_immediately();
                         }
-                        if raised(&held_before, &held_after) {
+                        if HeldLease::raised(&held_before, &held_after) {
                             self.homes.raised();
                         }
                         self.status.reports_total.fetch_add(1, Relaxed);
@@ -422,17 +422,7 @@ impl Client {
             .rooms
             .iter()
             .filter(|room| self.mine(room.room))
-            .map(|room| {
-                let state = &room.state;
-                HeldLease {
-                    room: room.room,
-                    minute: state.as_of.minute(),
-                    anywhere: state.allowance.anywhere,
-                    anywhere_used: state.used.anywhere,
-                    colo_share: state.allowance.colo_share,
-                    colo_share_used: state.used.colo_share,
-                }
-            })
+            .map(|room| HeldLease::of(room.room, &room.state))
             .collect()
     }
 
@@ -544,38 +534,6 @@ async fn exchange(
     }
 }
 
-/// Whether a room's cap (admits at grant plus allowance, both pools) in
-/// `after` is below the one in `before` for the same minute: an answer took
-/// back slots the node held.
-fn lowered(before: &[HeldLease], after: &[HeldLease]) -> bool {
-    after.iter().any(|a| {
-        before
-            .iter()
-            .find(|b| b.room == a.room && b.minute == a.minute)
-            .is_some_and(|b| held_cap(a) < held_cap(b))
-    })
-}
-
-/// Whether `after` holds more than `before` in some room: a higher cap in
-/// the same minute, or a lease of a later minute with anything in it.
-fn raised(before: &[HeldLease], after: &[HeldLease]) -> bool {
-    after
-        .iter()
-        .any(|a| match before.iter().find(|b| b.room == a.room) {
-            Some(b) if b.minute == a.minute => held_cap(a) > held_cap(b),
-            Some(b) => a.minute > b.minute && held_cap(a) > 0,
-            None => held_cap(a) > 0,
-        })
-}
-
-/// What a held lease lets the node admit in its minute: used and unused.
-fn held_cap(h: &HeldLease) -> u64 {
-    h.anywhere
-        .saturating_add(h.anywhere_used)
-        .saturating_add(h.colo_share)
-        .saturating_add(h.colo_share_used)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -596,40 +554,5 @@ mod tests {
         );
         b.reset();
         assert_eq!(b.next_delay(0.0), Duration::from_millis(50));
-    }
-
-    /// An answer lowers a cap only against a lease of the same room and
-    /// minute; a new minute's smaller lease is not taking anything back.
-    #[test]
-    fn a_cap_is_lowered_only_within_its_minute() {
-        use waitroom_common::{room::RoomId, time::Minute};
-        let lease = |minute: u64, anywhere: u64, used: u64| HeldLease {
-            room: RoomId::from_name("shop"),
-            minute: Minute(minute),
-            anywhere,
-            anywhere_used: used,
-            colo_share: 1,
-            colo_share_used: 0,
-        };
-        assert!(lowered(&[lease(5, 30, 2)], &[lease(5, 4, 8)]), "32 → 12");
-        assert!(!lowered(&[lease(5, 30, 2)], &[lease(5, 24, 8)]), "32 → 32");
-        assert!(
-            !lowered(&[lease(5, 30, 2)], &[lease(6, 1, 0)]),
-            "another minute"
-        );
-        assert!(!lowered(&[], &[lease(5, 1, 0)]), "nothing held before");
-        // Raised: the peers are told at once.
-        assert!(raised(&[lease(5, 4, 8)], &[lease(5, 30, 2)]), "12 → 32");
-        assert!(!raised(&[lease(5, 24, 8)], &[lease(5, 30, 2)]), "32 → 32");
-        assert!(!raised(&[lease(5, 30, 2)], &[lease(5, 4, 8)]), "lowered");
-        assert!(
-            raised(&[lease(5, 30, 2)], &[lease(6, 1, 0)]),
-            "a new minute's lease"
-        );
-        assert!(
-            !raised(&[lease(6, 30, 2)], &[lease(5, 40, 0)]),
-            "an older minute"
-        );
-        assert!(raised(&[], &[lease(5, 1, 0)]), "nothing held before");
     }
 }

@@ -29,11 +29,12 @@
 //! reports are applied there as home reports (granted to) and at every
 //! other aggregator, at the same instant, as peer reports naming the leases
 //! the node holds then (its asks too, which the edge sends to its home
-//! alone). When an answer from its home raises what the node
-//! holds (the edge's `raised`: a higher cap in the same minute, or a lease of
-//! a later minute), the node also sends its peer reports at once, as the
-//! edge's gossip client does (`Homes::raised`): over the open connections,
-//! like an ask, so they reach the peers half a `lease_rtt_ms` later. Without
+//! alone). When an answer from its home raises what the node holds
+//! (`HeldLease::raised`, the edge's rule: a higher cap in the same minute,
+//! or a lease of a later minute), the node also sends its peer reports at
+//! once, as the edge's gossip client does (`Homes::raised`): over the open
+//! connections, like an ask, so they reach the peers half a `lease_rtt_ms`
+//! later. Without
 //! them (`--no-raised-peer-reports`) the peers hear of the raised lease only
 //! with the node's next report.
 //!
@@ -1056,15 +1057,27 @@ impl Sim {
 
     /// The leases node `i` holds, by its last answer, as its reports name them.
     fn holding(&self, i: usize) -> Vec<HeldLease> {
-        let state = &self.nodes[i].state;
-        vec![HeldLease {
-            room: self.room.id(),
-            minute: state.as_of.minute(),
-            anywhere: state.allowance.anywhere,
-            anywhere_used: state.used.anywhere,
-            colo_share: state.allowance.colo_share,
-            colo_share_used: state.used.colo_share,
-        }]
+        vec![HeldLease::of(self.room.id(), &self.nodes[i].state)]
+    }
+
+    /// The leases `state` says a node holds; none before its first answer.
+    fn held_in(&self, state: &GlobalState) -> Vec<HeldLease> {
+        if state.as_of.0 > 0 {
+            vec![HeldLease::of(self.room.id(), state)]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The leases node `i` holds from its last answer (the edge's `held`,
+    /// which reads the answer, not a local-only state made since); none
+    /// before an answer for the room.
+    fn answered_held(&self, i: usize) -> Vec<HeldLease> {
+        let node = &self.nodes[i];
+        if !node.heard.as_ref().is_some_and(|h| h.answered) {
+            return Vec::new();
+        }
+        self.held_in(node.lease.as_ref().unwrap_or(&node.state))
     }
 
     /// What node `i`'s peer reports name: what it holds, or with
@@ -1097,17 +1110,17 @@ impl Sim {
     }
 
     /// The answer node `i` just took in from its home raised what it holds
-    /// from `before` (the edge's `raised`): with `raised_peer_reports`, the
-    /// node sends its peer reports now rather than with its next report, as
-    /// the edge's gossip client does (`Homes::raised`). Over the open
-    /// connections like an ask: they arrive half a `lease_rtt_ms` later
-    /// (never, in an outage).
-    fn tell_peers_if_raised(&mut self, i: usize, before: Option<(Minute, u64)>, now_ms: u64) {
+    /// from `before` (`HeldLease::raised`, as the edge judges it): with
+    /// `raised_peer_reports`, the node sends its peer reports now rather
+    /// than with its next report, as the edge's gossip client does
+    /// (`Homes::raised`). Over the open connections like an ask: they arrive
+    /// half a `lease_rtt_ms` later (never, in an outage).
+    fn tell_peers_if_raised(&mut self, i: usize, before: &[HeldLease], now_ms: u64) {
         let k = self.peers.len() + 1;
         if k < 2 || !self.topology.conditions.raised_peer_reports {
             return;
         }
-        if !raised(before, answered_cap(&self.nodes[i])) {
+        if !HeldLease::raised(before, &self.answered_held(i)) {
             return;
         }
         if self
@@ -1271,11 +1284,11 @@ impl Sim {
             self.gossip.answers_taken += 1;
             let i = exchange.node;
             self.nodes[i].asking_until = None;
-            let before = shared_cap(&self.nodes[i].state);
-            let held_before = answered_cap(&self.nodes[i]);
+            let before = self.held_in(&self.nodes[i].state);
+            let held_before = self.answered_held(i);
             self.take_answer(exchange, now_ms);
-            self.tell_peers_if_raised(i, held_before, now_ms);
-            self.confirm_if_lowered(i, before, now_ms);
+            self.tell_peers_if_raised(i, &held_before, now_ms);
+            self.confirm_if_lowered(i, &before, now_ms);
             self.release_held(i, now_ms, made_ms);
             // Visitors held since this ask was made wait for the next one
             // (a confirmation just sent counts them too).
@@ -1297,16 +1310,16 @@ impl Sim {
             self.gossip.late_taken += 1;
         }
         let i = exchange.node;
-        let before = shared_cap(&self.nodes[i].state);
-        let held_before = answered_cap(&self.nodes[i]);
+        let before = self.held_in(&self.nodes[i].state);
+        let held_before = self.answered_held(i);
         self.take_answer(exchange, now_ms);
-        self.tell_peers_if_raised(i, held_before, now_ms);
+        self.tell_peers_if_raised(i, &held_before, now_ms);
         let node = &mut self.nodes[i];
         node.in_flight = None;
         node.missed = 0;
         node.reconnect_attempt = 0;
         self.next_tick(i, now_ms);
-        self.confirm_if_lowered(i, before, now_ms);
+        self.confirm_if_lowered(i, &before, now_ms);
         self.release_held(i, now_ms, made_ms);
     }
 
@@ -1315,11 +1328,8 @@ impl Sim {
     /// the node reports at once (at most once per interval), as the edge's
     /// client does. On the open connection like an ask: one
     /// `lease_rtt_ms` round trip.
-    fn confirm_if_lowered(&mut self, i: usize, before: Option<(Minute, u64)>, now_ms: u64) {
-        let after = shared_cap(&self.nodes[i].state);
-        let lowered = before
-            .zip(after)
-            .is_some_and(|((m0, c0), (m1, c1))| m0 == m1 && c1 < c0);
+    fn confirm_if_lowered(&mut self, i: usize, before: &[HeldLease], now_ms: u64) {
+        let lowered = HeldLease::lowered(before, &self.held_in(&self.nodes[i].state));
         let node = &self.nodes[i];
         let interval = self.topology.gossip_interval_ms;
         if lowered
@@ -1679,62 +1689,4 @@ pub fn traffic_rng(seed: u64) -> ChaCha8Rng {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     rng.set_stream(1);
     rng
-}
-
-/// A node's cap over both shared pools (admits at grant plus allowance)
-/// and the minute it is for; `None` before its first answer.
-fn shared_cap(state: &GlobalState) -> Option<(Minute, u64)> {
-    (state.as_of.0 > 0).then(|| {
-        (
-            state.as_of.minute(),
-            state.used.anywhere
-                + state.allowance.anywhere
-                + state.used.colo_share
-                + state.allowance.colo_share,
-        )
-    })
-}
-
-/// The cap of the leases node `node` holds from its last answer (the edge's
-/// `held`, which reads the answer, not a local-only state made since); `None`
-/// before an answer for the room.
-fn answered_cap(node: &Node) -> Option<(Minute, u64)> {
-    if !node.heard.as_ref().is_some_and(|h| h.answered) {
-        return None;
-    }
-    shared_cap(node.lease.as_ref().unwrap_or(&node.state))
-}
-
-/// The edge's `raised` (waitroom-edge's gossip client) on caps: `after`
-/// holds more than `before`: a higher cap in the same minute, or a lease of
-/// a later minute (or the first one) with anything in it.
-fn raised(before: Option<(Minute, u64)>, after: Option<(Minute, u64)>) -> bool {
-    match (before, after) {
-        (_, None) => false,
-        (None, Some((_, cap))) => cap > 0,
-        (Some((m0, c0)), Some((m1, c1))) if m0 == m1 => c1 > c0,
-        (Some((m0, _)), Some((m1, c1))) => m1 > m0 && c1 > 0,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The same cases as the edge's `a_cap_is_lowered_only_within_its_minute`.
-    #[test]
-    fn a_lease_is_raised_as_the_edge_judges_it() {
-        let cap = |minute, cap| Some((Minute(minute), cap));
-        assert!(raised(cap(5, 12), cap(5, 32)), "12 → 32");
-        assert!(!raised(cap(5, 32), cap(5, 32)), "32 → 32");
-        assert!(!raised(cap(5, 32), cap(5, 12)), "lowered");
-        assert!(raised(cap(5, 32), cap(6, 1)), "a new minute's lease");
-        assert!(!raised(cap(6, 32), cap(5, 40)), "an older minute's");
-        assert!(
-            !raised(cap(5, 32), cap(6, 0)),
-            "a new minute, nothing in it"
-        );
-        assert!(raised(None, cap(5, 1)), "nothing held before");
-        assert!(!raised(cap(5, 1), None), "nothing held after");
-    }
 }
