@@ -46,7 +46,7 @@ use waitroom_common::{cluster::grants::GrantLedger, time::Minute};
 use waitroom_edge::gossip::home::Homes;
 use waitroom_tests::{
     cluster::{Aggregator, Certs, aggregator_config, free_udp_port, random_room, start_nodes},
-    edge::{Edge, admits_new_visitor, check_the_minute, fresh_from, get_text},
+    edge::{Edge, admits_new_visitor, check_the_minute, fresh_from, get_text, home_among, metric},
     etcd::{EtcdCluster, history, require_etcd},
     eventually,
     minutes::{self, now_secs},
@@ -587,6 +587,93 @@ fn an_aggregator_that_never_hears_etcd_reply_grants_nothing_new() {
     cut_from_etcd("etcd-no-replies", true);
 }
 
+/// Aggregator 0 restarted with a mistyped `ledger.epoch` (the tired
+/// operator's typo), after node 0 spent all but one slot of what it holds
+/// this minute: etcd's epoch fences it, so it commits nothing and answers
+/// its node with what it holds and nothing new, quickly. The next minute
+/// is pressed at both nodes past the limit; node 0's grants of that minute
+/// must come from somewhere. Its home's answers say they were held
+/// back (`Message::Note`), so the node takes its grants from aggregator 1,
+/// which commits them to etcd: both nodes admit their part and the limit
+/// holds. (Before the note, node 0 stayed at the fenced home, which
+/// answered in time with nothing new: it began the minute holding the one
+/// slot it carried over and queued its visitors while the site had room.)
+fn a_node_whose_home_cannot_commit_is_granted_by_the_other() {
+    if !require_etcd() {
+        return;
+    }
+    let mut setup = Setup::start("etcd-fenced");
+    minutes::early_in_a_minute(20);
+    // This minute, node 0 spends all but one of what it holds: a node
+    // keeps an unused lease of the last minute until its next grant, and
+    // that one slot is all it may carry into the next minute.
+    let (caps, _) = caps_in_etcd(&setup.endpoints, minutes::unix_secs() / 60);
+    let held = caps
+        .iter()
+        .find(|(n, _)| *n == setup.names[0])
+        .map_or(0, |&(_, c)| c);
+    for n in 1..held {
+        assert!(
+            admits_new_visitor(&setup.edges[0]),
+            "visitor {n} of the {held} node 0 holds"
+        );
+    }
+    let config_path = setup.aggregators[0].config.clone();
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    assert!(
+        config.trim_end().ends_with(']'),
+        "[ledger] comes last: {config}"
+    );
+    std::fs::write(&config_path, config + "epoch = 2\n").unwrap();
+    setup.aggregators[0].proc.kill();
+    setup.aggregators[0] =
+        Aggregator::start_with(setup.dir.path(), "aggregator-0-fenced", &config_path).unwrap();
+    // It reads the fence at start, and its first answers say it cannot
+    // grant: the node moves before it needs a grant.
+    let fenced_at = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(10), || home_among(
+            &get_text(&setup.edges[0].admin_url("/metrics")),
+            &setup.listens
+        ) == Some(1)),
+        "node 0 leaves its fenced home"
+    );
+    eprintln!(
+        "node 0 left its fenced home {:?} after the restart began",
+        fenced_at.elapsed()
+    );
+    minutes::sleep_into_next_minute(0);
+    let minute = minutes::unix_secs() / 60;
+    let admitted = press_the_minute(&setup.edges, 0, || {}, || {});
+    let text = get_text(&setup.edges[0].admin_url("/metrics"));
+    let held_back = metric(
+        &text,
+        &format!(
+            "waitroom_gossip_aggregator_held_back_total{{aggregator=\"{}\"}}",
+            setup.listens[0]
+        ),
+    )
+    .unwrap_or(0.0);
+    eprintln!(
+        "aggregator 0 fenced the minute before: {held_back} of node 0's answers held back; its home now {:?}",
+        home_among(&text, &setup.listens)
+    );
+    check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
+    assert!(held_back >= 1.0, "the fenced home said it held grants back");
+    assert!(
+        setup.aggregators[0].proc.stderr().contains("fenced"),
+        "the aggregator says why"
+    );
+    assert_eq!(
+        home_among(&text, &setup.listens),
+        Some(1),
+        "node 0 takes its grants from the aggregator that can commit: {}",
+        log_lines(&setup.edges[0].proc, |l| l.contains("WARN"))
+    );
+    setup.check_nobody_starved(&admitted);
+    setup.check_etcd(minute, &admitted);
+}
+
 /// Aggregator 0 frozen (`SIGSTOP`) at the minute's start, its commits slowed
 /// by 150 ms a reply so one is likely in flight, and thawed 8 s later, past
 /// the nodes' six intervals: its node moves to the other aggregator, which
@@ -690,6 +777,10 @@ fn an_aggregator_cut_off_or_frozen_grants_no_slot_twice() {
         (
             "frozen",
             an_aggregator_frozen_mid_commit_and_thawed_grants_nothing_twice,
+        ),
+        (
+            "fenced, its node moves",
+            a_node_whose_home_cannot_commit_is_granted_by_the_other,
         ),
     ]);
 }

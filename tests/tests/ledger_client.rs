@@ -310,7 +310,7 @@ fn a_slow_member_is_passed_over_and_an_all_slow_etcd_grants_nothing_new_in_time(
         let g = grant(anywhere);
         let started = Instant::now();
         let told = runtime.block_on(committer.commit("ams-1", &[("shop".to_owned(), g)]));
-        (told[0], started.elapsed())
+        (told[0].allowances, started.elapsed(), told[0].held_back)
     };
     let failures = || {
         committer
@@ -331,7 +331,8 @@ fn a_slow_member_is_passed_over_and_an_all_slow_etcd_grants_nothing_new_in_time(
     // --- The first member answers 1.5 s late: passed over once, then left
     // alone while the second answers.
     relays[0].set_delay_ms(1_500);
-    let (told, took) = commit(11);
+    let (told, took, held_back) = commit(11);
+    assert!(!held_back);
     eprintln!("one slow member: the first commit took {took:?}");
     assert_eq!(told, (0, 11), "committed through the other members");
     let asked_slow = relays[0].sent();
@@ -351,9 +352,10 @@ fn a_slow_member_is_passed_over_and_an_all_slow_etcd_grants_nothing_new_in_time(
     for relay in &relays {
         relay.set_delay_ms(700);
     }
-    let (told, took) = commit(20);
+    let (told, took, held_back) = commit(20);
     eprintln!("every member slow: answered in {took:?}");
     assert_eq!(told, (0, 2), "nothing new, what it holds");
+    assert!(held_back, "and the node is told so");
     assert!(
         took < Duration::from_millis(600 + 250),
         "answered by the commit's deadline (and a scheduling slice), well within the node's 1 s wait: {took:?}"
@@ -397,6 +399,10 @@ fn another_epoch_is_fenced_off_and_a_new_epoch_starts_from_the_old_minute() {
         EtcdLedger::key(2, "shop", minute),
     );
     let asks = |node: &str, cap: u64| with_pool(&[(node.to_owned(), cap)], 100);
+    assert!(
+        old.check_fence().is_ok() && new.check_fence().is_ok(),
+        "no fence yet"
+    );
 
     // --- The first commit writes the fence with its epoch.
     assert_eq!(
@@ -421,6 +427,12 @@ fn another_epoch_is_fenced_off_and_a_new_epoch_starts_from_the_old_minute() {
         0,
         "nothing written"
     );
+    // Said at start too, before any commit (the aggregator's first answers
+    // tell its nodes).
+    assert!(
+        matches!(new.check_fence(), Err(LedgerError::Fenced { ours, theirs }) if ours == "2" && theirs == "1")
+    );
+    assert!(old.check_fence().is_ok());
 
     // --- The operator moves the fence to 2 in the middle of the minute:
     // epoch 1 is refused from now on, and epoch 2's first commit of the
@@ -521,7 +533,8 @@ fn a_batch_interval_bounds_how_often_a_room_is_written() {
                 holds: (0, 0),
             };
             let deadline = Instant::now() + Duration::from_secs(10);
-            while committer.commit("warm", &[(room.to_owned(), warm)]).await[0] != (0, 1) {
+            while committer.commit("warm", &[(room.to_owned(), warm)]).await[0].allowances != (0, 1)
+            {
                 assert!(Instant::now() < deadline, "a fresh etcd takes commits");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -539,7 +552,7 @@ fn a_batch_interval_bounds_how_often_a_room_is_written() {
                     };
                     tasks.push(tokio::spawn(async move {
                         let node = format!("node-{wave}-{n}");
-                        committer.commit(&node, &[(room, grant)]).await[0] == (0, 2 + n)
+                        committer.commit(&node, &[(room, grant)]).await[0].allowances == (0, 2 + n)
                     }));
                 }
                 tokio::time::sleep(Duration::from_millis(125)).await;

@@ -26,7 +26,7 @@ use std::{
     collections::BTreeMap,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
     },
     time::{Duration, Instant},
 };
@@ -91,6 +91,10 @@ pub struct Committer {
     tx: mpsc::Sender<Pending>,
     epoch: u64,
     pub metrics: Arc<LedgerMetrics>,
+    /// The last batch that went to etcd failed (or the fence, read at
+    /// start, holds another epoch): the answers say so
+    /// ([`Committer::failing`]).
+    failing: Arc<AtomicBool>,
 }
 
 impl Committer {
@@ -115,18 +119,40 @@ impl Committer {
         let ledger = Arc::new(ledger);
         let (tx, rx) = mpsc::channel(QUEUE);
         let metrics = Arc::new(LedgerMetrics::default());
+        let failing = Arc::new(AtomicBool::new(false));
+        // A mistyped epoch is said at once, not at the first commit, and
+        // the nodes hear of it from the first answer.
+        let (check, fenced) = (Arc::clone(&ledger), Arc::clone(&failing));
+        tokio::task::spawn_blocking(move || match check.check_fence() {
+            Ok(()) => {}
+            Err(err @ crate::ledger::LedgerError::Fenced { .. }) => {
+                fenced.store(true, Relaxed);
+                tracing::warn!(%err, "grants not committed; nodes are answered with what they hold and nothing new");
+            }
+            Err(err) => tracing::debug!(%err, "could not read the fence at start"),
+        });
         tokio::spawn(run(
             ledger,
             config.epoch,
             Duration::from_millis(config.batch_interval_ms),
             rx,
             Arc::clone(&metrics),
+            Arc::clone(&failing),
         ));
         Self {
             tx,
             epoch: config.epoch,
             metrics,
+            failing,
         }
+    }
+
+    /// Grants cannot be committed at the moment: the last batch that went
+    /// to etcd failed (no quorum, deadline, fenced), or the fence read at
+    /// start holds another epoch. Cleared by the next batch that commits.
+    #[must_use]
+    pub fn failing(&self) -> bool {
+        self.failing.load(Relaxed)
     }
 
     /// The key of `room`'s shared grants in `minute`.
@@ -136,10 +162,10 @@ impl Committer {
     }
 
     /// Commits `grants` (each with its room's name) to `node`'s name and
-    /// returns the allowances `(colo share, Anywhere)` the node may be told
-    /// for each: what etcd holds, or what it holds already when no commit
-    /// covered the grant.
-    pub async fn commit(&self, node: &str, grants: &[(String, SharedGrant)]) -> Vec<(u64, u64)> {
+    /// returns what the node may be told for each: the allowances
+    /// `(colo share, Anywhere)` etcd holds, or what it holds already when
+    /// no commit covered the grant (held back).
+    pub async fn commit(&self, node: &str, grants: &[(String, SharedGrant)]) -> Vec<Told> {
         let asks = grants
             .iter()
             .map(|(room, g)| Grant {
@@ -176,15 +202,28 @@ impl Committer {
                         g.holds
                     }
                 };
+                let held_back = cap.is_none();
                 tracing::debug!(
                     node, %room, minute = g.minute.0, used = ?g.used, held = ?g.held,
                     asked = ?g.allowances(), budget = g.budget, recorded = ?cap, ?told,
                     "shared grant"
                 );
-                told
+                Told {
+                    allowances: told,
+                    held_back,
+                }
             })
             .collect()
     }
+}
+
+/// What a node may be told of one grant ([`Committer::commit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Told {
+    /// `(colo share, Anywhere)`.
+    pub allowances: (u64, u64),
+    /// No commit covered the grant: `allowances` are what the node held.
+    pub held_back: bool,
 }
 
 /// The batch id's prefix: this process, so no two aggregators (or two runs
@@ -202,6 +241,7 @@ async fn run(
     interval: Duration,
     mut rx: mpsc::Receiver<Pending>,
     metrics: Arc<LedgerMetrics>,
+    failing: Arc<AtomicBool>,
 ) {
     let instance = instance();
     // Each room's latest minute seen: when it moves, the keys of minutes
@@ -271,6 +311,7 @@ async fn run(
         let mut caps: Vec<Vec<Option<u64>>> =
             batch.iter().map(|p| vec![None; p.asks.len()]).collect();
         let mut grants = 0;
+        let mut failed = false;
         skip_until = None;
         for ((key, places), commit) in by_key.iter().zip(commits) {
             grants += places.len() as u64;
@@ -283,6 +324,7 @@ async fn run(
                 }
                 Ok(Err(err)) => {
                     metrics.commit_failures_total.fetch_add(1, Relaxed);
+                    failed = true;
                     skip_until = Some(Instant::now() + BACKOFF);
                     // One line per 10 s: a dead etcd fails every batch.
                     if failures_logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
@@ -292,9 +334,13 @@ async fn run(
                 }
                 Err(err) => {
                     metrics.commit_failures_total.fetch_add(1, Relaxed);
+                    failed = true;
                     tracing::error!(%key, %err, "the commit task failed");
                 }
             }
+        }
+        if failed || grants > 0 {
+            failing.store(failed, Relaxed);
         }
         metrics.batches_total.fetch_add(1, Relaxed);
         metrics.batched_grants_total.fetch_add(grants, Relaxed);
@@ -384,7 +430,14 @@ mod tests {
         let mut slowest = Duration::ZERO;
         for task in tasks {
             let (g, told, took) = task.await.unwrap();
-            assert_eq!(told, vec![g.holds], "nothing new while etcd hangs");
+            assert_eq!(
+                told,
+                vec![Told {
+                    allowances: g.holds,
+                    held_back: true
+                }],
+                "nothing new while etcd hangs"
+            );
             slowest = slowest.max(took);
         }
         let m = &committer.metrics;

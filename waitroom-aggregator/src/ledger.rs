@@ -366,6 +366,23 @@ impl EtcdLedger {
         self
     }
 
+    /// Reads the fence: `Err(Fenced)` when etcd's [`EPOCH_KEY`] holds
+    /// another value than this aggregator's, so it could commit nothing;
+    /// `Ok` when it holds ours, is absent (the first commit writes it), or
+    /// this ledger is not fenced.
+    pub fn check_fence(&self) -> Result<(), LedgerError> {
+        let Some(ours) = self.fence() else {
+            return Ok(());
+        };
+        match self.etcd.get(EPOCH_KEY)?.value {
+            Some(theirs) if theirs != ours.as_bytes() => Err(LedgerError::Fenced {
+                ours,
+                theirs: String::from_utf8_lossy(&theirs).into_owned(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// The key of a room's shared grants (colo shares and Anywhere, one cap
     /// per node) in a minute, under the epoch of the aggregator group that
     /// owns the room (docs/adr/0001, decision 5).

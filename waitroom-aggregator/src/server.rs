@@ -292,6 +292,8 @@ async fn serve_stream(
         Message::PeerReport(peer) => (Message::Report(peer.frame), Kind::Peer(peer.held)),
         other => (other, Kind::Plain),
     };
+    // Every report but a peer's is answered with grants.
+    let granting = !matches!(kind, Kind::Peer(_));
     let answer = match message {
         Message::Report(frame) if !tls::peer_is(connection, &frame.report.node) => {
             shared.metrics.identity_refused_total.fetch_add(1, Relaxed);
@@ -367,24 +369,44 @@ async fn serve_stream(
                     .collect();
                 (rooms, grants)
             };
-            if let Some(ledger) = &shared.ledger
-                && !grants.is_empty()
+            let mut held_back = match &shared.ledger {
+                Some(ledger) if !grants.is_empty() => {
+                    settle(shared, ledger, &node, &grants, &mut rooms).await
+                }
+                _ => Vec::new(),
+            };
+            // No grant to commit in this answer, but none could be: the
+            // node hears it now, not at its next grant (a minute's turn).
+            if held_back.is_empty()
+                && granting
+                && shared.ledger.as_ref().is_some_and(|l| l.failing())
             {
-                settle(shared, ledger, &node, &grants, &mut rooms).await;
+                held_back = rooms.iter().map(|r| r.room).collect();
             }
             shared.metrics.reports_total.fetch_add(1, Relaxed);
-            Message::Answer(wire::AnswerFrame {
+            let answer = Message::Answer(wire::AnswerFrame {
                 seq,
                 at: now,
                 rooms,
                 settings,
-            })
+            });
+            if !held_back.is_empty() {
+                // The node learns that this aggregator could not grant, and
+                // may take its grants from another one meanwhile.
+                let note = Message::Note(wire::AnswerNote { seq, held_back });
+                if let Err(err) = frames::write_all(&mut send, &[answer, note]).await {
+                    tracing::debug!(%err, "could not send the answer");
+                }
+                return;
+            }
+            answer
         }
         Message::Answer(_)
         | Message::Refused(_)
         | Message::LeaseReport(_)
         | Message::PeerReport(_)
-        | Message::HomeReport(_) => {
+        | Message::HomeReport(_)
+        | Message::Note(_) => {
             shared.metrics.frames_refused_total.fetch_add(1, Relaxed);
             if let Some(suppressed) = shared.metrics.logs.frames.pass(shared.now_secs()) {
                 tracing::warn!(
@@ -456,23 +478,29 @@ fn keep_own_rooms(shared: &Shared, frame: &mut wire::ReportFrame, kind: &mut Kin
 
 /// Commits the grants of one answer and tells the node only what etcd
 /// holds for it (or, without a commit, what it held already); the
-/// aggregator's own ledger is brought down to the same.
+/// aggregator's own ledger is brought down to the same. Returns the rooms
+/// whose grants no commit covered (held back).
 async fn settle(
     shared: &Shared,
     ledger: &crate::committer::Committer,
     node: &str,
     grants: &[(String, waitroom_common::cluster::SharedGrant)],
     rooms: &mut [wire::RoomAnswer],
-) {
+) -> Vec<waitroom_common::room::RoomId> {
     let told = ledger.commit(node, grants).await;
     let mut cluster = None;
-    for ((_, grant), allowances) in grants.iter().zip(told) {
-        if allowances != grant.allowances() {
+    let mut held_back = Vec::new();
+    for ((_, grant), told) in grants.iter().zip(told) {
+        if told.held_back {
+            held_back.push(grant.room);
+        }
+        if told.allowances != grant.allowances() {
             cluster
                 .get_or_insert_with(|| shared.cluster())
-                .settle_shared(node, grant, allowances, rooms);
+                .settle_shared(node, grant, told.allowances, rooms);
         }
     }
+    held_back
 }
 
 /// How a report is merged: as a node's home (granting by fair part, or by

@@ -88,6 +88,26 @@ pub enum Message {
     /// as malformed, on which the node goes back to [`Message::Report`] and
     /// [`Message::LeaseReport`].
     HomeReport(HomeReportFrame),
+    /// Aggregator → node, after an [`Message::Answer`] on the same stream
+    /// (its second frame): what the answer's own frame cannot say. Sent
+    /// only when there is something to say. Appended without a version
+    /// change, and safe with nodes that predate it: a node reads one frame
+    /// per stream and never sees a second.
+    Note(AnswerNote),
+}
+
+/// What an aggregator adds to an answer (see [`Message::Note`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnswerNote {
+    /// The answer's `seq`.
+    pub seq: u64,
+    /// Rooms whose grants this aggregator could not make durable (its
+    /// `[ledger]` failing: etcd out of reach or without a quorum, a commit
+    /// past its deadline, or the aggregator fenced by another epoch): the
+    /// node was answered with what it held and nothing new there. A node
+    /// with another aggregator to go to takes its grants from that one
+    /// for a while (`waitroom-edge`'s `gossip::home`).
+    pub held_back: Vec<RoomId>,
 }
 
 /// A report to the node's home aggregator, with the leases the node holds.
@@ -609,6 +629,18 @@ mod tests {
         let bytes = encode(&home).unwrap();
         assert_eq!(bytes[HEADER_LEN], 5);
         assert_eq!(decode(&bytes).unwrap(), home);
+    }
+
+    /// The note after an answer is appended too (tag 6), and round-trips.
+    #[test]
+    fn an_answer_note_is_appended_and_round_trips() {
+        let note = Message::Note(AnswerNote {
+            seq: 9,
+            held_back: vec![RoomId::from_name("shop")],
+        });
+        let bytes = encode(&note).unwrap();
+        assert_eq!(bytes[HEADER_LEN], 6);
+        assert_eq!(decode(&bytes).unwrap(), note);
     }
 
     #[test]

@@ -41,22 +41,45 @@ impl FrameError {
 /// Reads one frame from a stream: the header first, so a bad version or an
 /// oversized length is refused before a byte of payload is buffered.
 pub async fn read(recv: &mut quinn::RecvStream) -> Result<Message, FrameError> {
+    read_next(recv).await?.ok_or(FrameError::Read {
+        source: quinn::ReadExactError::FinishedEarly(0),
+    })
+}
+
+/// The next frame, or `None` when the stream ends before it: after an
+/// answer, its [`wire::Message::Note`] if any (an aggregator that predates
+/// notes, or has nothing to add, finishes after one frame).
+pub async fn read_next(recv: &mut quinn::RecvStream) -> Result<Option<Message>, FrameError> {
     let mut header = [0; HEADER_LEN];
-    recv.read_exact(&mut header)
-        .await
-        .map_err(|source| FrameError::Read { source })?;
+    match recv.read_exact(&mut header).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(source) => return Err(FrameError::Read { source }),
+    }
     let len = wire::decode_header(&header)?;
     let mut payload = vec![0; len];
     recv.read_exact(&mut payload)
         .await
         .map_err(|source| FrameError::Read { source })?;
-    Ok(wire::decode_payload(&payload)?)
+    Ok(Some(wire::decode_payload(&payload)?))
 }
 
 /// Writes one frame and finishes the stream (one frame per stream direction).
 pub async fn write(send: &mut quinn::SendStream, message: &Message) -> Result<(), FrameError> {
-    let frame = wire::encode(message)?;
-    send.write_all(&frame)
+    write_all(send, std::slice::from_ref(message)).await
+}
+
+/// Writes `messages`, one frame each, and finishes the stream (an answer
+/// and its [`wire::Message::Note`]).
+pub async fn write_all(
+    send: &mut quinn::SendStream,
+    messages: &[Message],
+) -> Result<(), FrameError> {
+    let mut frames = Vec::new();
+    for message in messages {
+        frames.extend_from_slice(&wire::encode(message)?);
+    }
+    send.write_all(&frames)
         .await
         .map_err(|source| FrameError::Write { source })?;
     send.finish()

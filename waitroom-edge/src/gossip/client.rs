@@ -7,8 +7,8 @@ use waitroom_common::{
     aggregate::NodeReport,
     share::{observed_share, own_counts, smooth_share},
     wire::{
-        self, AnswerFrame, HeldLease, HomeReportFrame, Message, PeerReportFrame, RefusalReason,
-        ReportFrame,
+        self, AnswerFrame, AnswerNote, HeldLease, HomeReportFrame, Message, PeerReportFrame,
+        RefusalReason, ReportFrame,
     },
 };
 use waitroom_runtime::{
@@ -259,7 +259,7 @@ impl Client {
             let home = self.homes.home(at) == self.index
                 && wait != Some(0)
                 && self.homes.begin_grant(self.index);
-            let _granting = home.then(|| Granting {
+            let granting = home.then(|| Granting {
                 homes: &self.homes,
                 index: self.index,
             });
@@ -321,15 +321,26 @@ impl Client {
                     Err(_) => Err(ExchangeError::Timeout { timeout }),
                 };
             match result {
-                Ok(answer) => {
+                Ok((answer, note)) => {
                     missed = 0;
                     backoff.reset();
-                    self.homes.answered(self.index, self.clock.elapsed());
+                    let answered_at = self.clock.elapsed();
+                    self.homes.answered(self.index, answered_at);
                     self.status.groups[self.group].answered_by[self.index].fetch_add(1, Relaxed);
                     // A peer's answer grants nothing: it only shows that
                     // this aggregator could take over.
                     if home {
-                        if let Some(number) = number {
+                        // The home could not make its grants durable: the
+                        // node takes them from another aggregator for a
+                        // while, if one answers (module `home`).
+                        let moved = note.is_some_and(|note| !note.held_back.is_empty())
+                            && self.held_back(answered_at);
+                        // Visitors held for this report wait for the next
+                        // home's answer rather than decide on this one,
+                        // which granted nothing new.
+                        if let Some(number) = number
+                            && !moved
+                        {
                             self.lease.answer_to(number);
                         }
                         self.store(&report, answer, sent);
@@ -354,6 +365,12 @@ impl Client {
                         self.status.reports_total.fetch_add(1, Relaxed);
                         if !self.status.groups[self.group].connected.swap(true, Relaxed) {
                             tracing::info!("aggregator answering");
+                        }
+                        if moved {
+                            // The next home reports now, once this grant
+                            // is over.
+                            drop(granting);
+                            self.homes.raised();
                         }
                     }
                 }
@@ -412,6 +429,28 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// The home answered that it held its grants back (`Message::Note`):
+    /// noted, counted, logged when it starts; whether the node now has
+    /// another home to take its grants from.
+    fn held_back(&self, at: Elapsed) -> bool {
+        self.status.groups[self.group].held_back_by[self.index].fetch_add(1, Relaxed);
+        let started = self.homes.held_back(self.index, at);
+        let next = self.homes.home(at);
+        let moved = next != self.index;
+        if started && moved {
+            tracing::warn!(
+                next = %self.homes.addresses()[next],
+                for_ms = super::home::HELD_BACK_MS,
+                "the home aggregator could not make its grants durable (its [ledger] failing or fenced); taking grants from the next aggregator for a while"
+            );
+        } else if started {
+            tracing::warn!(
+                "the aggregator could not make its grants durable (its [ledger] failing or fenced), and no other aggregator answers; admitting within what this node holds"
+            );
+        }
+        moved
     }
 
     /// The leases this node holds from its home, as its last answer gave
@@ -501,7 +540,7 @@ async fn exchange(
     connection: &quinn::Connection,
     seq: u64,
     message: &Message,
-) -> Result<AnswerFrame, ExchangeError> {
+) -> Result<(AnswerFrame, Option<AnswerNote>), ExchangeError> {
     let (mut send, mut recv) = connection
         .open_bi()
         .await
@@ -510,7 +549,20 @@ async fn exchange(
         .await
         .map_err(|source| ExchangeError::Wire { source })?;
     match frames::read(&mut recv).await {
-        Ok(Message::Answer(answer)) if answer.seq == seq => Ok(answer),
+        Ok(Message::Answer(answer)) if answer.seq == seq => {
+            // Its note, if the aggregator added one (it finishes the
+            // stream right after either). A note that cannot be read
+            // takes nothing from the answer.
+            let note = match frames::read_next(&mut recv).await {
+                Ok(Some(Message::Note(note))) if note.seq == seq => Some(note),
+                Ok(_) => None,
+                Err(err) => {
+                    tracing::debug!(%err, "could not read the answer's note");
+                    None
+                }
+            };
+            Ok((answer, note))
+        }
         Ok(Message::Answer(answer)) => Err(ExchangeError::WrongAnswer {
             got: answer.seq,
             expected: seq,
@@ -523,7 +575,8 @@ async fn exchange(
             Message::Report(_)
             | Message::LeaseReport(_)
             | Message::PeerReport(_)
-            | Message::HomeReport(_),
+            | Message::HomeReport(_)
+            | Message::Note(_),
         ) => Err(ExchangeError::Unexpected),
         // A stream reset or connection loss shows up as a read error; surface
         // the connection's own reason when there is one.

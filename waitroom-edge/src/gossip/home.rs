@@ -16,6 +16,15 @@
 //! restarts, spread evenly over the aggregators, and when one aggregator is
 //! removed only its nodes move. Before any answer, the first in the order.
 //!
+//! An aggregator that answers but says it held the node's grants back
+//! (`Message::Note`: its `[ledger]` failing, or fenced by another epoch)
+//! cannot grant: for [`HELD_BACK_MS`] after it said so, the home is the
+//! first in the order that answers and has not, so the node is granted by
+//! an aggregator that can. If every aggregator that answers held back, the
+//! first that answers stays the home, as before. After that time the node
+//! tries its first choice again (one answer with nothing new if it still
+//! cannot grant, and the node moves on at once).
+//!
 //! A node holds one home's grant at a time: while a report to its home is
 //! unanswered no other aggregator is sent a report that asks for grants
 //! ([`Homes::begin_grant`]), and a home that has gone past its grace is no
@@ -41,6 +50,8 @@ pub struct Homes {
     order: Vec<usize>,
     /// When each aggregator last answered (the node clock's monotonic ms); 0: never.
     answered: Vec<AtomicU64>,
+    /// When each last held the node's grants back (as `answered`).
+    held_back: Vec<AtomicU64>,
     /// An aggregator that answered within this long may be the home.
     grace_ms: u64,
     /// The home chosen by the last report sent (for `/metrics`).
@@ -56,6 +67,10 @@ pub struct Homes {
 /// No report asking for grants is in flight.
 const NOBODY: usize = usize::MAX;
 
+/// How long an aggregator that held a node's grants back is passed over as
+/// its home (if another answers).
+pub const HELD_BACK_MS: u64 = 10_000;
+
 impl Homes {
     /// The aggregators at `addresses` as seen by the node `node`, which
     /// reports every `interval_ms`.
@@ -66,6 +81,7 @@ impl Homes {
         let first = order.first().copied().unwrap_or(0);
         Self {
             answered: addresses.iter().map(|_| AtomicU64::new(0)).collect(),
+            held_back: addresses.iter().map(|_| AtomicU64::new(0)).collect(),
             addresses,
             order,
             grace_ms: interval_ms + interval_ms / 2,
@@ -105,13 +121,15 @@ impl Homes {
 
     /// The aggregator (index into the addresses) this node's grants come
     /// from at `now`: the first in its order that answered within the
-    /// grace, else the first in its order.
+    /// grace and has not held grants back lately, else the first that
+    /// answered, else the first in its order.
     pub fn home(&self, now: Elapsed) -> usize {
         let home = self
             .order
             .iter()
             .copied()
-            .find(|&i| self.answering(i, now))
+            .find(|&i| self.answering(i, now) && !self.holding_back(i, now))
+            .or_else(|| self.order.iter().copied().find(|&i| self.answering(i, now)))
             .unwrap_or(self.order[0]);
         self.current.store(home, Relaxed);
         home
@@ -126,6 +144,24 @@ impl Homes {
     /// Aggregator `i` answered at `now`.
     pub fn answered(&self, i: usize, now: Elapsed) {
         self.answered[i].store(now.0.max(1), Relaxed);
+    }
+
+    /// Aggregator `i` answered at `now` that it held the node's grants
+    /// back; whether that starts a spell (it had not within
+    /// [`HELD_BACK_MS`]).
+    pub fn held_back(&self, i: usize, now: Elapsed) -> bool {
+        let started = !self.holding_back(i, now);
+        self.held_back[i].store(now.0.max(1), Relaxed);
+        started
+    }
+
+    /// Aggregator `i` held grants back within [`HELD_BACK_MS`] before `now`.
+    #[must_use]
+    pub fn holding_back(&self, i: usize, now: Elapsed) -> bool {
+        match self.held_back[i].load(Relaxed) {
+            0 => false,
+            at => now.0.saturating_sub(at) < HELD_BACK_MS,
+        }
     }
 
     /// Aggregator `i`, the home at the moment, is about to be sent a report
@@ -236,6 +272,42 @@ mod tests {
             None,
             "nobody to move to"
         );
+    }
+
+    #[test]
+    fn a_home_that_held_grants_back_is_passed_over_while_another_answers() {
+        let homes = Homes::new("ams-1", addrs(3), 1_000);
+        let first = homes.home(Elapsed(1));
+        for i in 0..3 {
+            homes.answered(i, Elapsed(1_000));
+        }
+        assert_eq!(homes.home(Elapsed(1_000)), first);
+        assert!(homes.held_back(first, Elapsed(1_000)), "a spell starts");
+        let second = homes.home(Elapsed(1_000));
+        assert_ne!(second, first, "another answers and can grant");
+        assert!(!homes.held_back(first, Elapsed(1_500)), "the same spell");
+        // The next one held back too: the third.
+        homes.held_back(second, Elapsed(1_500));
+        let third = homes.home(Elapsed(1_500));
+        assert!(third != first && third != second, "{third}");
+        // The third stops answering: every one that answers held back, so
+        // the first that answers, as without the note.
+        for i in [first, second] {
+            homes.answered(i, Elapsed(3_000));
+        }
+        assert_eq!(homes.home(Elapsed(3_000)), first, "nobody better");
+        // The spell ends (first said so last at 1,500): the first choice
+        // again.
+        for i in 0..3 {
+            homes.answered(i, Elapsed(11_000));
+        }
+        assert_eq!(homes.home(Elapsed(11_499)), third, "first still held back");
+        assert_eq!(homes.home(Elapsed(11_500)), first, "{HELD_BACK_MS} ms on");
+        // Alone, a node keeps its one aggregator.
+        let alone = Homes::new("ams-1", addrs(1), 1_000);
+        alone.answered(0, Elapsed(1_000));
+        alone.held_back(0, Elapsed(1_000));
+        assert_eq!(alone.home(Elapsed(1_001)), 0);
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub struct GroupStatus {
     pub homes: Arc<Homes>,
     /// Per aggregator: reports it answered (as home or as a peer).
     pub answered_by: Vec<AtomicU64>,
+    /// Per aggregator: home answers that held the grants back (its ledger
+    /// failing or fenced; `Message::Note`).
+    pub held_back_by: Vec<AtomicU64>,
 }
 
 impl GroupStatus {
@@ -52,6 +55,11 @@ impl GroupStatus {
             name,
             connected: AtomicBool::new(false),
             answered_by: homes
+                .addresses()
+                .iter()
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            held_back_by: homes
                 .addresses()
                 .iter()
                 .map(|_| AtomicU64::new(0))
@@ -157,6 +165,12 @@ impl GossipStatus {
             "Reports answered, per aggregator (as the home or as a peer).",
             all.iter()
                 .map(|(g, i, name)| (labels(name), g.answered_by[*i].load(Relaxed))),
+        )?;
+        f.counters(
+            "waitroom_gossip_aggregator_held_back_total",
+            "Home answers in which the aggregator could not make its grants durable (its [ledger] failing or fenced): nothing new granted; the node takes its grants from another aggregator for a while, if one answers.",
+            all.iter()
+                .map(|(g, i, name)| (labels(name), g.held_back_by[*i].load(Relaxed))),
         )
     }
 }
