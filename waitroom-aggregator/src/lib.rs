@@ -804,6 +804,10 @@ mod tests {
             panic!("expected an answer");
         };
         assert_eq!(answer.at, start, "answered at the aggregator's clock");
+        assert!(
+            frames::read_next(&mut recv).await.unwrap().is_none(),
+            "nothing held back without a ledger: one frame, then the stream ends"
+        );
         let live = |now| {
             aggregator
                 .status(now)
