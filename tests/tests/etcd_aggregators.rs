@@ -664,6 +664,12 @@ fn a_node_whose_home_cannot_commit_is_granted_by_the_other() {
         setup.aggregators[0].proc.stderr().contains("fenced"),
         "the aggregator says why"
     );
+    let failing = |i: usize| {
+        setup.aggregators[i]
+            .metric("waitroom_aggregator_ledger_failing")
+            .unwrap_or(-1.0)
+    };
+    assert_eq!((failing(0), failing(1)), (1.0, 0.0), "and shows it");
     assert_eq!(
         home_among(&text, &setup.listens),
         Some(1),

@@ -166,6 +166,11 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
             "Wall time of the last batch of commits.",
             l.last_batch_us.load(Relaxed) as f64 / 1e6,
         )?;
+        f.gauge(
+            "waitroom_aggregator_ledger_failing",
+            "1 while grants cannot be committed (the last batch failed, or the fence read at start holds another epoch): answers grant nothing new and say so, and nodes with another aggregator take their grants there.",
+            u64::from(shared.ledger.as_ref().is_some_and(|c| c.failing())),
+        )?;
     }
     f.gauge(
         "waitroom_aggregator_learning",
