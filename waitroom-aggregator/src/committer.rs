@@ -131,6 +131,7 @@ impl Committer {
             }
             Err(err) => tracing::debug!(%err, "could not read the fence at start"),
         });
+        tokio::spawn(probe(Arc::clone(&ledger), Arc::downgrade(&failing)));
         tokio::spawn(run(
             ledger,
             config.epoch,
@@ -224,6 +225,29 @@ pub struct Told {
     pub allowances: (u64, u64),
     /// No commit covered the grant: `allowances` are what the node held.
     pub held_back: bool,
+}
+
+/// While grants cannot be committed, reads the fence once per [`BACKOFF`]
+/// (a linearizable read: it needs a quorum, as a commit does) and clears
+/// [`Committer::failing`] when it reads back this aggregator's: its nodes
+/// may have moved to other aggregators and send it no grant to try, so
+/// without this it would never learn that it can grant again. Ends with
+/// the committer.
+async fn probe(ledger: Arc<EtcdLedger>, failing: std::sync::Weak<AtomicBool>) {
+    loop {
+        tokio::time::sleep(BACKOFF).await;
+        let Some(flag) = failing.upgrade() else {
+            return;
+        };
+        if !flag.load(Relaxed) {
+            continue;
+        }
+        let ledger = Arc::clone(&ledger);
+        if let Ok(Ok(())) = tokio::task::spawn_blocking(move || ledger.check_fence()).await {
+            flag.store(false, Relaxed);
+            tracing::info!("etcd reachable with this aggregator's epoch again; granting");
+        }
+    }
 }
 
 /// The batch id's prefix: this process, so no two aggregators (or two runs

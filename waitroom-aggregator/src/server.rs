@@ -292,8 +292,6 @@ async fn serve_stream(
         Message::PeerReport(peer) => (Message::Report(peer.frame), Kind::Peer(peer.held)),
         other => (other, Kind::Plain),
     };
-    // Every report but a peer's is answered with grants.
-    let granting = !matches!(kind, Kind::Peer(_));
     let answer = match message {
         Message::Report(frame) if !tls::peer_is(connection, &frame.report.node) => {
             shared.metrics.identity_refused_total.fetch_add(1, Relaxed);
@@ -342,6 +340,7 @@ async fn serve_stream(
                 },
             );
             let node = frame.report.node.clone();
+            let reported: Vec<_> = frame.report.rooms.iter().map(|r| r.room).collect();
             let (mut rooms, grants) = {
                 let mut cluster = shared.cluster();
                 let rooms = match kind {
@@ -375,13 +374,12 @@ async fn serve_stream(
                 }
                 _ => Vec::new(),
             };
-            // No grant to commit in this answer, but none could be: the
-            // node hears it now, not at its next grant (a minute's turn).
-            if held_back.is_empty()
-                && granting
-                && shared.ledger.as_ref().is_some_and(|l| l.failing())
-            {
-                held_back = rooms.iter().map(|r| r.room).collect();
+            // No grant to commit in this answer (or a peer's), but none
+            // could be: the node hears it now, not at its next grant (a
+            // minute's turn), and hears that it can again from the first
+            // answer without a note.
+            if held_back.is_empty() && shared.ledger.as_ref().is_some_and(|l| l.failing()) {
+                held_back = reported;
             }
             shared.metrics.reports_total.fetch_add(1, Relaxed);
             let answer = Message::Answer(wire::AnswerFrame {

@@ -101,12 +101,13 @@ pub enum Message {
 pub struct AnswerNote {
     /// The answer's `seq`.
     pub seq: u64,
-    /// Rooms whose grants this aggregator could not make durable (its
-    /// `[ledger]` failing: etcd out of reach or without a quorum, a commit
-    /// past its deadline, or the aggregator fenced by another epoch): the
-    /// node was answered with what it held and nothing new there. A node
-    /// with another aggregator to go to takes its grants from that one
-    /// for a while (`waitroom-edge`'s `gossip::home`).
+    /// Rooms whose grants this aggregator could not make durable, or could
+    /// not if asked (a peer's answer; its `[ledger]` failing: etcd out of
+    /// reach or without a quorum, a commit past its deadline, or the
+    /// aggregator fenced by another epoch): the node was answered with what
+    /// it held and nothing new there. A node with another aggregator to go
+    /// to takes its grants from that one until this one answers without a
+    /// note (`waitroom-edge`'s `gossip::home`).
     pub held_back: Vec<RoomId>,
 }
 

@@ -320,6 +320,10 @@ impl Client {
                     Ok(result) => result,
                     Err(_) => Err(ExchangeError::Timeout { timeout }),
                 };
+            let result = match result {
+                Ok((answer, recv)) => Ok((answer, read_note(recv, *seq).await)),
+                Err(err) => Err(err),
+            };
             match result {
                 Ok((answer, note)) => {
                     missed = 0;
@@ -327,14 +331,19 @@ impl Client {
                     let answered_at = self.clock.elapsed();
                     self.homes.answered(self.index, answered_at);
                     self.status.groups[self.group].answered_by[self.index].fetch_add(1, Relaxed);
+                    // Whether it can grant, home or peer (module `home`).
+                    let cannot_grant = note.is_some_and(|note| !note.held_back.is_empty());
+                    let moved = if cannot_grant {
+                        self.cannot_grant(answered_at, home)
+                    } else {
+                        if self.homes.grants_again(self.index) {
+                            tracing::info!("the aggregator can grant again");
+                        }
+                        false
+                    };
                     // A peer's answer grants nothing: it only shows that
                     // this aggregator could take over.
                     if home {
-                        // The home could not make its grants durable: the
-                        // node takes them from another aggregator for a
-                        // while, if one answers (module `home`).
-                        let moved = note.is_some_and(|note| !note.held_back.is_empty())
-                            && self.held_back(answered_at);
                         // Visitors held for this report wait for the next
                         // home's answer rather than decide on this one,
                         // which granted nothing new.
@@ -431,23 +440,22 @@ impl Client {
         }
     }
 
-    /// The home answered that it held its grants back (`Message::Note`):
-    /// noted, counted, logged when it starts; whether the node now has
-    /// another home to take its grants from.
-    fn held_back(&self, at: Elapsed) -> bool {
+    /// This aggregator answered that it cannot grant (`Message::Note`):
+    /// noted, counted, logged when it starts; for the home's answer,
+    /// whether the node now has another home to take its grants from.
+    fn cannot_grant(&self, at: Elapsed, home: bool) -> bool {
         self.status.groups[self.group].held_back_by[self.index].fetch_add(1, Relaxed);
         let started = self.homes.held_back(self.index, at);
         let next = self.homes.home(at);
-        let moved = next != self.index;
-        if started && moved {
+        let moved = home && next != self.index;
+        if started && next != self.index {
             tracing::warn!(
                 next = %self.homes.addresses()[next],
-                for_ms = super::home::HELD_BACK_MS,
-                "the home aggregator could not make its grants durable (its [ledger] failing or fenced); taking grants from the next aggregator for a while"
+                "the aggregator cannot make grants durable (its [ledger] failing or fenced); taking grants from another aggregator while it says so"
             );
         } else if started {
             tracing::warn!(
-                "the aggregator could not make its grants durable (its [ledger] failing or fenced), and no other aggregator answers; admitting within what this node holds"
+                "the aggregator cannot make grants durable (its [ledger] failing or fenced), and no other aggregator that can answers; admitting within what this node holds"
             );
         }
         moved
@@ -534,13 +542,32 @@ impl Drop for Granting<'_> {
     }
 }
 
+/// The note after answer `seq` on its stream, if the aggregator added one
+/// (`Message::Note`). The aggregator finishes the stream right after the
+/// answer or its note, so this is at once; at most [`NOTE_WAIT`] if the
+/// end of the stream travels apart from the answer and is lost. A note
+/// that cannot be read takes nothing from the answer.
+async fn read_note(mut recv: quinn::RecvStream, seq: u64) -> Option<AnswerNote> {
+    match tokio::time::timeout(NOTE_WAIT, frames::read_next(&mut recv)).await {
+        Ok(Ok(Some(Message::Note(note)))) if note.seq == seq => Some(note),
+        Ok(Ok(_)) | Err(_) => None,
+        Ok(Err(err)) => {
+            tracing::debug!(%err, "could not read the answer's note");
+            None
+        }
+    }
+}
+
+/// How long an answer's note is waited for once the answer is in.
+const NOTE_WAIT: Duration = Duration::from_millis(100);
+
 /// One report (`message`, numbered `seq`) on a fresh bidirectional stream,
-/// one answer back.
+/// one answer back, and the stream to read its note from.
 async fn exchange(
     connection: &quinn::Connection,
     seq: u64,
     message: &Message,
-) -> Result<(AnswerFrame, Option<AnswerNote>), ExchangeError> {
+) -> Result<(AnswerFrame, quinn::RecvStream), ExchangeError> {
     let (mut send, mut recv) = connection
         .open_bi()
         .await
@@ -549,20 +576,7 @@ async fn exchange(
         .await
         .map_err(|source| ExchangeError::Wire { source })?;
     match frames::read(&mut recv).await {
-        Ok(Message::Answer(answer)) if answer.seq == seq => {
-            // Its note, if the aggregator added one (it finishes the
-            // stream right after either). A note that cannot be read
-            // takes nothing from the answer.
-            let note = match frames::read_next(&mut recv).await {
-                Ok(Some(Message::Note(note))) if note.seq == seq => Some(note),
-                Ok(_) => None,
-                Err(err) => {
-                    tracing::debug!(%err, "could not read the answer's note");
-                    None
-                }
-            };
-            Ok((answer, note))
-        }
+        Ok(Message::Answer(answer)) if answer.seq == seq => Ok((answer, recv)),
         Ok(Message::Answer(answer)) => Err(ExchangeError::WrongAnswer {
             got: answer.seq,
             expected: seq,

@@ -16,14 +16,14 @@
 //! restarts, spread evenly over the aggregators, and when one aggregator is
 //! removed only its nodes move. Before any answer, the first in the order.
 //!
-//! An aggregator that answers but says it held the node's grants back
-//! (`Message::Note`: its `[ledger]` failing, or fenced by another epoch)
-//! cannot grant: for [`HELD_BACK_MS`] after it said so, the home is the
-//! first in the order that answers and has not, so the node is granted by
-//! an aggregator that can. If every aggregator that answers held back, the
-//! first that answers stays the home, as before. After that time the node
-//! tries its first choice again (one answer with nothing new if it still
-//! cannot grant, and the node moves on at once).
+//! An aggregator that answers but says it cannot grant (`Message::Note`
+//! after its answers, home or peer: its `[ledger]` failing, or fenced by
+//! another epoch) is passed over while its answers say so: the home is the
+//! first in the order that answers and whose last answer said nothing of
+//! the kind, so the node is granted by an aggregator that can. Its first
+//! answer without a note (it probes etcd every second while it cannot
+//! commit) makes it eligible again. If every aggregator that answers says
+//! so, the first that answers stays the home, as before.
 //!
 //! A node holds one home's grant at a time: while a report to its home is
 //! unanswered no other aggregator is sent a report that asks for grants
@@ -50,7 +50,8 @@ pub struct Homes {
     order: Vec<usize>,
     /// When each aggregator last answered (the node clock's monotonic ms); 0: never.
     answered: Vec<AtomicU64>,
-    /// When each last held the node's grants back (as `answered`).
+    /// Since when each has said, answer after answer, that it cannot grant
+    /// (as `answered`); 0: its last answer did not say so.
     held_back: Vec<AtomicU64>,
     /// An aggregator that answered within this long may be the home.
     grace_ms: u64,
@@ -66,10 +67,6 @@ pub struct Homes {
 
 /// No report asking for grants is in flight.
 const NOBODY: usize = usize::MAX;
-
-/// How long an aggregator that held a node's grants back is passed over as
-/// its home (if another answers).
-pub const HELD_BACK_MS: u64 = 10_000;
 
 impl Homes {
     /// The aggregators at `addresses` as seen by the node `node`, which
@@ -128,7 +125,7 @@ impl Homes {
             .order
             .iter()
             .copied()
-            .find(|&i| self.answering(i, now) && !self.holding_back(i, now))
+            .find(|&i| self.answering(i, now) && !self.holding_back(i))
             .or_else(|| self.order.iter().copied().find(|&i| self.answering(i, now)))
             .unwrap_or(self.order[0]);
         self.current.store(home, Relaxed);
@@ -146,22 +143,24 @@ impl Homes {
         self.answered[i].store(now.0.max(1), Relaxed);
     }
 
-    /// Aggregator `i` answered at `now` that it held the node's grants
-    /// back; whether that starts a spell (it had not within
-    /// [`HELD_BACK_MS`]).
+    /// Aggregator `i` answered at `now` that it cannot grant; whether that
+    /// starts an episode (its answer before did not say so).
     pub fn held_back(&self, i: usize, now: Elapsed) -> bool {
-        let started = !self.holding_back(i, now);
-        self.held_back[i].store(now.0.max(1), Relaxed);
-        started
+        self.held_back[i]
+            .compare_exchange(0, now.0.max(1), AcqRel, Acquire)
+            .is_ok()
     }
 
-    /// Aggregator `i` held grants back within [`HELD_BACK_MS`] before `now`.
+    /// Aggregator `i` answered without saying it cannot grant; whether
+    /// that ends an episode.
+    pub fn grants_again(&self, i: usize) -> bool {
+        self.held_back[i].swap(0, AcqRel) != 0
+    }
+
+    /// Aggregator `i`'s last answer said it cannot grant.
     #[must_use]
-    pub fn holding_back(&self, i: usize, now: Elapsed) -> bool {
-        match self.held_back[i].load(Relaxed) {
-            0 => false,
-            at => now.0.saturating_sub(at) < HELD_BACK_MS,
-        }
+    pub fn holding_back(&self, i: usize) -> bool {
+        self.held_back[i].load(Acquire) != 0
     }
 
     /// Aggregator `i`, the home at the moment, is about to be sent a report
@@ -275,34 +274,34 @@ mod tests {
     }
 
     #[test]
-    fn a_home_that_held_grants_back_is_passed_over_while_another_answers() {
+    fn a_home_that_cannot_grant_is_passed_over_while_another_answers() {
         let homes = Homes::new("ams-1", addrs(3), 1_000);
         let first = homes.home(Elapsed(1));
         for i in 0..3 {
             homes.answered(i, Elapsed(1_000));
         }
         assert_eq!(homes.home(Elapsed(1_000)), first);
-        assert!(homes.held_back(first, Elapsed(1_000)), "a spell starts");
+        assert!(homes.held_back(first, Elapsed(1_000)), "an episode starts");
         let second = homes.home(Elapsed(1_000));
         assert_ne!(second, first, "another answers and can grant");
-        assert!(!homes.held_back(first, Elapsed(1_500)), "the same spell");
-        // The next one held back too: the third.
+        assert!(!homes.held_back(first, Elapsed(1_500)), "the same episode");
+        // The next one cannot grant either: the third.
         homes.held_back(second, Elapsed(1_500));
         let third = homes.home(Elapsed(1_500));
         assert!(third != first && third != second, "{third}");
-        // The third stops answering: every one that answers held back, so
-        // the first that answers, as without the note.
+        // The third stops answering: every one that answers cannot grant,
+        // so the first that answers, as without the note.
         for i in [first, second] {
             homes.answered(i, Elapsed(3_000));
         }
         assert_eq!(homes.home(Elapsed(3_000)), first, "nobody better");
-        // The spell ends (first said so last at 1,500): the first choice
-        // again.
-        for i in 0..3 {
-            homes.answered(i, Elapsed(11_000));
-        }
-        assert_eq!(homes.home(Elapsed(11_499)), third, "first still held back");
-        assert_eq!(homes.home(Elapsed(11_500)), first, "{HELD_BACK_MS} ms on");
+        // The second answers without a note: it can grant again.
+        assert!(homes.grants_again(second), "an episode ends");
+        assert!(!homes.grants_again(second), "ended once");
+        assert_eq!(homes.home(Elapsed(3_000)), second);
+        // And the first: the first choice again, however soon.
+        homes.grants_again(first);
+        assert_eq!(homes.home(Elapsed(3_001)), first);
         // Alone, a node keeps its one aggregator.
         let alone = Homes::new("ams-1", addrs(1), 1_000);
         alone.answered(0, Elapsed(1_000));

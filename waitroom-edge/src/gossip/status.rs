@@ -43,7 +43,7 @@ pub struct GroupStatus {
     pub homes: Arc<Homes>,
     /// Per aggregator: reports it answered (as home or as a peer).
     pub answered_by: Vec<AtomicU64>,
-    /// Per aggregator: home answers that held the grants back (its ledger
+    /// Per aggregator: answers that said it cannot grant (its ledger
     /// failing or fenced; `Message::Note`).
     pub held_back_by: Vec<AtomicU64>,
 }
@@ -168,7 +168,7 @@ impl GossipStatus {
         )?;
         f.counters(
             "waitroom_gossip_aggregator_held_back_total",
-            "Home answers in which the aggregator could not make its grants durable (its [ledger] failing or fenced): nothing new granted; the node takes its grants from another aggregator for a while, if one answers.",
+            "Answers in which the aggregator said it cannot make grants durable (its [ledger] failing or fenced): nothing new granted; the node takes its grants from another aggregator while it says so, if one that can answers.",
             all.iter()
                 .map(|(g, i, name)| (labels(name), g.held_back_by[*i].load(Relaxed))),
         )
