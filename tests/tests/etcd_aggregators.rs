@@ -678,6 +678,30 @@ fn a_node_whose_home_cannot_commit_is_granted_by_the_other() {
     );
     setup.check_nobody_starved(&admitted);
     setup.check_etcd(minute, &admitted);
+
+    // --- The typo mended (restarted with the cluster's epoch): its answers
+    // say nothing more, and node 0 goes back to its first choice.
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(&config_path, config.replace("epoch = 2\n", "")).unwrap();
+    setup.aggregators[0].proc.kill();
+    setup.aggregators[0] =
+        Aggregator::start_with(setup.dir.path(), "aggregator-0-mended", &config_path).unwrap();
+    let mended = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(10), || home_among(
+            &get_text(&setup.edges[0].admin_url("/metrics")),
+            &setup.listens
+        ) == Some(0)),
+        "node 0 back at its first choice once it can grant"
+    );
+    eprintln!(
+        "node 0 back home {:?} after the mended restart began",
+        mended.elapsed()
+    );
+    assert_eq!(
+        setup.aggregators[0].metric("waitroom_aggregator_ledger_failing"),
+        Some(0.0)
+    );
 }
 
 /// Aggregator 0 frozen (`SIGSTOP`) at the minute's start, its commits slowed
