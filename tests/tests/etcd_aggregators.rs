@@ -278,6 +278,28 @@ impl Setup {
         }
     }
 
+    /// Aggregator 0 killed and started again with `config` (named `tag`),
+    /// then node 0's home is aggregator `home` within 10 s; says how soon.
+    fn restart_0_until_node_0_at(&mut self, config: String, tag: &str, home: usize) {
+        let path = self.aggregators[0].config.clone();
+        std::fs::write(&path, config).unwrap();
+        self.aggregators[0].proc.kill();
+        self.aggregators[0] =
+            Aggregator::start_with(self.dir.path(), &format!("aggregator-0-{tag}"), &path).unwrap();
+        let restarted = Instant::now();
+        assert!(
+            eventually(Duration::from_secs(10), || home_among(
+                &get_text(&self.edges[0].admin_url("/metrics")),
+                &self.listens
+            ) == Some(home)),
+            "node 0's home is aggregator {home} after the {tag} restart"
+        );
+        eprintln!(
+            "node 0 at aggregator {home} {:?} after the {tag} restart began",
+            restarted.elapsed()
+        );
+    }
+
     /// Aggregator `i`'s state directory (its snapshot).
     fn state_in(dir: &TempDir, i: usize) -> std::path::PathBuf {
         dir.path().join(format!("agg-{i}"))
@@ -624,24 +646,9 @@ fn a_node_whose_home_cannot_commit_is_granted_by_the_other() {
         config.trim_end().ends_with(']'),
         "[ledger] comes last: {config}"
     );
-    std::fs::write(&config_path, config + "epoch = 2\n").unwrap();
-    setup.aggregators[0].proc.kill();
-    setup.aggregators[0] =
-        Aggregator::start_with(setup.dir.path(), "aggregator-0-fenced", &config_path).unwrap();
     // It reads the fence at start, and its first answers say it cannot
     // grant: the node moves before it needs a grant.
-    let fenced_at = Instant::now();
-    assert!(
-        eventually(Duration::from_secs(10), || home_among(
-            &get_text(&setup.edges[0].admin_url("/metrics")),
-            &setup.listens
-        ) == Some(1)),
-        "node 0 leaves its fenced home"
-    );
-    eprintln!(
-        "node 0 left its fenced home {:?} after the restart began",
-        fenced_at.elapsed()
-    );
+    setup.restart_0_until_node_0_at(config + "epoch = 2\n", "fenced", 1);
     minutes::sleep_into_next_minute(0);
     let minute = minutes::unix_secs() / 60;
     let admitted = press_the_minute(&setup.edges, 0, || {}, || {});
@@ -682,22 +689,7 @@ fn a_node_whose_home_cannot_commit_is_granted_by_the_other() {
     // --- The typo mended (restarted with the cluster's epoch): its answers
     // say nothing more, and node 0 goes back to its first choice.
     let config = std::fs::read_to_string(&config_path).unwrap();
-    std::fs::write(&config_path, config.replace("epoch = 2\n", "")).unwrap();
-    setup.aggregators[0].proc.kill();
-    setup.aggregators[0] =
-        Aggregator::start_with(setup.dir.path(), "aggregator-0-mended", &config_path).unwrap();
-    let mended = Instant::now();
-    assert!(
-        eventually(Duration::from_secs(10), || home_among(
-            &get_text(&setup.edges[0].admin_url("/metrics")),
-            &setup.listens
-        ) == Some(0)),
-        "node 0 back at its first choice once it can grant"
-    );
-    eprintln!(
-        "node 0 back home {:?} after the mended restart began",
-        mended.elapsed()
-    );
+    setup.restart_0_until_node_0_at(config.replace("epoch = 2\n", ""), "mended", 0);
     assert_eq!(
         setup.aggregators[0].metric("waitroom_aggregator_ledger_failing"),
         Some(0.0)
