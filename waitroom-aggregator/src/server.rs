@@ -340,7 +340,11 @@ async fn serve_stream(
                 },
             );
             let node = frame.report.node.clone();
-            let reported: Vec<_> = frame.report.rooms.iter().map(|r| r.room).collect();
+            // The rooms a note would name (only a ledger can fail).
+            let reported: Vec<_> = match shared.ledger {
+                Some(_) => frame.report.rooms.iter().map(|r| r.room).collect(),
+                None => Vec::new(),
+            };
             let (mut rooms, grants) = {
                 let mut cluster = shared.cluster();
                 let rooms = match kind {

@@ -75,9 +75,15 @@ pub async fn write_all(
     send: &mut quinn::SendStream,
     messages: &[Message],
 ) -> Result<(), FrameError> {
+    // One buffer, the first frame's own: a single answer is not copied.
     let mut frames = Vec::new();
     for message in messages {
-        frames.extend_from_slice(&wire::encode(message)?);
+        let frame = wire::encode(message)?;
+        if frames.is_empty() {
+            frames = frame;
+        } else {
+            frames.extend_from_slice(&frame);
+        }
     }
     send.write_all(&frames)
         .await

@@ -445,7 +445,7 @@ impl Client {
     /// whether the node now has another home to take its grants from.
     fn cannot_grant(&self, at: Elapsed, home: bool) -> bool {
         self.status.groups[self.group].held_back_by[self.index].fetch_add(1, Relaxed);
-        let started = self.homes.held_back(self.index, at);
+        let started = self.homes.held_back(self.index);
         let next = self.homes.home(at);
         let moved = home && next != self.index;
         if started && next != self.index {

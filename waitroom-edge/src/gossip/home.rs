@@ -35,7 +35,7 @@
 use std::{
     net::SocketAddr,
     sync::atomic::{
-        AtomicU64, AtomicUsize,
+        AtomicBool, AtomicU64, AtomicUsize,
         Ordering::{AcqRel, Acquire, Relaxed},
     },
 };
@@ -50,9 +50,8 @@ pub struct Homes {
     order: Vec<usize>,
     /// When each aggregator last answered (the node clock's monotonic ms); 0: never.
     answered: Vec<AtomicU64>,
-    /// Since when each has said, answer after answer, that it cannot grant
-    /// (as `answered`); 0: its last answer did not say so.
-    held_back: Vec<AtomicU64>,
+    /// Each one's last answer said it cannot grant.
+    held_back: Vec<AtomicBool>,
     /// An aggregator that answered within this long may be the home.
     grace_ms: u64,
     /// The home chosen by the last report sent (for `/metrics`).
@@ -78,7 +77,7 @@ impl Homes {
         let first = order.first().copied().unwrap_or(0);
         Self {
             answered: addresses.iter().map(|_| AtomicU64::new(0)).collect(),
-            held_back: addresses.iter().map(|_| AtomicU64::new(0)).collect(),
+            held_back: addresses.iter().map(|_| AtomicBool::new(false)).collect(),
             addresses,
             order,
             grace_ms: interval_ms + interval_ms / 2,
@@ -118,8 +117,8 @@ impl Homes {
 
     /// The aggregator (index into the addresses) this node's grants come
     /// from at `now`: the first in its order that answered within the
-    /// grace and has not held grants back lately, else the first that
-    /// answered, else the first in its order.
+    /// grace and whose last answer did not say it cannot grant, else the
+    /// first that answered, else the first in its order.
     pub fn home(&self, now: Elapsed) -> usize {
         let home = self
             .order
@@ -143,24 +142,22 @@ impl Homes {
         self.answered[i].store(now.0.max(1), Relaxed);
     }
 
-    /// Aggregator `i` answered at `now` that it cannot grant; whether that
-    /// starts an episode (its answer before did not say so).
-    pub fn held_back(&self, i: usize, now: Elapsed) -> bool {
-        self.held_back[i]
-            .compare_exchange(0, now.0.max(1), AcqRel, Acquire)
-            .is_ok()
+    /// Aggregator `i` answered that it cannot grant; whether that starts
+    /// an episode (its answer before did not say so).
+    pub fn held_back(&self, i: usize) -> bool {
+        !self.held_back[i].swap(true, AcqRel)
     }
 
     /// Aggregator `i` answered without saying it cannot grant; whether
     /// that ends an episode.
     pub fn grants_again(&self, i: usize) -> bool {
-        self.held_back[i].swap(0, AcqRel) != 0
+        self.held_back[i].swap(false, AcqRel)
     }
 
     /// Aggregator `i`'s last answer said it cannot grant.
     #[must_use]
     pub fn holding_back(&self, i: usize) -> bool {
-        self.held_back[i].load(Acquire) != 0
+        self.held_back[i].load(Acquire)
     }
 
     /// Aggregator `i`, the home at the moment, is about to be sent a report
@@ -281,12 +278,12 @@ mod tests {
             homes.answered(i, Elapsed(1_000));
         }
         assert_eq!(homes.home(Elapsed(1_000)), first);
-        assert!(homes.held_back(first, Elapsed(1_000)), "an episode starts");
+        assert!(homes.held_back(first), "an episode starts");
         let second = homes.home(Elapsed(1_000));
         assert_ne!(second, first, "another answers and can grant");
-        assert!(!homes.held_back(first, Elapsed(1_500)), "the same episode");
+        assert!(!homes.held_back(first), "the same episode");
         // The next one cannot grant either: the third.
-        homes.held_back(second, Elapsed(1_500));
+        homes.held_back(second);
         let third = homes.home(Elapsed(1_500));
         assert!(third != first && third != second, "{third}");
         // The third stops answering: every one that answers cannot grant,
@@ -305,7 +302,7 @@ mod tests {
         // Alone, a node keeps its one aggregator.
         let alone = Homes::new("ams-1", addrs(1), 1_000);
         alone.answered(0, Elapsed(1_000));
-        alone.held_back(0, Elapsed(1_000));
+        alone.held_back(0);
         assert_eq!(alone.home(Elapsed(1_001)), 0);
     }
 

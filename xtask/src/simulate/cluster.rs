@@ -1011,12 +1011,12 @@ impl Sim {
         // them to its home (`Message::HomeReport`) and, with
         // `peer_leases`, to the others.
         let holding = self.holding(i);
-        let held = self.peer_held(i);
         // An out-of-cycle report (an ask, a confirmation) goes to the home
         // only, as the edge's gossip client sends it: the other
         // aggregators hear of the node with its next periodic report, or
         // at once after a raised lease (`tell_peers_if_raised`).
         if !exchange.on_demand {
+            let held = self.peer_held(i);
             self.tell_peers(home, &report, &held, now);
         }
         let exchange = &self.exchanges[&id];
