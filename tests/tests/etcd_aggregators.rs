@@ -320,6 +320,19 @@ impl Setup {
         self.listens.iter().any(|&a| fresh_from(&text, a, since))
     }
 
+    /// How many of aggregator `a`'s answers told node `i` that it held
+    /// grants back (`waitroom_gossip_aggregator_held_back_total`).
+    fn held_back(&self, i: usize, a: usize) -> f64 {
+        metric(
+            &get_text(&self.edges[i].admin_url("/metrics")),
+            &format!(
+                "waitroom_gossip_aggregator_held_back_total{{aggregator=\"{}\"}}",
+                self.listens[a]
+            ),
+        )
+        .unwrap_or(0.0)
+    }
+
     /// `name` summed over both aggregators.
     fn sum(&self, name: &str) -> f64 {
         self.aggregators
@@ -522,8 +535,12 @@ fn without_a_quorum_nodes_keep_what_they_hold_and_nothing_more() {
 /// Aggregator 0 cut off from every etcd member while its node and the
 /// other aggregator are not (the asymmetric partition): both directions cut
 /// (`replies_only` false), or only etcd's replies (its commits land, it
-/// never hears so). Cut at the minute's start, while both nodes hold a
-/// lease of the last minute. Its node stays fresh and admits within what it
+/// never hears so). Cut in the last seconds of a minute, while both nodes
+/// hold a lease of it, and the next minute pressed: every cap of that
+/// minute (the lease a node carries into it included) is committed after
+/// the cut, so the cut aggregator must try. (Cut inside the pressed minute,
+/// a node may already hold all it will be granted, and its home then has
+/// nothing to commit: the cut went unseen.) Its node stays fresh and admits within what it
 /// holds; the other node is granted only what the cut one does not hold;
 /// the limit holds and every visitor is answered.
 fn cut_from_etcd(tag: &str, replies_only: bool) {
@@ -531,8 +548,6 @@ fn cut_from_etcd(tag: &str, replies_only: bool) {
         return;
     }
     let setup = Setup::start_relayed(tag, true);
-    minutes::early_in_a_minute(50);
-    let minute = minutes::unix_secs() / 60;
     let failures = |i: usize| {
         setup.aggregators[i]
             .metric("waitroom_aggregator_ledger_commit_failures_total")
@@ -545,21 +560,17 @@ fn cut_from_etcd(tag: &str, replies_only: bool) {
     };
     let before = [failures(0), failures(1)];
     let commits_before = commits(1);
-    let mut cut_at = None;
-    let admitted = press_the_minute(
-        &setup.edges,
-        minutes::unix_secs() % 60,
-        || {
-            for relay in &setup.relays {
-                relay.cut(!replies_only, true);
-            }
-            cut_at = Some(now_secs());
-        },
-        || {},
-    );
-    let cut_at = cut_at.unwrap();
+    minutes::sleep_until_second(57);
+    for relay in &setup.relays {
+        relay.cut(!replies_only, true);
+    }
+    let cut_at = now_secs();
+    minutes::sleep_into_next_minute(0);
+    let minute = minutes::unix_secs() / 60;
+    let admitted = press_the_minute(&setup.edges, minutes::unix_secs() % 60, || {}, || {});
+    let held_back = setup.held_back(0, 0);
     eprintln!(
-        "aggregator 0 cut from etcd ({}): {} failed commits there, {} at the other",
+        "aggregator 0 cut from etcd ({}): {} failed commits there, {} at the other; {held_back} of its answers to node 0 held back",
         if replies_only {
             "replies only"
         } else {
@@ -571,6 +582,7 @@ fn cut_from_etcd(tag: &str, replies_only: bool) {
     check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
     setup.check_nobody_starved(&admitted);
     assert!(failures(0) > before[0], "the cut aggregator's commits fail");
+    assert!(held_back >= 1.0, "and it tells its node so");
     // The other commits all along (a report every 500 ms): a failure or
     // two there is contention with the cut one's writes that landed, or a
     // loaded machine, not the cut.
@@ -653,14 +665,7 @@ fn a_node_whose_home_cannot_commit_is_granted_by_the_other() {
     let minute = minutes::unix_secs() / 60;
     let admitted = press_the_minute(&setup.edges, 0, || {}, || {});
     let text = get_text(&setup.edges[0].admin_url("/metrics"));
-    let held_back = metric(
-        &text,
-        &format!(
-            "waitroom_gossip_aggregator_held_back_total{{aggregator=\"{}\"}}",
-            setup.listens[0]
-        ),
-    )
-    .unwrap_or(0.0);
+    let held_back = setup.held_back(0, 0);
     eprintln!(
         "aggregator 0 fenced the minute before: {held_back} of node 0's answers held back; its home now {:?}",
         home_among(&text, &setup.listens)
