@@ -7,6 +7,8 @@
 //!   `waitroom-demo-origin`, also used by `cargo xtask demo` and `bench`).
 //! - [`procs`]: starting the real binaries, stopping them in `Drop`.
 //! - [`edge`], [`cluster`]: a node, an aggregator with nodes, as processes.
+//! - [`answer_proxy`]: a QUIC proxy in front of an aggregator that reshapes
+//!   what follows its answers (notes right and wrong, broken stream ends).
 //! - [`inproc`]: a node in the test process on a driven clock, for tests of
 //!   minutes, sessions and the queue's flow that need no real minutes.
 //! - [`inproc_cluster`]: an aggregator and nodes in the test process on one
@@ -19,6 +21,7 @@
 //!   (issue 20's ledger).
 //! - [`require_root`]: the skip check of privileged tests.
 
+pub mod answer_proxy;
 pub mod browser;
 pub mod cluster;
 pub mod demo_origin;

@@ -1,0 +1,220 @@
+//! What a node makes of what follows an aggregator's answer (issue 20's
+//! `Message::Note`), right and wrong, with the real binaries on loopback:
+//! two aggregators, one node whose first choice of home is the first; the
+//! node reaches that one through a proxy (`answer_proxy`) that relays the
+//! real answers and sets what comes after them.
+//!
+//! What is asserted, each for a few intervals while visitors keep coming:
+//! - a note for another answer, a note that names no room, bytes that are
+//!   no frame after the answer, and a stream left open after the answer
+//!   cost nothing: the node stays at its home, fresh from it, counts no
+//!   answer held back, and takes its answers at the interval's pace (it
+//!   waits for a note at most 100 ms, not for a stream's end);
+//! - a note that names the answer's rooms moves the node's grants to the
+//!   other aggregator, counted per aggregator, and the first answer without
+//!   one brings it back;
+//! - a note in place of the answer is no answer: the node takes its state
+//!   from the other aggregator, and comes back when answers do;
+//! - every visitor is answered, none with a server error.
+use std::{net::SocketAddr, time::Duration};
+
+use waitroom_edge::gossip::home::Homes;
+use waitroom_tests::{
+    answer_proxy::{AnswerProxy, Tail},
+    cluster::{Aggregator, Certs, aggregator_config, free_udp_port, random_room, start_nodes},
+    edge::{Edge, admits_new_visitor, fresh_from, get_text, home_among, metric},
+    eventually,
+    minutes::now_secs,
+    procs::{TempDir, start_origin},
+};
+
+const INTERVAL_MS: u64 = 500;
+
+fn free_addr() -> SocketAddr {
+    format!("127.0.0.1:{}", free_udp_port().unwrap())
+        .parse()
+        .unwrap()
+}
+
+struct Setup {
+    _dir: TempDir,
+    _origin: waitroom_tests::procs::Proc,
+    _aggregators: Vec<Aggregator>,
+    proxy: AnswerProxy,
+    /// What the node lists: the proxy (its first choice), the other.
+    addresses: Vec<SocketAddr>,
+    edge: Edge,
+}
+
+impl Setup {
+    fn start() -> Self {
+        let dir = TempDir::new("answer-notes");
+        let (origin_proc, origin) = start_origin(dir.path(), "origin").unwrap();
+        let addresses = vec![free_addr(), free_addr()];
+        // A node name whose first choice is the proxy.
+        let name = (1..1_000)
+            .map(|i| format!("ams-{i}"))
+            .find(|n| Homes::new(n, addresses.clone(), INTERVAL_MS).current() == 0)
+            .expect("some name hashes to the proxy first");
+        let certs = Certs::generate(&dir.path().join("certs"), &[name.as_str()]).unwrap();
+        // A room no visitor of this test fills: every one is admitted.
+        let room = random_room(10_000, 10_000);
+        let behind = free_addr();
+        let aggregators: Vec<Aggregator> = [behind, addresses[1]]
+            .iter()
+            .enumerate()
+            .map(|(i, &at)| {
+                let snapshot = dir.path().join(format!("aggregator-{i}.json"));
+                let config = aggregator_config(at, &certs, &snapshot, &room);
+                Aggregator::start(dir.path(), &format!("aggregator-{i}"), &config).unwrap()
+            })
+            .collect();
+        let proxy = AnswerProxy::start(addresses[0], behind, &certs, &name).unwrap();
+        let edge = start_nodes(
+            dir.path(),
+            &certs,
+            &addresses,
+            &[(name.as_str(), "ams")],
+            &room,
+            origin,
+            INTERVAL_MS,
+        )
+        .pop()
+        .unwrap();
+        let setup = Self {
+            _dir: dir,
+            _origin: origin_proc,
+            _aggregators: aggregators,
+            proxy,
+            addresses,
+            edge,
+        };
+        let started = now_secs();
+        assert!(
+            eventually(Duration::from_secs(15), || setup.fresh_at(0, started)),
+            "the node fresh from its first choice, through the proxy"
+        );
+        setup
+    }
+
+    fn metrics(&self) -> String {
+        get_text(&self.edge.admin_url("/metrics"))
+    }
+
+    /// The node's home now, by index into `addresses`.
+    fn home(&self) -> Option<usize> {
+        home_among(&self.metrics(), &self.addresses)
+    }
+
+    /// Home at `addresses[i]`, with a state taken since `since`.
+    fn fresh_at(&self, i: usize, since: f64) -> bool {
+        fresh_from(&self.metrics(), self.addresses[i], since)
+    }
+
+    /// `family{aggregator=<the proxy>}` at the node.
+    fn of_the_proxy(&self, family: &str) -> f64 {
+        metric(
+            &self.metrics(),
+            &format!("{family}{{aggregator=\"{}\"}}", self.addresses[0]),
+        )
+        .unwrap_or(0.0)
+    }
+
+    /// Visitors for `secs` seconds, two every 100 ms; each must be admitted
+    /// (the room has room for all), none may see a server error.
+    fn visitors_for(&self, secs: f64) {
+        let until = now_secs() + secs;
+        while now_secs() < until {
+            for _ in 0..2 {
+                assert!(admits_new_visitor(&self.edge), "a visitor admitted");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn what_follows_an_answer_moves_the_node_only_when_it_is_a_note_for_that_answer() {
+    let setup = Setup::start();
+
+    // --- Wrong notes and broken ends: nothing changes.
+    for tail in [
+        Tail::NoteOfAnotherAnswer,
+        Tail::EmptyNote,
+        Tail::Garbage,
+        Tail::LeftOpen,
+    ] {
+        setup.proxy.set(tail);
+        let since = now_secs();
+        let relayed = setup.proxy.answers();
+        let answers = setup.of_the_proxy("waitroom_gossip_aggregator_answers_total");
+        setup.visitors_for(3.0);
+        let answers = setup.of_the_proxy("waitroom_gossip_aggregator_answers_total") - answers;
+        let relayed = setup.proxy.answers() - relayed;
+        eprintln!("{tail:?}: {answers} answers taken in 3 s, {relayed} relayed");
+        assert_eq!(setup.home(), Some(0), "{tail:?}: the node stays at home");
+        assert!(
+            setup.fresh_at(0, since + 1.0),
+            "{tail:?}: fresh from its home"
+        );
+        assert_eq!(
+            setup.of_the_proxy("waitroom_gossip_aggregator_held_back_total"),
+            0.0,
+            "{tail:?}: no answer counted as held back"
+        );
+        // Six intervals in the window; a node that waited for each
+        // stream's end (two seconds when left open) would take two.
+        assert!(
+            answers >= 4.0,
+            "{tail:?}: answers at the interval's pace, {answers} in 3 s"
+        );
+    }
+
+    // --- A note for the answer: the grants come from the other aggregator.
+    setup.proxy.set(Tail::Note);
+    assert!(
+        eventually(Duration::from_secs(3), || setup.home() == Some(1)),
+        "a note for the answer moves the node's grants to the other aggregator"
+    );
+    let since = now_secs();
+    setup.visitors_for(2.0);
+    assert!(setup.fresh_at(1, since), "fresh from the other");
+    assert_eq!(setup.home(), Some(1), "and stays there while notes come");
+    assert!(setup.of_the_proxy("waitroom_gossip_aggregator_held_back_total") >= 2.0);
+    assert!(
+        setup
+            .edge
+            .proc
+            .stderr()
+            .contains("cannot make grants durable"),
+        "the node says why: {}",
+        setup.edge.proc.stderr()
+    );
+    setup.proxy.set(Tail::Faithful);
+    let since = now_secs();
+    assert!(
+        eventually(Duration::from_secs(3), || setup.fresh_at(0, since)),
+        "the first answer without a note brings it back"
+    );
+
+    // --- A note instead of the answer: no answer at all.
+    setup.proxy.set(Tail::NoteFirst);
+    let since = now_secs();
+    assert!(
+        eventually(Duration::from_secs(5), || setup.fresh_at(1, since)),
+        "a note in place of the answer is no answer: the other aggregator takes over"
+    );
+    setup.visitors_for(2.0);
+    assert_eq!(
+        setup.of_the_proxy("waitroom_gossip_aggregator_answering"),
+        0.0,
+        "the proxy is not answering"
+    );
+    setup.proxy.set(Tail::Faithful);
+    let since = now_secs();
+    assert!(
+        eventually(Duration::from_secs(5), || setup.fresh_at(0, since)),
+        "answers again: the node is back"
+    );
+    setup.visitors_for(1.0);
+}
