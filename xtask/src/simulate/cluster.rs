@@ -338,6 +338,12 @@ pub struct Run {
     /// Of those, visitors queued while others were already waiting (FIFO
     /// keeps the minute's slots for the queue's check-ins first).
     pub queued_below_target_behind_queue: u64,
+    /// Of those, visitors queued while both limits would have stayed less
+    /// than 98 % used with every visitor already waiting admitted as well:
+    /// room the line ahead could not fill, so early even in a FIFO room,
+    /// where a newcomer behind a line that fills the room must wait (what
+    /// the target is judged on).
+    pub queued_below_target_line_fits: u64,
     /// The counters' active users against the true number, every second.
     pub counted_error: CountedError,
     /// What the network did to the gossip.
@@ -643,6 +649,7 @@ pub struct Sim {
     given_up: usize,
     queued_below_target: u64,
     queued_below_target_behind_queue: u64,
+    queued_below_target_line_fits: u64,
     counted_error: CountedError,
     gossip: GossipCounts,
     admits_per_minute: BTreeMap<u64, u64>,
@@ -754,6 +761,7 @@ impl Sim {
             given_up: 0,
             queued_below_target: 0,
             queued_below_target_behind_queue: 0,
+            queued_below_target_line_fits: 0,
             counted_error: CountedError::default(),
             gossip: GossipCounts::default(),
             admits_per_minute: BTreeMap::new(),
@@ -870,6 +878,7 @@ impl Sim {
             end_ms: now_ms,
             queued_below_target: self.queued_below_target,
             queued_below_target_behind_queue: self.queued_below_target_behind_queue,
+            queued_below_target_line_fits: self.queued_below_target_line_fits,
             counted_error: self.counted_error,
             gossip: self.gossip,
             shared: self.shared_audit,
@@ -1627,15 +1636,18 @@ impl Sim {
             }
             Decision::Queue { ticket, reason, .. } => {
                 if !self.visitors[v].queued {
-                    let others_waiting = self.queued_now > 0;
+                    let waiting_ahead = self.queued_now;
                     self.visitors[v].queued = true;
                     self.queued_now += 1;
-                    if reason != QueueReason::TooEarly && self.below_limits(now_ms, EARLY) {
+                    if reason != QueueReason::TooEarly && self.below_limits(now_ms, EARLY, 0) {
                         self.queued_early += 1;
                     }
-                    if reason != QueueReason::TooEarly && self.below_limits(now_ms, EARLY_TARGET) {
+                    if reason != QueueReason::TooEarly && self.below_limits(now_ms, EARLY_TARGET, 0)
+                    {
                         self.queued_below_target += 1;
-                        self.queued_below_target_behind_queue += u64::from(others_waiting);
+                        self.queued_below_target_behind_queue += u64::from(waiting_ahead > 0);
+                        self.queued_below_target_line_fits +=
+                            u64::from(self.below_limits(now_ms, EARLY_TARGET, waiting_ahead));
                     }
                 }
                 if reason != QueueReason::TooEarly && self.first_queue.is_none() {
@@ -1661,10 +1673,12 @@ impl Sim {
         }
     }
 
-    /// Both limits are less than `fraction` used (ground truth).
-    fn below_limits(&self, now_ms: u64, fraction: f64) -> bool {
-        (self.active as f64) < fraction * self.room.total_active_users() as f64
-            && (self.admits_in(now_ms) as f64) < fraction * self.room.new_users_per_minute() as f64
+    /// Both limits are less than `fraction` used (ground truth), with
+    /// `waiting` more visitors admitted (0: as they are).
+    fn below_limits(&self, now_ms: u64, fraction: f64, waiting: u64) -> bool {
+        ((self.active + waiting) as f64) < fraction * self.room.total_active_users() as f64
+            && ((self.admits_in(now_ms) + waiting) as f64)
+                < fraction * self.room.new_users_per_minute() as f64
     }
 
     fn admitted_now(&mut self, v: usize, now_ms: u64) {

@@ -572,13 +572,13 @@ fn write_results(out: &Path, results: &[scenario::ScenarioResult]) -> Result<()>
     fs::write(&json, serde_json::to_string_pretty(results)?)
         .with_context(|| format!("writing {}", json.display()))?;
     let mut csv = String::from(
-        "scenario,total_active_users,new_users_per_minute,visitors,admitted,queued,queued_early,peak_active,peak_active_ratio,peak_active_counted_ratio,peak_admits_per_minute,peak_admits_ratio,first_queue_at_s,first_queue_active_ratio,first_queue_admits_ratio,max_wait_s,decisions,local_only_decisions,ledger_checks,ledger_over_pool,over_pool_carried,worst_excess,worst_excess_carried,over_pool_without_ledger,worst_excess_without_ledger,answers_clamped,given_up,roamed,reports,answers_taken,answers_late_taken,answers_lost,answers_late_ignored,timeouts,reconnects,max_report_skew_ms,queued_below_98,queued_below_98_behind_queue,queued_below_98_met,peak_admits_target,peak_admits_met,peak_active_met,counted_worst_relative,counted_worst_relative_at_s,counted_worst_of_total,counted_worst_relative_any,counted_met,targets_met\n",
+        "scenario,total_active_users,new_users_per_minute,visitors,admitted,queued,queued_early,peak_active,peak_active_ratio,peak_active_counted_ratio,peak_admits_per_minute,peak_admits_ratio,first_queue_at_s,first_queue_active_ratio,first_queue_admits_ratio,max_wait_s,decisions,local_only_decisions,ledger_checks,ledger_over_pool,over_pool_carried,worst_excess,worst_excess_carried,over_pool_without_ledger,worst_excess_without_ledger,answers_clamped,given_up,roamed,reports,answers_taken,answers_late_taken,answers_lost,answers_late_ignored,timeouts,reconnects,max_report_skew_ms,queued_below_98,queued_below_98_behind_queue,queued_below_98_line_fits,queued_below_98_met,peak_admits_target,peak_admits_met,peak_active_met,counted_worst_relative,counted_worst_relative_at_s,counted_worst_of_total,counted_worst_relative_any,counted_met,targets_met\n",
     );
     let opt = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.4}"));
     for r in results {
         writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{:.4},{:.4},{},{:.4},{},{},{},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4},{},{:.4},{:.4},{},{}",
+            "{},{},{},{},{},{},{},{},{:.4},{:.4},{},{:.4},{},{},{},{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4},{},{:.4},{:.4},{},{}",
             r.key,
             r.total_active_users,
             r.new_users_per_minute,
@@ -617,6 +617,7 @@ fn write_results(out: &Path, results: &[scenario::ScenarioResult]) -> Result<()>
             r.gossip.max_report_skew_ms,
             r.targets.queued_below_98,
             r.targets.queued_below_98_behind_queue,
+            r.targets.queued_below_98_line_fits,
             r.targets.queued_met,
             r.targets.peak_admits_target,
             r.targets.peak_admits_met,
@@ -878,6 +879,11 @@ mod tests {
             "{t:?}"
         );
         assert!(t.queued_below_98_behind_queue <= t.queued_below_98, "{t:?}");
+        // The first visitor queued had nobody ahead: early by any reading.
+        assert!(
+            t.queued_below_98_line_fits > 0 && t.queued_below_98_line_fits <= t.queued_below_98,
+            "{t:?}"
+        );
         let spike = scenario_result("uniform-spike", 3);
         let c = spike.targets.counted;
         assert!(

@@ -396,6 +396,7 @@ fn measure(scenario: &Scenario, run: &Run, gossip_delay_ms: u64) -> ScenarioResu
         targets: Targets::judge(
             run.queued_below_target,
             run.queued_below_target_behind_queue,
+            run.queued_below_target_line_fits,
             ratio(peak_admits as f64, per_minute),
             ratio(run.peak_active as f64, total),
             run.counted_error,
