@@ -129,11 +129,16 @@ fn in_a_seven_to_one_burst_nobody_is_queued_below_98_percent_while_the_aggregato
     );
     assert_eq!(lease(&cluster, 1).holds_timed_out_total.load(Relaxed), 0);
 
-    // A round of answers (B's next report gives back what its ask was
+    // Two rounds of answers (B's reports give back what its ask was
     // promised beyond what it used: an ask on this driven clock measures
     // its rate over the shortest time, 100 ms, and so is promised
-    // generously), then the bursting node: 157 more, 180 in all (90 % of
-    // the limit).
+    // generously; B's visitors admitted after the ask's answer count in
+    // its next report's rate, which then still promises B up to half of
+    // what is free for two seconds of traffic that will not come, so only
+    // the report after, with no visitor since, gives everything back: one
+    // round failed CI run 36 with A queued at 114 of 200), then the
+    // bursting node: 157 more, 180 in all (90 % of the limit).
+    cluster.advance(Duration::from_millis(500)).expect("fresh");
     cluster.advance(Duration::from_millis(500)).expect("fresh");
     let at_a = 157_u64;
     let (admitted, queued_early) = visit_counting_early(&a, at_a, b_admitted);

@@ -2003,48 +2003,54 @@ mod tests {
         }
     }
 
-    /// Two aggregators, each the home of one node, each told by the other
-    /// node's peer report what that node holds: their grants together never
-    /// exceed the room's shared slots. Without the held leases each would
-    /// hand its own node the whole pool (the test that shows the report is
-    /// needed), and a claim of another minute or of more than the limit
-    /// counts for nothing or for at most the limit.
+    /// Three aggregators, each the home of one node, each told by the
+    /// other nodes' peer reports what those nodes hold: their grants
+    /// together never exceed the room's shared slots. Without the held
+    /// leases each would hand its own node half of the pool (a promise's
+    /// cap; three halves are more than the pool: the test that shows the
+    /// report is needed), and a claim of another minute or of more than
+    /// the limit counts for nothing or for at most the limit.
     #[test]
     fn peer_reports_make_each_aggregator_count_what_the_other_granted() {
         let run = |tell: bool| {
-            let mut x = Cluster::new(vec![room(10_000, 100)], 5_000);
-            let mut y = Cluster::new(vec![room(10_000, 100)], 5_000);
+            let names = ["a", "b", "c"];
+            let mut homes: Vec<Cluster> = (0..3)
+                .map(|_| Cluster::new(vec![room(10_000, 100)], 5_000))
+                .collect();
             let quiet = PoolCounts::default();
-            let mut caps = (0, 0);
-            // Both nodes ask on demand, and both burst: each home promises
+            let mut caps = [0; 3];
+            // Every node asks on demand, and all burst: each home promises
             // its own node what it needs from the reserve.
             for round in 0..3 {
-                let t = T0.plus_millis(1_000 * round);
-                let a = x.apply_asking(asking_report("a", t, quiet, 10 + 30 * round), t);
-                caps.0 = shared_cap(&a[0].state);
-                let held_a = if tell {
-                    vec![held(&a[0].state, t.minute())]
-                } else {
-                    vec![]
-                };
-                y.apply_peer(asking_report("a", t, quiet, 10), &held_a, t);
-                let t = t.plus_millis(500);
-                let b = y.apply_asking(asking_report("b", t, quiet, 10 + 30 * round), t);
-                caps.1 = shared_cap(&b[0].state);
-                let held_b = if tell {
-                    vec![held(&b[0].state, t.minute())]
-                } else {
-                    vec![]
-                };
-                x.apply_peer(asking_report("b", t, quiet, 10), &held_b, t);
+                for (i, name) in names.iter().enumerate() {
+                    let t = T0.plus_millis(1_000 * round + 300 * i as u64);
+                    let answer =
+                        homes[i].apply_asking(asking_report(name, t, quiet, 10 + 30 * round), t);
+                    caps[i] = shared_cap(&answer[0].state);
+                    let held_now = if tell {
+                        vec![held(&answer[0].state, t.minute())]
+                    } else {
+                        vec![]
+                    };
+                    for (j, peer) in homes.iter_mut().enumerate() {
+                        if j != i {
+                            peer.apply_peer(asking_report(name, t, quiet, 10), &held_now, t);
+                        }
+                    }
+                }
             }
             caps
         };
-        let (a, b) = run(true);
-        assert!(a > 0 && b > 0, "both nodes hold slots: {a} + {b}");
-        assert!(a + b <= 100, "told, the grants fit the pool: {a} + {b}");
-        let (a, b) = run(false);
-        assert!(a + b > 100, "untold, both grant the pool: {a} + {b}");
+        let caps = run(true);
+        let sum: u64 = caps.iter().sum();
+        assert!(
+            caps.iter().all(|&c| c > 0),
+            "every node holds slots: {caps:?}"
+        );
+        assert!(sum <= 100, "told, the grants fit the pool: {caps:?}");
+        let caps = run(false);
+        let sum: u64 = caps.iter().sum();
+        assert!(sum > 100, "untold, each grants half of the pool: {caps:?}");
 
         // A lying or confused node: a claim over the limit counts as the
         // limit, never more, in this minute or of another.
@@ -2089,18 +2095,32 @@ mod tests {
                     cluster.settle_shared(node, &grant, told, answers);
                 }
             };
+        // Each node spends what it was promised before it reports again,
+        // and the peer reports say nothing of it (as when they are lost): a
+        // promise is at most half of what its home sees free, so without
+        // spending the two homes' promises would not overlap.
+        let spent = |state: &GlobalState| PoolCounts {
+            colo_share: state.used.colo_share + state.allowance.colo_share,
+            anywhere: state.used.anywhere + state.allowance.anywhere,
+            ..PoolCounts::default()
+        };
+        let (mut used_a, mut used_b) = (quiet, quiet);
         let mut caps = (0, 0);
         for round in 0..3 {
             let t = T0.plus_millis(1_000 * round);
-            let mut a = x.apply_asking(asking_report("a", t, quiet, 10 + 30 * round), t);
+            let report = |used| asking_report("a", t, used, 10 + 30 * round);
+            let mut a = x.apply_asking(report(used_a), t);
             commit(&mut x, "a", &mut a, format!("x/{round}"));
             caps.0 = shared_cap(&a[0].state);
-            y.apply_peer(asking_report("a", t, quiet, 10), &[], t);
+            used_a = spent(&a[0].state);
+            y.apply_peer(report(quiet), &[], t);
             let t = t.plus_millis(500);
-            let mut b = y.apply_asking(asking_report("b", t, quiet, 10 + 30 * round), t);
+            let report = |used| asking_report("b", t, used, 10 + 30 * round);
+            let mut b = y.apply_asking(report(used_b), t);
             commit(&mut y, "b", &mut b, format!("y/{round}"));
             caps.1 = shared_cap(&b[0].state);
-            x.apply_peer(asking_report("b", t, quiet, 10), &[], t);
+            used_b = spent(&b[0].state);
+            x.apply_peer(report(quiet), &[], t);
         }
         let (a, b) = caps;
         assert!(a > 0 && b > 0, "both nodes hold slots: {a} + {b}");
@@ -2269,10 +2289,26 @@ mod tests {
             let t = T0.plus_millis(1_000);
             let lowered = ask(&mut cluster, asking_report("a", t, quiet, 400), &[holds], t);
             let a_lowered = shared_cap(&lowered[0].state);
-            // b bursts and asks for all it can get.
-            let t = T0.plus_millis(1_500);
-            let b = ask(&mut cluster, asking_report("b", t, quiet, 900), &[], t);
-            let b_cap = shared_cap(&b[0].state);
+            // b bursts and asks for all it can get, three times in a row,
+            // spending each promise (an ask is promised half of what is
+            // free): its cap after the third.
+            let mut b_used = quiet;
+            let mut b_asks = |c: &mut Cluster, from: UnixMillis, visitors: u64| {
+                let mut cap = 0;
+                for k in 0..3 {
+                    let t = from.plus_millis(100 * k);
+                    let b = ask(c, asking_report("b", t, b_used, visitors), &[], t);
+                    let state = &b[0].state;
+                    cap = shared_cap(state);
+                    b_used = PoolCounts {
+                        colo_share: state.used.colo_share + state.allowance.colo_share,
+                        anywhere: state.used.anywhere + state.allowance.anywhere,
+                        ..PoolCounts::default()
+                    };
+                }
+                cap
+            };
+            let b_cap = b_asks(&mut cluster, T0.plus_millis(1_500), 900);
             // a's next report gets through and says it holds the lowered
             // cap (this time the answer came): the rest is free again.
             let confirmed = held(&lowered[0].state, T0.minute());
@@ -2284,15 +2320,8 @@ mod tests {
                 t,
             );
             let a_now = shared_cap(&again[0].state);
-            let t = T0.plus_millis(2_500);
-            let b_later = ask(&mut cluster, asking_report("b", t, quiet, 1_800), &[], t);
-            (
-                a_cap,
-                a_lowered,
-                b_cap,
-                a_now,
-                shared_cap(&b_later[0].state),
-            )
+            let b_later = b_asks(&mut cluster, T0.plus_millis(2_500), 1_800);
+            (a_cap, a_lowered, b_cap, a_now, b_later)
         };
         let (a_cap, a_lowered, b_cap, ..) = run(false);
         assert!(
@@ -2374,8 +2403,18 @@ mod tests {
             if learn {
                 after.learn_until(t.plus_millis(3_000));
             }
-            // b bursts first; a reports a moment later, then b again.
+            // b bursts first, asking twice and spending the first promise
+            // (an ask is promised half of what is free); a reports a moment
+            // later, then b again.
             let b1 = after.apply_holding(asking_report("b", t, quiet, 900), &[b_holds], true, t);
+            let spent = PoolCounts {
+                colo_share: b1[0].state.used.colo_share + b1[0].state.allowance.colo_share,
+                anywhere: b1[0].state.used.anywhere + b1[0].state.allowance.anywhere,
+                ..PoolCounts::default()
+            };
+            let b1_again = held(&b1[0].state, T0.minute());
+            let t = T0.plus_millis(1_100);
+            let b1 = after.apply_holding(asking_report("b", t, spent, 900), &[b1_again], true, t);
             let b1_cap = shared_cap(&b1[0].state);
             let t = T0.plus_millis(1_500);
             let a1 = after.apply_holding(asking_report("a", t, quiet, 400), &[a_holds], true, t);
@@ -2409,9 +2448,10 @@ mod tests {
     }
 
     /// The 7:1 burst at the aggregator: with fair parts, the quiet node
-    /// holds half the colo and the bursting node's out-of-cycle report finds
+    /// holds half the colo and the bursting node's out-of-cycle reports find
     /// nothing free; with small promises the quiet node holds a little and
-    /// the asking node is granted the reserve at once.
+    /// the asking node is granted the reserve, half of what is free at each
+    /// ask.
     #[test]
     fn an_asking_node_is_granted_the_reserve_a_quiet_node_was_not_promised() {
         let burst = |asking: bool| {
@@ -2434,15 +2474,19 @@ mod tests {
                 let b = apply(&mut cluster, asking_report("b", t, quiet, 1), t);
                 caps[1] = shared_cap(&b[0].state);
             }
-            // The burst at a: it spends what it holds and asks out of cycle.
-            let spent = PoolCounts {
-                colo_share: caps[0],
-                ..PoolCounts::default()
-            };
-            let t = T0.plus_millis(1_600);
-            let a = apply(&mut cluster, asking_report("a", t, spent, 40), t);
-            let a_cap = shared_cap(&a[0].state);
-            assert!(a_cap + caps[1] <= 100, "{a_cap} + {}", caps[1]);
+            // The burst at a: it spends what it holds and asks out of
+            // cycle, twice (an ask is promised half of what is free).
+            let mut a_cap = caps[0];
+            for (ask, visitors) in [(0, 40), (1, 80)] {
+                let spent = PoolCounts {
+                    colo_share: a_cap,
+                    ..PoolCounts::default()
+                };
+                let t = T0.plus_millis(1_600 + 100 * ask);
+                let a = apply(&mut cluster, asking_report("a", t, spent, visitors), t);
+                a_cap = shared_cap(&a[0].state);
+                assert!(a_cap + caps[1] <= 100, "{a_cap} + {}", caps[1]);
+            }
             (caps[0], caps[1], a_cap)
         };
         let (_, b_fair, a_fair) = burst(false);
@@ -2540,13 +2584,26 @@ mod tests {
         let unheld_in_x = 90 - a_cap;
         assert_eq!(
             b_cap,
-            10 + unheld_in_x / 2,
-            "Anywhere and half of what x leaves unheld"
+            (10 + unheld_in_x / 2).min((100 - a_cap).div_ceil(2)),
+            "Anywhere and half of what x leaves unheld, within half of what is free"
         );
-        // Colo x's own node now asks: the half left is there for it.
-        let t = t.plus_millis(300);
-        let a = cluster.apply_asking(in_colo("a", "x", t, quiet, 10, 5_000), t);
-        let a_cap = shared_cap(&a[0].state);
+        // Colo x's own node now asks, spending each promise and asking
+        // again (each ask is promised half of what is free): the half left
+        // is there for it.
+        let mut t = t;
+        let mut a_cap = 0;
+        let mut used = quiet;
+        for _ in 0..8 {
+            t = t.plus_millis(100);
+            let a = cluster.apply_asking(in_colo("a", "x", t, used, 10, 5_000), t);
+            let state = &a[0].state;
+            a_cap = shared_cap(state);
+            used = PoolCounts {
+                colo_share: state.used.colo_share + state.allowance.colo_share,
+                anywhere: state.used.anywhere + state.allowance.anywhere,
+                ..PoolCounts::default()
+            };
+        }
         assert!(a_cap >= unheld_in_x / 2, "x keeps its half: {a_cap}");
         assert!(a_cap + b_cap <= 100, "{a_cap} + {b_cap}");
         // A third colo's node (not asking: fair parts) gets what is left.
