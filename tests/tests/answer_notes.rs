@@ -111,6 +111,17 @@ impl Setup {
         fresh_from(&self.metrics(), self.addresses[i], since)
     }
 
+    /// Sets the proxy's `tail`, then the node must be fresh at
+    /// `addresses[i]` since then within 5 s (`what` says why).
+    fn set_until_fresh_at(&self, tail: Tail, i: usize, what: &str) {
+        self.proxy.set(tail);
+        let since = now_secs();
+        assert!(
+            eventually(Duration::from_secs(5), || self.fresh_at(i, since)),
+            "{what}"
+        );
+    }
+
     /// `family{aggregator=<the proxy>}` at the node.
     fn of_the_proxy(&self, family: &str) -> f64 {
         metric(
@@ -190,19 +201,17 @@ fn what_follows_an_answer_moves_the_node_only_when_it_is_a_note_for_that_answer(
         "the node says why: {}",
         setup.edge.proc.stderr()
     );
-    setup.proxy.set(Tail::Faithful);
-    let since = now_secs();
-    assert!(
-        eventually(Duration::from_secs(3), || setup.fresh_at(0, since)),
-        "the first answer without a note brings it back"
+    setup.set_until_fresh_at(
+        Tail::Faithful,
+        0,
+        "the first answer without a note brings it back",
     );
 
     // --- A note instead of the answer: no answer at all.
-    setup.proxy.set(Tail::NoteFirst);
-    let since = now_secs();
-    assert!(
-        eventually(Duration::from_secs(5), || setup.fresh_at(1, since)),
-        "a note in place of the answer is no answer: the other aggregator takes over"
+    setup.set_until_fresh_at(
+        Tail::NoteFirst,
+        1,
+        "a note in place of the answer is no answer: the other aggregator takes over",
     );
     setup.visitors_for(2.0);
     assert_eq!(
@@ -210,11 +219,6 @@ fn what_follows_an_answer_moves_the_node_only_when_it_is_a_note_for_that_answer(
         0.0,
         "the proxy is not answering"
     );
-    setup.proxy.set(Tail::Faithful);
-    let since = now_secs();
-    assert!(
-        eventually(Duration::from_secs(5), || setup.fresh_at(0, since)),
-        "answers again: the node is back"
-    );
+    setup.set_until_fresh_at(Tail::Faithful, 0, "answers again: the node is back");
     setup.visitors_for(1.0);
 }

@@ -1991,6 +1991,16 @@ mod tests {
             + state.allowance.anywhere
     }
 
+    /// A node's shared-pool admits once it has spent all `state` promised
+    /// it, for its next report (a node asking again).
+    fn spent(state: &GlobalState) -> PoolCounts {
+        PoolCounts {
+            colo_share: state.used.colo_share + state.allowance.colo_share,
+            anywhere: state.used.anywhere + state.allowance.anywhere,
+            ..PoolCounts::default()
+        }
+    }
+
     /// The leases a node holds, as its peer report would say them.
     fn held(state: &GlobalState, minute: Minute) -> HeldLease {
         HeldLease {
@@ -2099,11 +2109,6 @@ mod tests {
         // and the peer reports say nothing of it (as when they are lost): a
         // promise is at most half of what its home sees free, so without
         // spending the two homes' promises would not overlap.
-        let spent = |state: &GlobalState| PoolCounts {
-            colo_share: state.used.colo_share + state.allowance.colo_share,
-            anywhere: state.used.anywhere + state.allowance.anywhere,
-            ..PoolCounts::default()
-        };
         let (mut used_a, mut used_b) = (quiet, quiet);
         let mut caps = (0, 0);
         for round in 0..3 {
@@ -2300,11 +2305,7 @@ mod tests {
                     let b = ask(c, asking_report("b", t, b_used, visitors), &[], t);
                     let state = &b[0].state;
                     cap = shared_cap(state);
-                    b_used = PoolCounts {
-                        colo_share: state.used.colo_share + state.allowance.colo_share,
-                        anywhere: state.used.anywhere + state.allowance.anywhere,
-                        ..PoolCounts::default()
-                    };
+                    b_used = spent(state);
                 }
                 cap
             };
@@ -2407,14 +2408,11 @@ mod tests {
             // (an ask is promised half of what is free); a reports a moment
             // later, then b again.
             let b1 = after.apply_holding(asking_report("b", t, quiet, 900), &[b_holds], true, t);
-            let spent = PoolCounts {
-                colo_share: b1[0].state.used.colo_share + b1[0].state.allowance.colo_share,
-                anywhere: b1[0].state.used.anywhere + b1[0].state.allowance.anywhere,
-                ..PoolCounts::default()
-            };
+            let b1_spent = spent(&b1[0].state);
             let b1_again = held(&b1[0].state, T0.minute());
             let t = T0.plus_millis(1_100);
-            let b1 = after.apply_holding(asking_report("b", t, spent, 900), &[b1_again], true, t);
+            let b1 =
+                after.apply_holding(asking_report("b", t, b1_spent, 900), &[b1_again], true, t);
             let b1_cap = shared_cap(&b1[0].state);
             let t = T0.plus_millis(1_500);
             let a1 = after.apply_holding(asking_report("a", t, quiet, 400), &[a_holds], true, t);
@@ -2598,11 +2596,7 @@ mod tests {
             let a = cluster.apply_asking(in_colo("a", "x", t, used, 10, 5_000), t);
             let state = &a[0].state;
             a_cap = shared_cap(state);
-            used = PoolCounts {
-                colo_share: state.used.colo_share + state.allowance.colo_share,
-                anywhere: state.used.anywhere + state.allowance.anywhere,
-                ..PoolCounts::default()
-            };
+            used = spent(state);
         }
         assert!(a_cap >= unheld_in_x / 2, "x keeps its half: {a_cap}");
         assert!(a_cap + b_cap <= 100, "{a_cap} + {b_cap}");
