@@ -153,6 +153,7 @@ impl Free {
     /// half of them (the other half is left for those colos' own nodes,
     /// whose traffic earned the slots). The borrowed slots are an Anywhere
     /// lease.
+    ///
     /// Never more than half of the round's free shared slots (rounded
     /// up): see "half of what is left" in the module's rule.
     fn take_asked(self, want: u64) -> (u64, u64) {
