@@ -50,6 +50,26 @@ impl Certs {
     }
 }
 
+/// A node name `prefix-N` whose first choice of home among `aggregators`
+/// (before any answer: its rendezvous order, `gossip::home::Homes`) is the
+/// one at index `home`.
+pub fn named_homed_at(prefix: &str, aggregators: &[SocketAddr], home: usize) -> String {
+    // The order depends on the name and the addresses only; the interval
+    // (here any) sets how long an aggregator counts as answering.
+    (1..1_000)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|name| {
+            waitroom_edge::gossip::home::Homes::new(name, aggregators.to_vec(), 1_000).current()
+                == home
+        })
+        .expect("some name hashes to each aggregator")
+}
+
+/// A loopback address whose UDP port was free a moment ago.
+pub fn free_udp_addr() -> Result<SocketAddr> {
+    Ok(SocketAddr::from(([127, 0, 0, 1], free_udp_port()?)))
+}
+
 /// A loopback UDP port that was free a moment ago (QUIC listens on UDP).
 pub fn free_udp_port() -> Result<u16> {
     Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
@@ -312,7 +332,7 @@ pub fn controlled_aggregator(
     tokens: &Path,
     rooms: &str,
 ) -> Result<(Aggregator, SocketAddr)> {
-    let listen: SocketAddr = format!("127.0.0.1:{}", free_udp_port()?).parse()?;
+    let listen = free_udp_addr()?;
     let config = format!(
         "control_token_file = \"{}\"\n{}",
         tokens.display(),

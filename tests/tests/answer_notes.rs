@@ -18,10 +18,12 @@
 //! - every visitor is answered, none with a server error.
 use std::{net::SocketAddr, time::Duration};
 
-use waitroom_edge::gossip::home::Homes;
 use waitroom_tests::{
     answer_proxy::{AnswerProxy, Tail},
-    cluster::{Aggregator, Certs, aggregator_config, free_udp_port, random_room, start_nodes},
+    cluster::{
+        Aggregator, Certs, aggregator_config, free_udp_addr, named_homed_at, random_room,
+        start_nodes,
+    },
     edge::{Edge, admits_new_visitor, fresh_from, get_text, home_among, metric},
     eventually,
     minutes::now_secs,
@@ -29,12 +31,6 @@ use waitroom_tests::{
 };
 
 const INTERVAL_MS: u64 = 500;
-
-fn free_addr() -> SocketAddr {
-    format!("127.0.0.1:{}", free_udp_port().unwrap())
-        .parse()
-        .unwrap()
-}
 
 struct Setup {
     _dir: TempDir,
@@ -50,16 +46,13 @@ impl Setup {
     fn start() -> Self {
         let dir = TempDir::new("answer-notes");
         let (origin_proc, origin) = start_origin(dir.path(), "origin").unwrap();
-        let addresses = vec![free_addr(), free_addr()];
+        let addresses = vec![free_udp_addr().unwrap(), free_udp_addr().unwrap()];
         // A node name whose first choice is the proxy.
-        let name = (1..1_000)
-            .map(|i| format!("ams-{i}"))
-            .find(|n| Homes::new(n, addresses.clone(), INTERVAL_MS).current() == 0)
-            .expect("some name hashes to the proxy first");
+        let name = named_homed_at("ams", &addresses, 0);
         let certs = Certs::generate(&dir.path().join("certs"), &[name.as_str()]).unwrap();
         // A room no visitor of this test fills: every one is admitted.
         let room = random_room(10_000, 10_000);
-        let behind = free_addr();
+        let behind = free_udp_addr().unwrap();
         let aggregators: Vec<Aggregator> = [behind, addresses[1]]
             .iter()
             .enumerate()

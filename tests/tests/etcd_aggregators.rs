@@ -43,9 +43,11 @@ use std::{
 
 use waitroom_aggregator::ledger::{Etcd, EtcdLedger};
 use waitroom_common::{cluster::grants::GrantLedger, time::Minute};
-use waitroom_edge::gossip::home::Homes;
 use waitroom_tests::{
-    cluster::{Aggregator, Certs, aggregator_config, free_udp_port, random_room, start_nodes},
+    cluster::{
+        Aggregator, Certs, aggregator_config, free_udp_addr, named_homed_at, random_room,
+        start_nodes,
+    },
     edge::{Edge, admits_new_visitor, check_the_minute, fresh_from, get_text, home_among, metric},
     etcd::{EtcdCluster, history, require_etcd},
     eventually,
@@ -57,14 +59,6 @@ use waitroom_tests::{
 const INTERVAL_MS: u64 = 500;
 const NEW_USERS_PER_MINUTE: u64 = 24;
 const TOTAL_ACTIVE_USERS: u64 = 60;
-
-/// A node name in `colo` whose home among `aggregators` is the one at `home`.
-fn named_for(colo: &str, aggregators: &[SocketAddr], home: usize) -> String {
-    (1..1_000)
-        .map(|i| format!("{colo}-{i}"))
-        .find(|name| Homes::new(name, aggregators.to_vec(), INTERVAL_MS).current() == home)
-        .expect("some name hashes to each aggregator")
-}
 
 /// Demand past the limit at every node, two new visitors each per 100 ms,
 /// until the minute is 55 s old; `during` runs once, at `at` seconds into
@@ -152,14 +146,11 @@ impl Setup {
         let endpoints = etcd.endpoints();
         let dir = TempDir::new(tag);
         let (origin_proc, origin) = start_origin(dir.path(), "origin").unwrap();
-        let listens: Vec<SocketAddr> = (0..2)
-            .map(|_| {
-                format!("127.0.0.1:{}", free_udp_port().unwrap())
-                    .parse()
-                    .unwrap()
-            })
-            .collect();
-        let names = [named_for("ams", &listens, 0), named_for("sin", &listens, 1)];
+        let listens: Vec<SocketAddr> = (0..2).map(|_| free_udp_addr().unwrap()).collect();
+        let names = [
+            named_homed_at("ams", &listens, 0),
+            named_homed_at("sin", &listens, 1),
+        ];
         let certs = Certs::generate(
             &dir.path().join("certs"),
             &[names[0].as_str(), names[1].as_str()],
@@ -540,9 +531,9 @@ fn without_a_quorum_nodes_keep_what_they_hold_and_nothing_more() {
 /// minute (the lease a node carries into it included) is committed after
 /// the cut, so the cut aggregator must try. (Cut inside the pressed minute,
 /// a node may already hold all it will be granted, and its home then has
-/// nothing to commit: the cut went unseen.) Its node stays fresh and admits within what it
-/// holds; the other node is granted only what the cut one does not hold;
-/// the limit holds and every visitor is answered.
+/// nothing to commit: the cut went unseen.) Its node stays fresh and
+/// admits within what it holds; the other node is granted only what the
+/// cut one does not hold; the limit holds and every visitor is answered.
 fn cut_from_etcd(tag: &str, replies_only: bool) {
     if !require_etcd() {
         return;

@@ -2634,8 +2634,7 @@ mod tests {
                 evil_cap + honest_cap <= 100,
                 "evil {evil_cap} + honest {honest_cap} over the minute's limit"
             );
-            used.colo_share = state.used.colo_share + state.allowance.colo_share;
-            used.anywhere = state.used.anywhere + state.allowance.anywhere;
+            used = spent(state);
         }
         assert!(evil_cap > 50, "it did get what nobody held: {evil_cap}");
     }
