@@ -176,6 +176,36 @@ pub fn metric_sum(edges: &[Edge], series: &str) -> f64 {
         .sum()
 }
 
+/// Waits (at most 2 s) until every node's clock, which follows the
+/// cluster's (`waitroom_clock_offset_seconds` from its wall clock), reads
+/// at least 100 ms into the minute this process's clock reads: a node
+/// counts minutes on the time of its last answer carried forward, which
+/// can trail the wall clock by an answer's delay, and a visitor it admits
+/// in that gap counts in the minute before. Returns how far the node
+/// furthest behind trailed this process's clock, in seconds.
+pub fn wait_until_the_nodes_are_in_this_minute(edges: &[Edge]) -> f64 {
+    let minute_start = (crate::minutes::now_secs() / 60.0).floor() * 60.0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let offset = |e: &Edge| {
+        metric(
+            &get_text(&e.admin_url("/metrics")),
+            "waitroom_clock_offset_seconds",
+        )
+        .unwrap_or(0.0)
+    };
+    let trail = edges.iter().map(|e| -offset(e)).fold(0.0, f64::max);
+    loop {
+        let behind = edges
+            .iter()
+            .map(|e| minute_start + 0.1 - (crate::minutes::now_secs() + offset(e)))
+            .fold(f64::NEG_INFINITY, f64::max);
+        if behind <= 0.0 || std::time::Instant::now() >= deadline {
+            return trail;
+        }
+        std::thread::sleep(Duration::from_secs_f64(behind.min(0.5)));
+    }
+}
+
 /// The minute's admits of room `shop`, `admitted` per node as the visitors
 /// saw them, stay within `limit` with no slack, are what the nodes count,
 /// and use at least half of it.

@@ -34,7 +34,7 @@ use waitroom_tests::{
     cluster::{Aggregator, Certs, aggregator_config, random_room, start_nodes},
     edge::{
         Edge, admits_new_visitor, fresh_from, get_text, home_among, metric, metric_sum,
-        settled_among,
+        settled_among, wait_until_the_nodes_are_in_this_minute,
     },
     eventually,
     minutes::now_secs,
@@ -264,6 +264,10 @@ fn loss_and_delay_on_every_link_keep_the_limit_and_every_visitor_answered() {
         relay.back.set(30, 200);
     }
     waitroom_tests::minutes::sleep_into_next_minute(0);
+    // The nodes count minutes on the cluster's clock, which trails this
+    // one by an answer's delay (here at least 200 ms): a round before they
+    // turn would count in the minute before.
+    wait_until_the_nodes_are_in_this_minute(&cluster.edges);
     let mut admitted = vec![0; 2];
     let (mut fresh, mut samples) = (0, 0);
     let started = Instant::now();

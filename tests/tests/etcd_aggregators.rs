@@ -48,7 +48,10 @@ use waitroom_tests::{
         Aggregator, Certs, aggregator_config, free_udp_addr, named_homed_at, random_room,
         start_nodes,
     },
-    edge::{Edge, admits_new_visitor, check_the_minute, fresh_from, get_text, home_among, metric},
+    edge::{
+        Edge, admits_new_visitor, check_the_minute, fresh_from, get_text, home_among, metric,
+        wait_until_the_nodes_are_in_this_minute,
+    },
     etcd::{EtcdCluster, history, require_etcd},
     eventually,
     minutes::{self, now_secs},
@@ -69,6 +72,11 @@ fn press_the_minute(
     mut during: impl FnMut(),
     mut each: impl FnMut(),
 ) -> Vec<u64> {
+    let trail = wait_until_the_nodes_are_in_this_minute(edges);
+    eprintln!(
+        "the nodes' clocks trail this one by up to {:.0} ms",
+        trail * 1e3
+    );
     let minute = minutes::unix_secs() / 60;
     let mut admitted = vec![0_u64; edges.len()];
     let mut done = false;
