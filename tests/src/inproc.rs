@@ -157,6 +157,17 @@ origin = "{origin_addr}"
         Ok(())
     }
 
+    /// Rewrites the node's config file with `edit` and restarts the node
+    /// on it: an operator's change of the room (as a reload would apply it),
+    /// the counters, ledger and keys kept.
+    pub fn reconfigure(&mut self, edit: impl FnOnce(&str) -> String) -> Result<()> {
+        let before = std::fs::read_to_string(&self.config)?;
+        let after = edit(&before);
+        anyhow::ensure!(after != before, "the edit changes the config");
+        std::fs::write(&self.config, after)?;
+        self.restart()
+    }
+
     /// `http://NODE{path}`.
     #[must_use]
     pub fn url(&self, path: &str) -> String {

@@ -36,8 +36,8 @@ fn an_admitted_cookie_expires_with_the_session() {
     let r = request(node.http, "GET", "/", &[]);
     let cookie = r.header("set-cookie").unwrap();
     assert!(
-        cookie.contains("Max-Age=630;"),
-        "10 minutes and the 30 s reseal lag: {cookie}"
+        cookie.contains("Max-Age=631;"),
+        "10 minutes to the end of that second, and the 30 s reseal lag: {cookie}"
     );
 }
 

@@ -129,11 +129,54 @@ fn counted_at(node: &InProcNode, slot: ExpirySlot) -> i64 {
         .sum()
 }
 
+/// A session lasts exactly as long as the node counts it: admitted 300 ms
+/// into a second, its cookie is honoured to the last millisecond of the
+/// second its five minutes end in, while the counters still count it and a
+/// newcomer would find the room full; at the next millisecond the counters
+/// have let it go, a newcomer takes the room, and the old cookie is a new
+/// visitor, queued. (Before, the session ended at the exact millisecond and
+/// the counters held its place to the end of the second: room nobody could
+/// use, and the counted number ran ahead of the sessions.)
+#[test]
+fn a_session_lasts_exactly_as_long_as_it_is_counted() {
+    let node = InProcNode::start(
+        "session-end",
+        "total_active_users = 1\nnew_users_per_minute = 1\nsession_duration = 5",
+    )
+    .unwrap();
+    node.advance(Duration::from_millis(300));
+    let (admitted, first) = visit(&node);
+    assert!(admitted);
+    let slot = node.now().plus_minutes(5).expiry_slot();
+    let active = |node: &InProcNode| {
+        node.node()
+            .room_counters(0)
+            .active_users(node.now().expiry_slot())
+    };
+    // The last millisecond it is counted: honoured (and renewed).
+    node.advance(Duration::from_millis(slot.end().0 - 1 - node.now().0));
+    assert_eq!((counted_at(&node, slot), active(&node)), (1, 1));
+    let answer = Conn::open(node.http).get(Some(&first));
+    assert!(answer.admitted, "counted, so honoured");
+    let renewed = answer.cookie.unwrap_or(first);
+    // The renewed session's end: counted to the end of its second, then not.
+    let slot = node.now().plus_minutes(5).expiry_slot();
+    assert_eq!(counted_at(&node, slot), 1, "renewed at its new slot");
+    node.advance(Duration::from_millis(slot.end().0 - node.now().0));
+    assert_eq!(active(&node), 0, "no longer counted");
+    assert!(visit(&node).0, "a newcomer takes the room it left");
+    let again = Conn::open(node.http).get(Some(&renewed));
+    assert!(
+        !again.admitted,
+        "the session is over: a new visitor, queued"
+    );
+}
+
 /// Forty replays of one expired admitted cookie, then fifteen new visitors,
 /// on a full 10-user room: the expired session frees one place, once.
 #[test]
 fn forty_replays_of_an_expired_cookie_free_one_place_once() {
-    let node = InProcNode::start(
+    let mut node = InProcNode::start(
         "replay-expired",
         "total_active_users = 10\nnew_users_per_minute = 10\nsession_duration = 5",
     )
@@ -155,9 +198,12 @@ fn forty_replays_of_an_expired_cookie_free_one_place_once() {
             *cookie = renewed;
         }
     }
-    // The first session has ended (5 minutes after its last request) but
-    // is still counted in its expiry slot, the second it ended in: the room
-    // is full.
+    // The operator shortens the sessions to four minutes: the first session
+    // has ended (four minutes after its last request) but is still counted
+    // in its expiry slot of five: the room is full. (Its cookie says five;
+    // the room in force decides.)
+    node.reconfigure(|c| c.replace("session_duration = 5", "session_duration = 4"))
+        .unwrap();
     let expired_at = start.plus_minutes(5).expiry_slot();
     node.advance(Duration::from_millis(
         start.plus_minutes(5).plus_millis(400).0 - node.now().0,
@@ -278,9 +324,11 @@ fn the_ledger_survives_a_restart() {
     let start = node.now();
     let (admitted, cookie) = visit(&node);
     assert!(admitted);
-    // Five minutes and 0.4 s on: the session has ended, its slot (the
-    // second it ended in) still counts it.
-    node.advance(Duration::from_millis(300_400));
+    // Sessions shortened to four minutes; five minutes and 0.4 s on, the
+    // session has ended, and its slot of five minutes still counts it.
+    node.reconfigure(|c| c.replace("session_duration = 5", "session_duration = 4"))
+        .unwrap();
+    node.advance(Duration::from_millis(300_400 - (node.now().0 - start.0)));
     let expired_at = start.plus_minutes(5).expiry_slot();
     assert_eq!(node.now().expiry_slot(), expired_at);
     assert_eq!(counted_at(&node, expired_at), 1);

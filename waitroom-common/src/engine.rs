@@ -1141,8 +1141,9 @@ mod tests {
         let counters = RoomCounters::new_boxed(ROOM);
         let t0 = at(20, 1, 13);
         let first = ticket_of(&decide(&room, &open(t0, 10), &counters, None, t0, 0));
-        // 5 minutes after the last check-in: over (valid while now < last + 5 min).
-        let t1 = at(20, 6, 13);
+        // 5 minutes after the last check-in, to the end of that second: over
+        // (valid through 20:06:13.999, the end of its counted slot).
+        let t1 = at(20, 6, 14);
         let decision = decide(
             &room,
             &GlobalState::empty(t1),
@@ -1161,11 +1162,7 @@ mod tests {
         };
         assert_eq!(ticket.bucket, t1.minute(), "back of the queue");
         assert_eq!(ticket.accepted_at, None);
-        assert_eq!(
-            counters.active_users(t1.expiry_slot()),
-            0,
-            "uncounted at once, not at the end of 20:06"
-        );
+        assert_eq!(counters.active_users(t1.expiry_slot()), 0, "uncounted");
         assert_eq!(counters.waiting(t1.minute(), t1.minute()), 1);
     }
 
@@ -1199,7 +1196,7 @@ mod tests {
                 "the expiry does not move"
             );
         }
-        let now = at(8, 5, 0);
+        let now = at(8, 5, 1);
         assert!(
             !decide(
                 &room,
@@ -2352,20 +2349,34 @@ shuffle_at_event_start = true
             .with_id(ROOM)
         }
 
+        /// The room with its sessions a minute shorter: the operator lowered
+        /// `session_duration` (SIGHUP), and a session counted to its old end
+        /// has ended while still counted.
+        fn shortened(minutes: u32) -> Room {
+            crate::room::RoomConfig {
+                session_duration: minutes,
+                ..config(10, 10)
+            }
+            .validate()
+            .unwrap()
+            .with_id(ROOM)
+        }
+
         #[test]
         fn forty_replays_of_an_expired_admitted_ticket_uncount_it_once() {
             let room = room(10, 10);
             let (counters, ledger) = (RoomCounters::new_boxed(ROOM), ledger());
             let t0 = at(10, 0, 30);
             let ticket = admitted(&room, &counters, &ledger, t0);
-            // Session ends 10:05:30; its expiry slot (that second) still
-            // counts it until 10:05:31, so an uncount is still due.
-            let later = at(10, 5, 30).plus_millis(400);
+            // Counted until 10:05:31; with four-minute sessions it ended at
+            // 10:04:31, so an uncount is due.
+            let shorter = shortened(4);
+            let later = at(10, 4, 31).plus_millis(400);
             assert_eq!(counters.active_users(later.expiry_slot()), 1);
             let mut replayed = 0;
             for i in 0..40 {
                 let (decision, note) = decide_noting(
-                    &room,
+                    &shorter,
                     &full(later),
                     &counters,
                     &ledger,
@@ -2443,10 +2454,10 @@ shuffle_at_event_start = true
             let (counters, ledger) = (RoomCounters::new_boxed(ROOM), ledger());
             let t0 = at(10, 0, 30);
             let ticket = admitted(&room, &counters, &ledger, t0);
-            let replay_all = |now: UnixMillis| {
+            let replay_all = |room: &Room, now: UnixMillis| {
                 std::thread::scope(|scope| {
                     for thread in 0..6_u64 {
-                        let (room, counters, ledger) = (&room, &counters, &ledger);
+                        let (counters, ledger) = (&counters, &ledger);
                         scope.spawn(move || {
                             for i in 0..50 {
                                 let _ = super::super::decide(
@@ -2465,16 +2476,17 @@ shuffle_at_event_start = true
             };
             // Renewals racing: the session moves once, to one expiry.
             let renew_at = t0.plus_minutes(2);
-            replay_all(renew_at);
+            replay_all(&room, renew_at);
             assert_eq!(
                 counters.expiries(t0.expiry_slot()).collect::<Vec<_>>(),
                 vec![(renew_at.plus_minutes(5).expiry_slot(), 1)]
             );
-            // Expired replays racing, within the second its slot still counts
-            // it: uncounted once.
-            let later = renew_at.plus_minutes(5).plus_millis(300);
+            // Expired replays racing (the sessions shortened by a minute),
+            // while its slot still counts it: uncounted once.
+            let shorter = shortened(4);
+            let later = renew_at.plus_minutes(4).plus_millis(1_300);
             assert_eq!(counters.active_users(later.expiry_slot()), 1);
-            replay_all(later);
+            replay_all(&shorter, later);
             assert_eq!(counters.active_users(later.expiry_slot()), 0);
         }
 
@@ -2486,12 +2498,14 @@ shuffle_at_event_start = true
             let (a, b) = (RoomCounters::new_boxed(ROOM), RoomCounters::new_boxed(ROOM));
             let (ledger_a, ledger_b) = (ledger(), TicketLedger::new_boxed(4_096, [7, 8]));
             let ticket = admitted(&room, &a, &ledger_a, t0);
-            // Ended at 10:05:30, its slot still counted on A until 10:05:31.
-            let later = at(10, 5, 30).plus_millis(500);
+            // Sessions shortened to four minutes: ended at 10:04:31, its slot
+            // still counted on A until 10:05:31.
+            let shorter = shortened(4);
+            let later = at(10, 4, 31).plus_millis(500);
             assert_eq!(a.active_users(later.expiry_slot()), 1);
             for i in 0..10 {
                 let _ = super::super::decide(
-                    &room,
+                    &shorter,
                     &full(later),
                     &b,
                     &ledger_b,

@@ -128,8 +128,18 @@ impl Ticket {
         self.accepted_at.is_some()
     }
 
-    /// When the session ends: `session_minutes` after the last check-in, or
-    /// after admission when renewal is disabled. `None` if never admitted.
+    /// When the session ends: at the end of the expiry slot (the second)
+    /// in which `session_minutes` after the last check-in falls, or after
+    /// admission when renewal is disabled. `None` if never admitted.
+    ///
+    /// The counters count a session until the end of that slot
+    /// ([`ExpirySlot::end`]); the session lasts exactly as long, so the
+    /// sessions the node honours and the sessions it counts are the same
+    /// at every instant. (Ending at the exact millisecond, a session went on
+    /// being counted for up to a second after it ended: the sessions of a
+    /// burst admitted in one second, all ending in the same second, made the
+    /// counted number up to 6 % high inside that second.) A session lasts
+    /// at most a second longer than `session_minutes`.
     #[must_use]
     pub fn session_end(&self, session_minutes: u64, renewal: bool) -> Option<UnixMillis> {
         let accepted_at = self.accepted_at?;
@@ -138,7 +148,7 @@ impl Ticket {
         } else {
             accepted_at
         };
-        Some(from.plus_minutes(session_minutes))
+        Some(from.plus_minutes(session_minutes).expiry_slot().end())
     }
 
     /// The tag of the client's network for `ticket_binding = "network"`: its
@@ -176,27 +186,41 @@ mod tests {
     #[test]
     fn seed_cookie_example_valid_for_session_after_last_check_in() {
         // Seed 002: bucket 19:51, accepted and last seen 20:01:13; a 5-minute
-        // session lasts until 20:06:13 and is renewed by each request.
+        // session lasts until 20:06:13 and is renewed by each request. It
+        // ends with the second it ends in (its counted expiry slot): valid
+        // through 20:06:13.999.
         let ticket = Ticket {
             accepted_at: Some(at(20, 1, 13)),
             last_check_in: at(20, 1, 13),
             ..Ticket::new_visitor(RoomId(7), at(19, 51, 0), 20)
         };
         assert_eq!(ticket.bucket, at(19, 51, 0).minute());
-        assert_eq!(ticket.session_end(5, true), Some(at(20, 6, 13)));
+        assert_eq!(ticket.session_end(5, true), Some(at(20, 6, 14)));
         let later = Ticket {
             last_check_in: at(20, 4, 0),
             ..ticket
         };
-        assert_eq!(later.session_end(5, true), Some(at(20, 9, 0)));
+        assert_eq!(later.session_end(5, true), Some(at(20, 9, 1)));
         assert_eq!(
             later.session_end(5, false),
-            Some(at(20, 6, 13)),
+            Some(at(20, 6, 14)),
             "no renewal: counts from acceptedAt"
         );
         assert_eq!(
             Ticket::new_visitor(RoomId(7), at(1, 0, 0), 20).session_end(5, true),
             None
+        );
+        // Within a second: the end is where the counters stop counting it.
+        let mid = Ticket {
+            last_check_in: at(20, 1, 13).plus_millis(250),
+            ..ticket
+        };
+        let end = mid.session_end(5, true).unwrap();
+        assert_eq!(end, at(20, 6, 14));
+        assert_eq!(
+            end,
+            mid.last_check_in.plus_minutes(5).expiry_slot().end(),
+            "the end of the slot it is counted in"
         );
     }
 

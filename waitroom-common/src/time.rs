@@ -33,12 +33,15 @@ pub const MILLIS_PER_MINUTE: u64 = 60_000;
 
 /// The grain session expiries are counted at: one second.
 ///
-/// A session counts until the end of the slot its end falls in, so the
-/// counters may count a session that ended up to one slot ago: at most
-/// (admits per second) × (slot length) sessions too many. At the 500 admits
-/// a minute of the simulator's scenarios that is at most 9 sessions (1.4 %
-/// of 600 active), inside the 2 % target of issue 15; 2 s slots would allow
-/// 17 (2.8 %), and the minute grain before allowed 500. The price is the
+/// A session counts until the end of the slot its end falls in, and lasts
+/// exactly as long (`Ticket::session_end` rounds up to the slot's end): the
+/// counters count the sessions the node honours, no more. The grain is what
+/// a session may outlast `session_duration` by, and how late room a session
+/// frees is seen: under the minute grain before, a session could outlast
+/// its nominal end by 59 s and hold its room that long; with seconds, one.
+/// (Before the session's end was rounded up, sessions ended at the exact
+/// millisecond and the counters counted them to the slot's end: in a burst
+/// whose sessions end in one second, up to 6 % too many in that second.) The price is the
 /// ring of expiry counts, which must cover the longest session
 /// ([`crate::room::MAX_SESSION_MINUTES`], a day, plus ten minutes): 87,000
 /// slots of 8 bytes, 680 KiB per room of shared memory (docs/BENCHMARKS.md weighs it). Reads

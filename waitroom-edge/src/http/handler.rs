@@ -1006,11 +1006,13 @@ mod tests {
         let mut t = Ticket::new_visitor(RoomId(1), now, 20);
         assert_eq!(cookie_max_age(&t, &room, now), QUEUED_COOKIE_MAX_AGE_SECS);
         t.accepted_at = Some(now);
-        assert_eq!(cookie_max_age(&t, &room, now), 600 + 30);
+        // The session ends with the second it ends in (1 s more than ten
+        // minutes from a whole second), and the cookie lives as long.
+        assert_eq!(cookie_max_age(&t, &room, now), 601 + 30);
         // Sealed 20 s after the last request: 20 s less.
         assert_eq!(
             cookie_max_age(&t, &room, UnixMillis(now.0 + 20_000)),
-            580 + 30
+            581 + 30
         );
         let fixed = RoomConfig {
             disable_session_renewal: true,
@@ -1021,7 +1023,7 @@ mod tests {
         t.last_check_in = UnixMillis(now.0 + 300_000);
         assert_eq!(
             cookie_max_age(&t, &fixed, UnixMillis(now.0 + 300_000)),
-            300 + 30,
+            301 + 30,
             "without renewal the session counts from admission"
         );
     }

@@ -1619,8 +1619,15 @@ impl Sim {
                 if first {
                     self.admitted_now(v, now_ms);
                 }
+                // The session ends where the engine ends it (the ticket's
+                // end, on this node's clock): that is the truth the counters
+                // are judged against.
+                let end = decision
+                    .ticket()
+                    .session_end(self.room.session_minutes(), self.room.session_renewal())
+                    .expect("an admitted ticket has a session end");
+                let session_end = self.true_ms(i, end).max(now_ms + 1);
                 let v_state = &mut self.visitors[v];
-                let session_end = now_ms + self.room.session_minutes() * MILLIS_PER_MINUTE;
                 v_state.session_end_ms = Some(session_end);
                 self.schedule(session_end, Event::SessionEnd(v));
                 let admitted = self.visitors[v]
