@@ -126,6 +126,12 @@ pub struct Conditions {
     pub reordered_answers_pct: u32,
     /// Each node's clock is off by a fixed offset, uniform in ±this.
     pub skew_ms: u64,
+    /// A node counts on the cluster's clock once an answer came, as the
+    /// edge does (`Clock::following`): its clock is then the aggregator's
+    /// reading carried forward, within the round trip that bounds it. Off:
+    /// every node counts on its own (skewed) wall clock, as nodes did before
+    /// they followed (to show what following buys).
+    pub follow_clock: bool,
     /// Each request of a visitor goes to a random node of their colo.
     pub roaming: bool,
     /// Percent of visitors who give up once queued this long.
@@ -174,6 +180,7 @@ impl Conditions {
         lost_answers_pct: 0,
         reordered_answers_pct: 0,
         skew_ms: 0,
+        follow_clock: true,
         roaming: false,
         give_up_pct: 0,
         give_up_after_ms: 0,
@@ -350,6 +357,8 @@ pub struct Run {
     pub gossip: GossipCounts,
     /// With `--shared-ledger`: what the checker found.
     pub shared: SharedAudit,
+    /// Each node's clock minus the true time at the end of the run.
+    pub clock_offsets_ms: Vec<i64>,
 }
 
 /// With `--shared-ledger`, the checker of issue 20 (item 3) over the shared
@@ -547,8 +556,12 @@ struct Node {
     /// When the node last reported at once to confirm a lowered cap (at
     /// most once per interval, as the edge's gossip client does).
     confirmed_ms: Option<u64>,
-    /// The node's clock minus the true time (`--skew-ms`).
+    /// The node's clock minus the true time: its wall clock's skew
+    /// (`--skew-ms`) until it follows the cluster's clock, then the offset
+    /// the answers bound (see [`Sim::follow`]).
     offset_ms: i64,
+    /// The node's clock follows the cluster's (an answer came).
+    following: bool,
     /// The exchange whose answer the node waits for: the only answer it reads.
     in_flight: Option<u64>,
     /// Unanswered exchanges in a row.
@@ -601,6 +614,9 @@ struct Visitor {
     queued: bool,
     /// Ground truth: the session runs until this instant.
     session_end_ms: Option<u64>,
+    /// The node whose ticket set the session's end, and that end on its
+    /// clock: the session ends when that node's clock reaches it.
+    session_end_at: Option<(usize, UnixMillis)>,
     /// Queued, this visitor stops checking in from this instant (`--give-up-*`).
     gives_up_ms: Option<u64>,
     gave_up: bool,
@@ -694,6 +710,7 @@ impl Sim {
                 tick_ms: 0,
                 confirmed_ms: None,
                 offset_ms: 0,
+                following: false,
                 in_flight: None,
                 missed: 0,
                 reconnect_attempt: 0,
@@ -784,6 +801,7 @@ impl Sim {
                 admitted_ms: None,
                 queued: false,
                 session_end_ms: None,
+                session_end_at: None,
                 gives_up_ms: gives_up.then_some(arrival.at_ms + conditions.give_up_after_ms),
                 gave_up: false,
                 last_node: None,
@@ -882,6 +900,7 @@ impl Sim {
             counted_error: self.counted_error,
             gossip: self.gossip,
             shared: self.shared_audit,
+            clock_offsets_ms: self.nodes.iter().map(|n| n.offset_ms).collect(),
         }
     }
 
@@ -910,8 +929,7 @@ impl Sim {
             }
             Event::SessionEnd(v) => {
                 if self.visitors[v].session_end_ms == Some(now_ms) {
-                    self.visitors[v].session_end_ms = None;
-                    self.active -= 1;
+                    self.end_session_if_over(v, now_ms);
                 }
             }
         }
@@ -921,6 +939,59 @@ impl Sim {
     fn node_at(&self, i: usize, ms: u64) -> UnixMillis {
         let ms = i64::try_from(START.0 + ms).expect("virtual time fits") + self.nodes[i].offset_ms;
         UnixMillis(u64::try_from(ms).expect("skew is smaller than the epoch"))
+    }
+
+    /// Node `i` took an answer in at `now_ms`: with `follow_clock`, its
+    /// clock follows the aggregator's (true time here), as
+    /// `Clock::follow` does. The reading is modelled as taken half a
+    /// connection round trip (`lease_rtt_ms`) before the answer arrived,
+    /// the round trip bounding it: the gossip delay is the age of the state
+    /// an answer carries, not the connection's. The first answer sets the
+    /// clock to the earliest the reading allows (half a round trip behind);
+    /// later ones move it only if it lies outside their bounds. A step of
+    /// the node's clock moves when its sessions end (see
+    /// [`Sim::end_session_if_over`]).
+    fn follow(&mut self, i: usize, now_ms: u64) {
+        if !self.topology.conditions.follow_clock {
+            return;
+        }
+        let half = i64::try_from(self.topology.conditions.lease_rtt_ms / 2).expect("small");
+        let node = &mut self.nodes[i];
+        let before = node.offset_ms;
+        node.offset_ms = if node.following {
+            before.clamp(-half, half)
+        } else {
+            -half
+        };
+        node.following = true;
+        if node.offset_ms > before {
+            // Forward: sessions this node ended meanwhile end now.
+            for v in 0..self.visitors.len() {
+                if self.visitors[v].session_end_ms.is_some()
+                    && self.visitors[v].session_end_at.is_some_and(|(n, _)| n == i)
+                {
+                    self.end_session_if_over(v, now_ms);
+                }
+            }
+        }
+    }
+
+    /// Visitor `v`'s session ends now if the clock of the node that set its
+    /// end reads at least that end; else its end is scheduled again where
+    /// that clock will (the clock stepped back since).
+    fn end_session_if_over(&mut self, v: usize, now_ms: u64) {
+        let Some((i, end)) = self.visitors[v].session_end_at else {
+            return;
+        };
+        let end_ms = self.true_ms(i, end);
+        if end_ms <= now_ms {
+            self.visitors[v].session_end_ms = None;
+            self.visitors[v].session_end_at = None;
+            self.active -= 1;
+        } else if self.visitors[v].session_end_ms != Some(end_ms) {
+            self.visitors[v].session_end_ms = Some(end_ms);
+            self.schedule(end_ms, Event::SessionEnd(v));
+        }
     }
 
     /// The true instant (ms after [`START`]) at which node `i`'s clock shows `t`.
@@ -1424,6 +1495,7 @@ impl Sim {
 
     /// The node takes an answer in (`Client::store`) and decides with it.
     fn take_answer(&mut self, exchange: Exchange, now_ms: u64) {
+        self.follow(exchange.node, now_ms);
         let room = self.room.id();
         let node = &mut self.nodes[exchange.node];
         let answer = exchange.answers.into_iter().find(|a| a.room == room);
@@ -1629,6 +1701,7 @@ impl Sim {
                 let session_end = self.true_ms(i, end).max(now_ms + 1);
                 let v_state = &mut self.visitors[v];
                 v_state.session_end_ms = Some(session_end);
+                v_state.session_end_at = Some((i, end));
                 self.schedule(session_end, Event::SessionEnd(v));
                 let admitted = self.visitors[v]
                     .admitted_ms
