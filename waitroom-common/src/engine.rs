@@ -2339,27 +2339,22 @@ shuffle_at_event_start = true
             assert!(!super::super::is_new_visitor(&room, Some(&old), now));
         }
 
-        fn room_without_renewal() -> Room {
-            crate::room::RoomConfig {
-                disable_session_renewal: true,
-                ..config(10, 10)
-            }
-            .validate()
-            .unwrap()
-            .with_id(ROOM)
+        /// The 10 / 10 room with `edit` made to its configuration.
+        fn room_with(edit: impl FnOnce(&mut crate::room::RoomConfig)) -> Room {
+            let mut config = config(10, 10);
+            edit(&mut config);
+            config.validate().unwrap().with_id(ROOM)
         }
 
-        /// The room with its sessions a minute shorter: the operator lowered
+        fn room_without_renewal() -> Room {
+            room_with(|c| c.disable_session_renewal = true)
+        }
+
+        /// The room with sessions of `minutes`: the operator lowered
         /// `session_duration` (SIGHUP), and a session counted to its old end
         /// has ended while still counted.
         fn shortened(minutes: u32) -> Room {
-            crate::room::RoomConfig {
-                session_duration: minutes,
-                ..config(10, 10)
-            }
-            .validate()
-            .unwrap()
-            .with_id(ROOM)
+            room_with(|c| c.session_duration = minutes)
         }
 
         #[test]
