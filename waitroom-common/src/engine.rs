@@ -375,7 +375,7 @@ fn decide_for(
     // admits, then sessions, then admits again) may then count one visitor too
     // many as active, never one too few, so the slots it hands out never
     // exceed the limits.
-    let expiry = now.plus_minutes(room.session_minutes()).expiry_slot();
+    let expiry = now.session_slot(room.session_minutes());
     counters.start_session(expiry);
     match take_slot(room, global, counters, ticket.bucket, visitor, now) {
         Ok(pool) => admit(
@@ -465,7 +465,7 @@ fn renew_session(
     ticket.last_check_in = now;
     let expiry = match (room.session_renewal(), ticket.counted_expiry) {
         (false, Some(expiry)) => expiry,
-        _ => now.plus_minutes(room.session_minutes()).expiry_slot(),
+        _ => now.session_slot(room.session_minutes()),
     };
     place.settle(ledger, counters, Counted::Session { expiry }, now, false);
     ticket.counted_expiry = Some(expiry);
@@ -577,7 +577,7 @@ fn admit(
     reason: AdmitReason,
     started: Option<ExpirySlot>,
 ) -> Decision {
-    let expiry = started.unwrap_or_else(|| now.plus_minutes(room.session_minutes()).expiry_slot());
+    let expiry = started.unwrap_or_else(|| now.session_slot(room.session_minutes()));
     place.settle(
         ledger,
         counters,

@@ -148,7 +148,7 @@ impl Ticket {
         } else {
             accepted_at
         };
-        Some(from.plus_minutes(session_minutes).expiry_slot().end())
+        Some(from.session_slot(session_minutes).end())
     }
 
     /// The tag of the client's network for `ticket_binding = "network"`: its

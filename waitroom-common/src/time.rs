@@ -75,6 +75,15 @@ impl UnixMillis {
         ExpirySlot(self.0 / EXPIRY_SLOT_MILLIS)
     }
 
+    /// The slot a session of `session_minutes` from this instant (the last
+    /// check-in, or admission without renewal) is counted in. The session
+    /// lasts to that slot's [`end`](ExpirySlot::end) (`Ticket::session_end`):
+    /// one rule for both, so the sessions a node counts and honours agree.
+    #[must_use]
+    pub const fn session_slot(self, session_minutes: u64) -> ExpirySlot {
+        self.plus_minutes(session_minutes).expiry_slot()
+    }
+
     /// Milliseconds elapsed since the start of this instant's minute.
     #[must_use]
     pub const fn millis_into_minute(self) -> u64 {
