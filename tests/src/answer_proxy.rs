@@ -43,10 +43,13 @@ pub enum Tail {
     /// The answer, and the stream left open (neither another frame nor its
     /// end) for two seconds.
     LeftOpen,
+    /// No answer, the stream left open for five seconds: every answer lost
+    /// (an aggregator that takes reports and never answers).
+    Withheld,
 }
 
 impl Tail {
-    const ALL: [Self; 7] = [
+    const ALL: [Self; 8] = [
         Self::Faithful,
         Self::Note,
         Self::NoteOfAnotherAnswer,
@@ -54,6 +57,7 @@ impl Tail {
         Self::NoteFirst,
         Self::Garbage,
         Self::LeftOpen,
+        Self::Withheld,
     ];
 
     fn from_u8(v: u8) -> Self {
@@ -64,6 +68,14 @@ impl Tail {
     }
 }
 
+/// Reports relayed, and answers to lose (each a one-off [`Tail::Withheld`]).
+#[derive(Debug, Default)]
+struct Counts {
+    reports: AtomicU64,
+    to_lose: AtomicU64,
+    lost: AtomicU64,
+}
+
 /// A running proxy; it stops when dropped.
 #[derive(Debug)]
 pub struct AnswerProxy {
@@ -71,6 +83,7 @@ pub struct AnswerProxy {
     pub listen: SocketAddr,
     tail: Arc<AtomicU8>,
     answers: Arc<AtomicU64>,
+    counts: Arc<Counts>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -110,17 +123,20 @@ impl AnswerProxy {
         let listen = front.local_addr()?;
         let tail = Arc::new(AtomicU8::new(Tail::Faithful as u8));
         let answers = Arc::new(AtomicU64::new(0));
+        let counts = Arc::new(Counts::default());
         runtime.spawn(accept(
             front,
             back,
             upstream,
             Arc::clone(&tail),
             Arc::clone(&answers),
+            Arc::clone(&counts),
         ));
         Ok(Self {
             listen,
             tail,
             answers,
+            counts,
             runtime: Some(runtime),
         })
     }
@@ -130,9 +146,26 @@ impl AnswerProxy {
         self.tail.store(tail as u8, Relaxed);
     }
 
-    /// The aggregator's answers relayed so far (whatever followed them).
+    /// The aggregator's answers relayed so far (whatever followed them; not
+    /// those lost).
     pub fn answers(&self) -> u64 {
         self.answers.load(Relaxed)
+    }
+
+    /// Reports that reached the proxy so far.
+    pub fn reports(&self) -> u64 {
+        self.counts.reports.load(Relaxed)
+    }
+
+    /// The answers to the next `n` reports are lost ([`Tail::Withheld`]
+    /// for them alone).
+    pub fn lose_next(&self, n: u64) {
+        self.counts.to_lose.store(n, Relaxed);
+    }
+
+    /// Answers lost so far by [`Self::lose_next`] or [`Tail::Withheld`].
+    pub fn lost(&self) -> u64 {
+        self.counts.lost.load(Relaxed)
     }
 }
 
@@ -150,9 +183,15 @@ async fn accept(
     upstream: SocketAddr,
     tail: Arc<AtomicU8>,
     answers: Arc<AtomicU64>,
+    counts: Arc<Counts>,
 ) {
     while let Some(incoming) = front.accept().await {
-        let (back, tail, answers) = (back.clone(), Arc::clone(&tail), Arc::clone(&answers));
+        let (back, tail, answers, counts) = (
+            back.clone(),
+            Arc::clone(&tail),
+            Arc::clone(&answers),
+            Arc::clone(&counts),
+        );
         tokio::spawn(async move {
             let Ok(node) = incoming.await else { return };
             let Ok(connecting) = back.connect(upstream, "localhost") else {
@@ -163,10 +202,14 @@ async fn accept(
                 return;
             };
             while let Ok((send, recv)) = node.accept_bi().await {
-                let (aggregator, tail, answers) =
-                    (aggregator.clone(), Arc::clone(&tail), Arc::clone(&answers));
+                let (aggregator, tail, answers, counts) = (
+                    aggregator.clone(),
+                    Arc::clone(&tail),
+                    Arc::clone(&answers),
+                    Arc::clone(&counts),
+                );
                 tokio::spawn(async move {
-                    let _ = relay(&aggregator, send, recv, &tail, &answers).await;
+                    let _ = relay(&aggregator, send, recv, &tail, &answers, &counts).await;
                 });
             }
             aggregator.close(0u32.into(), b"node gone");
@@ -182,8 +225,15 @@ async fn relay(
     mut recv: quinn::RecvStream,
     tail: &AtomicU8,
     answers: &AtomicU64,
+    counts: &Counts,
 ) -> Result<()> {
     let report = frames::read(&mut recv).await?;
+    counts.reports.fetch_add(1, Relaxed);
+    // Decided as the report arrives: the answer to this report is lost.
+    let lose = counts
+        .to_lose
+        .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+        .is_ok();
     let (mut up_send, mut up_recv) = aggregator.open_bi().await?;
     frames::write(&mut up_send, &report).await?;
     let mut replies = Vec::new();
@@ -195,11 +245,17 @@ async fn relay(
         frames::write_all(&mut send, &replies).await?;
         return Ok(());
     };
-    answers.fetch_add(1, Relaxed);
+    let tail = match Tail::from_u8(tail.load(Relaxed)) {
+        _ if lose => Tail::Withheld,
+        tail => tail,
+    };
+    if tail != Tail::Withheld {
+        answers.fetch_add(1, Relaxed);
+    }
     let note = |seq, held_back| Message::Note(AnswerNote { seq, held_back });
     let rooms: Vec<_> = answer.rooms.iter().map(|r| r.room).collect();
     let (seq, answer) = (answer.seq, replies[0].clone());
-    match Tail::from_u8(tail.load(Relaxed)) {
+    match tail {
         Tail::Faithful => frames::write_all(&mut send, &replies).await?,
         Tail::Note => frames::write_all(&mut send, &[answer, note(seq, rooms)]).await?,
         Tail::NoteOfAnotherAnswer => {
@@ -215,6 +271,11 @@ async fn relay(
         Tail::LeftOpen => {
             send.write_all(&wire::encode(&answer)?).await?;
             tokio::time::sleep(Duration::from_secs(2)).await;
+            send.finish()?;
+        }
+        Tail::Withheld => {
+            counts.lost.fetch_add(1, Relaxed);
+            tokio::time::sleep(Duration::from_secs(5)).await;
             send.finish()?;
         }
     }

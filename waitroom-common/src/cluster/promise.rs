@@ -85,6 +85,32 @@ impl Default for PromisePolicy {
     }
 }
 
+/// The shortest wait for the answer to an out-of-cycle ask (see
+/// [`ask_timeout_ms`]).
+pub const MIN_ASK_TIMEOUT_MS: u64 = 100;
+
+/// How long a node waits for the answer to an out-of-cycle ask (a held
+/// visitor's or a prefetch) before it stops waiting and reports again at
+/// once: four round trips (QUIC has then retransmitted a lost packet of the
+/// answer and still brought nothing), at least `lease_wait_ms` (the held
+/// visitors' bound) and [`MIN_ASK_TIMEOUT_MS`] (an answer that waits for a
+/// ledger's commit is slow, not lost), at most `answer_timeout_ms` (the wait
+/// of a periodic report).
+///
+/// Why: the gossip client sends one report at a time. With the periodic
+/// report's wait, one lost answer to an ask kept the node from reporting for
+/// two seconds, and since its held visitors had timed out, it held nobody
+/// meanwhile: every new visitor of a burst queued behind them with room to
+/// spare (`cargo xtask simulate --preset hostile`, the 7:1 burst).
+#[must_use]
+pub fn ask_timeout_ms(lease_wait_ms: u64, rtt_ms: u64, answer_timeout_ms: u64) -> u64 {
+    rtt_ms
+        .saturating_mul(4)
+        .max(lease_wait_ms)
+        .max(MIN_ASK_TIMEOUT_MS)
+        .min(answer_timeout_ms)
+}
+
 /// The shortest time a rate is measured over: an out-of-cycle report right
 /// after an answer does not make a handful of admits look like thousands a
 /// second.
@@ -202,6 +228,18 @@ mod tests {
         total: 120,
         reserve: (0, 0, 0),
     };
+
+    #[test]
+    fn an_ask_waits_four_round_trips_within_its_bounds() {
+        // 20 ms round trips: the floor; 60 ms: four of them.
+        assert_eq!(ask_timeout_ms(50, 20, 2_000), 100);
+        assert_eq!(ask_timeout_ms(50, 60, 2_000), 240);
+        // Never shorter than the held visitors' wait.
+        assert_eq!(ask_timeout_ms(300, 1, 2_000), 300);
+        // Never longer than a periodic report waits, however slow the path.
+        assert_eq!(ask_timeout_ms(50, 900, 2_000), 2_000);
+        assert_eq!(ask_timeout_ms(50, u64::MAX, 2_000), 2_000);
+    }
 
     #[test]
     fn an_idle_node_is_promised_a_little_of_its_fair_part_and_the_rest_stays_in_reserve() {

@@ -5,6 +5,7 @@ use std::{net::SocketAddr, sync::Arc, sync::atomic::Ordering::Relaxed, time::Dur
 use tracing::Instrument as _;
 use waitroom_common::{
     aggregate::NodeReport,
+    cluster::promise::ask_timeout_ms,
     share::{observed_share, own_counts, smooth_share},
     wire::{
         self, AnswerFrame, AnswerNote, HeldLease, HomeReportFrame, Message, PeerReportFrame,
@@ -234,6 +235,9 @@ impl Client {
         // When a report last went at once to confirm a lowered cap (see
         // below): at most one such report per interval.
         let mut confirmed_at: Option<u64> = None;
+        // The last ask's answer did not come within its wait: the report
+        // that goes at once in its place waits as a periodic one does.
+        let mut ask_unanswered = false;
         loop {
             // On the interval, or at once for visitors held on the lease
             // (and prefetches): one report answers them all. Only the home
@@ -280,6 +284,21 @@ impl Client {
                 _ => (full, false),
             };
             let lease_report = home && self.lease.sends_lease_reports();
+            // An ask waits a few round trips, not two intervals (module
+            // `lease`); the report sent again after one does not.
+            let again = std::mem::take(&mut ask_unanswered);
+            let ask_wait = (out_of_cycle && lease_report && !again).then(|| {
+                let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                Duration::from_millis(ask_timeout_ms(
+                    ms(self.lease.wait()),
+                    ms(connection.rtt()),
+                    ms(full),
+                ))
+            });
+            let (timeout, short_ask) = match ask_wait {
+                Some(wait) if wait < timeout => (wait, true),
+                _ => (timeout, false),
+            };
             let frame = ReportFrame {
                 seq: *seq,
                 report: report.clone(),
@@ -413,6 +432,15 @@ impl Client {
                         self.lease.failed();
                     }
                     match err {
+                        ExchangeError::Timeout { .. } if short_ask => {
+                            // Lost or slow: report again at once, and
+                            // wait for that one as for any report. Not a
+                            // sign of a dead connection by itself.
+                            self.lease.asks_unanswered_total.fetch_add(1, Relaxed);
+                            tracing::debug!(?timeout, "no answer to an ask; reporting again");
+                            ask_unanswered = true;
+                            tick.reset_immediately();
+                        }
                         ExchangeError::Timeout { .. } if home_moves => {
                             // Past its grace: the next report goes to the
                             // next home. Not a sign of a dead connection

@@ -30,6 +30,13 @@
 //!   lost, or an aggregator that does not take lease reports, the node holds
 //!   nobody until an answer arrives again ([`LeaseAsk::holding`]): a dead
 //!   aggregator costs one `lease_wait_ms`, once.
+//! - **A lost ask is asked again.** The answer to an out-of-cycle report
+//!   is waited for a few round trips (`promise::ask_timeout_ms`: four, at
+//!   least `lease_wait_ms` and 100 ms), not the two intervals of a periodic
+//!   one; then the node reports again at once, and waits for that report as
+//!   for a periodic one. One lost answer then keeps the node from holding
+//!   for about 100 ms, not two seconds, and a silent aggregator gets one
+//!   report more per lost ask, never a storm.
 //! - **Prefetch.** The node's refresh tick asks early when its remaining
 //!   shared slots will run out within the next interval at its current
 //!   rate ([`runs_out_within`]), so a steady climb never holds anyone.
@@ -72,6 +79,9 @@ pub struct LeaseAsk {
     pub holds_timed_out_total: AtomicU64,
     /// Out-of-cycle reports sent (held visitors' asks and prefetches).
     pub asks_total: AtomicU64,
+    /// Asks whose answer did not come within their wait
+    /// (`promise::ask_timeout_ms`); the node reported again at once.
+    pub asks_unanswered_total: AtomicU64,
 }
 
 impl LeaseAsk {
@@ -96,7 +106,14 @@ impl LeaseAsk {
             holds_total: AtomicU64::new(0),
             holds_timed_out_total: AtomicU64::new(0),
             asks_total: AtomicU64::new(0),
+            asks_unanswered_total: AtomicU64::new(0),
         }
+    }
+
+    /// The longest a visitor's decision is held (`lease_wait_ms`).
+    #[must_use]
+    pub fn wait(&self) -> Duration {
+        self.wait
     }
 
     /// The node asks on demand at all (`lease_wait_ms` > 0): its reports
@@ -233,6 +250,11 @@ impl LeaseAsk {
             "waitroom_lease_asks_total",
             "Out-of-cycle lease reports sent (for held visitors and prefetches).",
             self.asks_total.load(Relaxed),
+        )?;
+        f.counter(
+            "waitroom_lease_asks_unanswered_total",
+            "Out-of-cycle lease reports whose answer did not come within a few round trips; the node reported again at once.",
+            self.asks_unanswered_total.load(Relaxed),
         )?;
         f.counter(
             "waitroom_lease_holds_total",

@@ -78,7 +78,9 @@ use rand::{Rng, RngExt as _, SeedableRng, rngs::ChaCha8Rng};
 use serde::Serialize;
 use waitroom_common::{
     aggregate::{NodeReport, aggregate},
-    cluster::{Cluster, Lease, PromisePolicy, RoomDef, grants::GrantLedger},
+    cluster::{
+        Cluster, Lease, PromisePolicy, RoomDef, grants::GrantLedger, promise::ask_timeout_ms,
+    },
     counters::RoomCounters,
     engine::{AdmitReason, Decision, QueueReason, decide, is_new_visitor, short_of_slots},
     ledger::TicketLedger,
@@ -132,6 +134,11 @@ pub struct Conditions {
     /// every node counts on its own (skewed) wall clock, as nodes did before
     /// they followed (to show what following buys).
     pub follow_clock: bool,
+    /// The answer to an out-of-cycle ask is waited for
+    /// `promise::ask_timeout_ms` (a few round trips), then the node reports
+    /// again at once, as the edge's gossip client does; off: it waits as for
+    /// a periodic answer (`answer_timeout_ms`), as the client did before.
+    pub ask_again_when_lost: bool,
     /// Each request of a visitor goes to a random node of their colo.
     pub roaming: bool,
     /// Percent of visitors who give up once queued this long.
@@ -181,6 +188,7 @@ impl Conditions {
         reordered_answers_pct: 0,
         skew_ms: 0,
         follow_clock: true,
+        ask_again_when_lost: true,
         roaming: false,
         give_up_pct: 0,
         give_up_after_ms: 0,
@@ -416,6 +424,9 @@ pub struct GossipCounts {
     /// holds that ended without an answer (the node then holds nobody until
     /// its next answer).
     pub lease_asks: u64,
+    /// Reports sent at once after an ask's answer did not come within
+    /// `promise::ask_timeout_ms` (counted in `lease_asks` too).
+    pub asks_again: u64,
     /// Reports sent at once to confirm a cap an answer had lowered, and
     /// those of them lost (not in `lost`).
     pub confirms: u64,
@@ -519,9 +530,23 @@ enum Event {
     SessionEnd(usize),
     /// Visitor `.0`'s hold at node `.1` ends (`lease_wait_ms` passed).
     HoldEnd(usize, usize),
+    /// Node `.0` stops waiting for the answer to its out-of-cycle ask.
+    AskTimeout(usize),
     /// The peer reports sent at once after a raised lease (`.0` in
     /// `Sim::peer_reports`) reach the other aggregators.
     PeerReport(u64),
+}
+
+/// Why a node reports out of cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ask {
+    /// For visitors held on the on-demand lease (or a prefetch).
+    Hold,
+    /// To confirm a cap an answer lowered (counted apart, its loss too, so
+    /// the periodic reports' counts stay what they were).
+    Confirm,
+    /// At once, after an ask's answer did not come within its wait.
+    Again,
 }
 
 /// The last answer a node took in: the node's `World` for this one room.
@@ -581,6 +606,9 @@ struct Node {
     ask_again: bool,
     /// A hold ended without an answer: nobody is held until the next one.
     degraded: bool,
+    /// The node's ask is lost, and the node stops waiting for its answer at
+    /// this instant, to report again at once.
+    ask_lost_until: Option<u64>,
 }
 
 /// Peer reports a node sent at once after its home raised its lease, on
@@ -718,6 +746,7 @@ impl Sim {
                 asking_until: None,
                 ask_again: false,
                 degraded: false,
+                ask_lost_until: None,
             })
             .collect::<Vec<_>>();
         let aggregator = || {
@@ -925,6 +954,12 @@ impl Sim {
                     node.degraded = true;
                     self.gossip.lease_holds_timed_out += 1;
                     self.decide_at(v, i, now_ms, false);
+                }
+            }
+            Event::AskTimeout(i) => {
+                if self.nodes[i].ask_lost_until == Some(now_ms) {
+                    self.nodes[i].ask_lost_until = None;
+                    self.ask(i, now_ms, Ask::Again);
                 }
             }
             Event::SessionEnd(v) => {
@@ -1383,7 +1418,7 @@ impl Sim {
                 && !node.held.is_empty()
                 && node.asking_until.is_none()
             {
-                self.ask(i, now_ms, false);
+                self.ask(i, now_ms, Ask::Hold);
             }
             return;
         }
@@ -1423,7 +1458,7 @@ impl Sim {
             && node.asking_until.is_none_or(|t| now_ms >= t)
         {
             self.nodes[i].confirmed_ms = Some(now_ms);
-            self.ask(i, now_ms, true);
+            self.ask(i, now_ms, Ask::Confirm);
         }
     }
 
@@ -1450,31 +1485,47 @@ impl Sim {
 
     /// The node asks the aggregator out of cycle: a report on the open
     /// connection, answered one `lease_rtt_ms` later (or lost as answers are).
-    /// `confirm`: the report confirms a lowered cap (counted apart, its
-    /// loss too, so the periodic reports' counts stay what they were).
-    fn ask(&mut self, i: usize, now_ms: u64, confirm: bool) {
+    /// A lost ask's answer is waited for `promise::ask_timeout_ms`, then the
+    /// node reports again at once ([`Event::AskTimeout`]); a lost
+    /// confirmation or report sent again is waited for as a periodic answer
+    /// is (the client waits so for any report that is not an ask).
+    fn ask(&mut self, i: usize, now_ms: u64, kind: Ask) {
         let now = self.node_at(i, now_ms);
         let report = self.node_report(i, now);
-        if confirm {
-            self.gossip.confirms += 1;
-        } else {
-            self.gossip.lease_asks += 1;
+        match kind {
+            Ask::Confirm => self.gossip.confirms += 1,
+            Ask::Hold => self.gossip.lease_asks += 1,
+            Ask::Again => {
+                self.gossip.lease_asks += 1;
+                self.gossip.asks_again += 1;
+            }
         }
         let id = self.next_exchange;
         self.next_exchange += 1;
-        let rtt = self.topology.conditions.lease_rtt_ms;
+        let conditions = self.topology.conditions;
+        let rtt = conditions.lease_rtt_ms;
         let report_lost = self
             .outage
             .is_some_and(|(from, to)| (from..to).contains(&now_ms));
-        let lost = report_lost || self.chance(self.topology.conditions.lost_answers_pct);
+        let lost = report_lost || self.chance(conditions.lost_answers_pct);
         let answer_ms = (!lost).then_some(now_ms + rtt);
-        if lost && confirm {
+        if lost && kind == Ask::Confirm {
             self.gossip.confirms_lost += 1;
         } else if lost {
             self.gossip.lost += 1;
         }
-        self.nodes[i].asking_until =
-            Some(answer_ms.unwrap_or(now_ms + self.topology.answer_timeout_ms()));
+        let full = self.topology.answer_timeout_ms();
+        let wait = if kind == Ask::Hold && conditions.ask_again_when_lost {
+            ask_timeout_ms(conditions.lease_wait_ms, rtt, full)
+        } else {
+            full
+        };
+        self.nodes[i].asking_until = Some(answer_ms.unwrap_or(now_ms + wait));
+        self.nodes[i].ask_lost_until = None;
+        if lost && wait < full {
+            self.nodes[i].ask_lost_until = Some(now_ms + wait);
+            self.schedule(now_ms + wait, Event::AskTimeout(i));
+        }
         self.exchanges.insert(
             id,
             Exchange {
@@ -1663,7 +1714,7 @@ impl Sim {
             self.nodes[i].held.push((v, now.minute(), now_ms));
             self.nodes[i].counters.note_held(now.minute());
             if self.nodes[i].asking_until.is_none_or(|t| now_ms >= t) {
-                self.ask(i, now_ms, false);
+                self.ask(i, now_ms, Ask::Hold);
             } else {
                 self.nodes[i].ask_again = true;
             }
