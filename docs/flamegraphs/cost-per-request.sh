@@ -7,7 +7,9 @@
 #                   counters zeroed after a 2 s warm-up, dumped after the run);
 #                   the dump (cg.out.1) is left for callgrind_annotate.
 #        cpu:       CPU time per request (utime + stime from /proc).
-#   SCENARIO a: admitted visitor with a valid cookie; b: new visitor.
+#   SCENARIO a: admitted visitor with a valid cookie; b: new visitor;
+#            c: new visitor queued, the queue page (nginx: the same bytes,
+#            static); d: the same as JSON (Accept: application/json).
 # env: DUR (seconds of the measured wrk run, default 6), SKIP_NGINX=1 (edge
 #      only), PERF=file (cpu mode: perf record -g the edge during the run).
 # Starts the fast origin (nginx return 200), the nginx peer (proxy_pass, one
@@ -27,7 +29,7 @@ C
 }
 { common fo; echo "server { listen 127.0.0.1:$FO; location / { default_type text/plain; return 200 \"ok\n\"; } } }"; } > $D/fo.conf
 { common peer; echo "upstream fast { server 127.0.0.1:$FO; keepalive 256; }
-server { listen 127.0.0.1:$PEER; location / { proxy_pass http://fast; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host \$host; proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for; } } }"; } > $D/peer.conf
+server { listen 127.0.0.1:$PEER; location /queue/ { root $D/static; default_type \"$( [ "$SCEN" = d ] && echo application/json || echo text/html )\"; } location / { proxy_pass http://fast; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host \$host; proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for; } } }"; } > $D/peer.conf
 cat > $D/edge.toml <<C
 [node]
 id = "bench"
@@ -44,6 +46,13 @@ total_active_users = 1000000000
 new_users_per_minute = 1000000000
 session_duration = 10
 ticket_connection_budget = 0
+[[rooms]]
+id = "queue"
+path = "/queue"
+origin = "127.0.0.1:$FO"
+total_active_users = 1000
+new_users_per_minute = 100
+queue_all = true
 C
 taskset -c 0 nginx -c $D/fo.conf & FOPID=$!
 sleep 0.3
@@ -57,21 +66,28 @@ fi
 for i in $(seq 1 200); do curl -s -o /dev/null http://127.0.0.1:$EP/ && curl -s -o /dev/null http://127.0.0.1:$PEER/ && break; sleep 0.2; done
 COOKIE=$(curl -s -D - -o /dev/null http://127.0.0.1:$EP/ | grep -i '^set-cookie' | sed 's/^[^:]*: //; s/;.*//' | tr -d '\r')
 H=(); [ "$SCEN" = a ] && H=(-H "Cookie: $COOKIE")
+URLPATH=/product/1
+if [ "$SCEN" = c ] || [ "$SCEN" = d ]; then
+  URLPATH=/queue/page
+  [ "$SCEN" = d ] && H=(-H "Accept: application/json")
+  mkdir -p $D/static/queue
+  curl -s "${H[@]}" -o $D/static/queue/page http://127.0.0.1:$EP/queue/page
+fi
 drive() { # port pid name
   if [ "$MODE" = callgrind ]; then
-    taskset -c 1 wrk -t1 -c32 -d2s "${H[@]}" http://127.0.0.1:$1/product/1 > /dev/null  # warm
+    taskset -c 1 wrk -t1 -c32 -d2s "${H[@]}" http://127.0.0.1:$1$URLPATH > /dev/null  # warm
     callgrind_control -z $2 > /dev/null
-    taskset -c 1 wrk -t1 -c32 -d${DUR:-6}s "${H[@]}" http://127.0.0.1:$1/product/1 > $D/$3.wrk
+    taskset -c 1 wrk -t1 -c32 -d${DUR:-6}s "${H[@]}" http://127.0.0.1:$1$URLPATH > $D/$3.wrk
     callgrind_control -d $2 > /dev/null; sleep 1
     REQ=$(awk '/requests in/{print $1}' $D/$3.wrk)
     F=$(ls -t $D/$4.out* | head -1)
     IR=$(grep -m1 '^summary:\|^totals:' $F | awk '{print $2}')
     echo "$3 req=$REQ Ir=$IR Ir/req=$((IR / REQ)) file=$F"
   else
-    taskset -c 1 wrk -t1 -c32 -d2s "${H[@]}" http://127.0.0.1:$1/product/1 > /dev/null
+    taskset -c 1 wrk -t1 -c32 -d2s "${H[@]}" http://127.0.0.1:$1$URLPATH > /dev/null
     T0=$(awk '{print $14+$15}' /proc/$2/stat)
     if [ -n "${PERF:-}" ] && [ "$3" = edge ]; then perf record -F 499 --call-graph dwarf,16384 -p $2 -o $PERF -- sleep 4 > /dev/null 2>&1 & fi
-    taskset -c 1 wrk -t1 -c32 -d${DUR:-6}s "${H[@]}" http://127.0.0.1:$1/product/1 > $D/$3.wrk
+    taskset -c 1 wrk -t1 -c32 -d${DUR:-6}s "${H[@]}" http://127.0.0.1:$1$URLPATH > $D/$3.wrk
     T1=$(awk '{print $14+$15}' /proc/$2/stat)
     REQ=$(awk '/requests in/{print $1}' $D/$3.wrk); RPS=$(awk '/Requests\/sec/{print $2}' $D/$3.wrk)
     echo "$3 req=$REQ rps=$RPS cpu_us/req=$(( (T1-T0)*10000000 / REQ ))"

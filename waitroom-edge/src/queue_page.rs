@@ -9,6 +9,8 @@
 //! `visitorsAhead`, `eventStartTime` and `eventEndTime` (RFC 3339). The built-in page works
 //! without JavaScript: it refreshes itself with `<meta http-equiv="refresh">`
 //! and the response's `Refresh` header after the ticket's own interval.
+use std::borrow::Cow;
+
 use ramhorns::{Content, Template};
 use serde::Serialize;
 use waitroom_common::{
@@ -35,13 +37,13 @@ pub struct QueueView {
     #[ramhorns(rename = "waitTime75Percentile")]
     #[serde(rename = "waitTime75Percentile")]
     pub wait_time_75_percentile: u64,
-    pub wait_time_formatted: String,
+    pub wait_time_formatted: Cow<'static, str>,
     pub queue_is_full: bool,
     pub queue_all: bool,
     /// RFC 3339, UTC.
     pub last_updated: String,
     pub refresh_interval_seconds: u64,
-    pub queueing_method: String,
+    pub queueing_method: Cow<'static, str>,
     #[ramhorns(rename = "isFIFOQueue")]
     #[serde(rename = "isFIFOQueue")]
     pub is_fifo_queue: bool,
@@ -55,18 +57,18 @@ pub struct QueueView {
     /// Whole minutes until the event starts, rounded up; 0 outside a
     /// pre-queue (Cloudflare's name).
     pub time_until_event_start: u64,
-    pub time_until_event_start_formatted: String,
+    pub time_until_event_start_formatted: Cow<'static, str>,
     /// Whole minutes until the event ends, rounded up; 0 outside an event.
     pub time_until_event_end: u64,
-    pub time_until_event_end_formatted: String,
+    pub time_until_event_end_formatted: Cow<'static, str>,
     /// The pre-queue is shuffled at the start: arriving early gives no
     /// better place (Cloudflare's name).
     pub shuffle_at_event_start: bool,
     /// RFC 3339 (UTC) start of the event in force; empty outside one (ours:
     /// Cloudflare gives only the minutes until it).
-    pub event_start_time: String,
+    pub event_start_time: Cow<'static, str>,
     /// RFC 3339 (UTC) end of the event in force; empty outside one (ours).
-    pub event_end_time: String,
+    pub event_end_time: Cow<'static, str>,
     /// The room's name (for templates).
     #[serde(skip)]
     pub room: String,
@@ -86,8 +88,8 @@ pub struct EventVars {
     pub time_until_event_start: u64,
     pub time_until_event_end: u64,
     pub shuffle_at_event_start: bool,
-    pub event_start_time: String,
-    pub event_end_time: String,
+    pub event_start_time: Cow<'static, str>,
+    pub event_end_time: Cow<'static, str>,
 }
 
 impl EventVars {
@@ -109,39 +111,48 @@ impl EventVars {
             },
             time_until_event_end: minutes_until(event.end),
             shuffle_at_event_start: event.shuffle_at_event_start,
-            event_start_time: format_rfc3339(event.start),
-            event_end_time: format_rfc3339(event.end),
+            event_start_time: format_rfc3339(event.start).into(),
+            event_end_time: format_rfc3339(event.end).into(),
         }
     }
 }
 
 /// "in 5 minutes", "in 1 minute", "now".
 #[must_use]
-pub fn format_until(minutes: u64) -> String {
+pub fn format_until(minutes: u64) -> Cow<'static, str> {
     match minutes {
         0 => "now".into(),
         1 => "in 1 minute".into(),
-        n => format!("in {n} minutes"),
+        n => format!("in {n} minutes").into(),
     }
 }
 
 /// "about 10 minutes", "5 minutes to 15 minutes", "less than a minute".
-pub fn format_wait(known: bool, fifo: bool, p25: u64, p50: u64, p75: u64, full: bool) -> String {
+pub fn format_wait(
+    known: bool,
+    fifo: bool,
+    p25: u64,
+    p50: u64,
+    p75: u64,
+    full: bool,
+) -> Cow<'static, str> {
     if full {
         return "more than a day".into();
     }
     if !known {
         return "being calculated".into();
     }
-    let m = |n: u64| match n {
-        0 => "less than a minute".to_owned(),
-        1 => "1 minute".to_owned(),
-        n => format!("{n} minutes"),
+    let m = |n: u64| -> Cow<'static, str> {
+        match n {
+            0 => "less than a minute".into(),
+            1 => "1 minute".into(),
+            n => format!("{n} minutes").into(),
+        }
     };
     if fifo || p25 == p75 {
         m(p50)
     } else {
-        format!("{} to {}", m(p25), m(p75))
+        format!("{} to {}", m(p25), m(p75)).into()
     }
 }
 
@@ -226,9 +237,113 @@ pub fn json(view: &QueueView) -> String {
 }
 
 /// The JSON answer under the room's `json_envelope` (`cfWaitingRoom` for
-/// apps written for Cloudflare's).
+/// apps written for Cloudflare's): what `serde_json` writes of the view
+/// (its `Serialize`, the reference the tests hold this to, byte for byte),
+/// written by hand. Through `serde_json` the field names alone, escaped
+/// byte by byte, cost about 6,000 instructions a queued app's request, a
+/// sixth of its whole answer (`cargo xtask bench`, scenario (d)).
 pub fn json_in(view: &QueueView, envelope: &str) -> String {
-    enveloped(view, envelope)
+    let mut out = Vec::with_capacity(1024);
+    out.push(b'{');
+    json_str(&mut out, envelope);
+    out.extend_from_slice(b":{");
+    view.write_json_fields(&mut out);
+    out.extend_from_slice(b"}}");
+    String::from_utf8(out).unwrap_or_else(|_| "{}".into())
+}
+
+impl QueueView {
+    /// The view's fields as JSON members, in `Serialize`'s order and names.
+    fn write_json_fields(&self, out: &mut Vec<u8>) {
+        let mut first = true;
+        let mut key = |out: &mut Vec<u8>, name: &str| {
+            if !std::mem::take(&mut first) {
+                out.push(b',');
+            }
+            out.push(b'"');
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b"\":");
+        };
+        let boolean = |out: &mut Vec<u8>, v: bool| {
+            out.extend_from_slice(if v { b"true" } else { b"false" });
+        };
+        let number = |out: &mut Vec<u8>, v: u64| {
+            let mut digits = [0_u8; 20];
+            let mut at = digits.len();
+            let mut v = v;
+            loop {
+                at -= 1;
+                digits[at] = b'0' + (v % 10) as u8;
+                v /= 10;
+                if v == 0 {
+                    break;
+                }
+            }
+            out.extend_from_slice(&digits[at..]);
+        };
+        key(out, "inWaitingRoom");
+        boolean(out, self.in_waiting_room);
+        key(out, "waitTimeKnown");
+        boolean(out, self.wait_time_known);
+        key(out, "waitTime");
+        number(out, self.wait_time);
+        key(out, "waitTime25Percentile");
+        number(out, self.wait_time_25_percentile);
+        key(out, "waitTime50Percentile");
+        number(out, self.wait_time_50_percentile);
+        key(out, "waitTime75Percentile");
+        number(out, self.wait_time_75_percentile);
+        key(out, "waitTimeFormatted");
+        json_str(out, &self.wait_time_formatted);
+        key(out, "queueIsFull");
+        boolean(out, self.queue_is_full);
+        key(out, "queueAll");
+        boolean(out, self.queue_all);
+        key(out, "lastUpdated");
+        json_str(out, &self.last_updated);
+        key(out, "refreshIntervalSeconds");
+        number(out, self.refresh_interval_seconds);
+        key(out, "queueingMethod");
+        json_str(out, &self.queueing_method);
+        key(out, "isFIFOQueue");
+        boolean(out, self.is_fifo_queue);
+        key(out, "isRandomQueue");
+        boolean(out, self.is_random_queue);
+        key(out, "visitorsAhead");
+        number(out, self.visitors_ahead);
+        key(out, "isEventActive");
+        boolean(out, self.is_event_active);
+        key(out, "isEventPrequeueing");
+        boolean(out, self.is_event_prequeueing);
+        key(out, "timeUntilEventStart");
+        number(out, self.time_until_event_start);
+        key(out, "timeUntilEventStartFormatted");
+        json_str(out, &self.time_until_event_start_formatted);
+        key(out, "timeUntilEventEnd");
+        number(out, self.time_until_event_end);
+        key(out, "timeUntilEventEndFormatted");
+        json_str(out, &self.time_until_event_end_formatted);
+        key(out, "shuffleAtEventStart");
+        boolean(out, self.shuffle_at_event_start);
+        key(out, "eventStartTime");
+        json_str(out, &self.event_start_time);
+        key(out, "eventEndTime");
+        json_str(out, &self.event_end_time);
+        // `room` and `language` are for templates only (`serde(skip)`).
+    }
+}
+
+/// `text` as a JSON string: copied as it is when nothing in it needs an
+/// escape (the view's strings are the engine's words and numbers), else
+/// escaped by `serde_json`.
+fn json_str(out: &mut Vec<u8>, text: &str) {
+    if text.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+    } else if serde_json::to_writer(&mut *out, text).is_err() {
+        out.extend_from_slice(b"\"\"");
+    }
 }
 
 /// `{"<envelope>": value}`, written straight into one buffer: going through
@@ -281,8 +396,8 @@ mod tests {
             time_until_event_end: 0,
             time_until_event_end_formatted: format_until(0),
             shuffle_at_event_start: false,
-            event_start_time: String::new(),
-            event_end_time: String::new(),
+            event_start_time: Cow::Borrowed(""),
+            event_end_time: Cow::Borrowed(""),
             room: "shop".into(),
             language: "en".into(),
         }
@@ -367,6 +482,31 @@ mod tests {
         assert_eq!(v["cfWaitingRoom"]["waitTime"], 10);
         assert_eq!(v["cfWaitingRoom"]["inWaitingRoom"], true);
         assert!(v.get("waitingRoom").is_none());
+    }
+
+    /// The JSON written by hand is, byte for byte, what `serde_json` writes
+    /// of the view under the envelope: every field, name and order (a field
+    /// added to the view and not to the writer fails here), numbers at
+    /// their extremes, and strings that need escaping.
+    #[test]
+    fn the_hand_written_json_is_serde_jsons() {
+        let reference = |view: &QueueView, envelope: &str| enveloped(view, envelope);
+        let mut odd = view(false);
+        odd.wait_time = u64::MAX;
+        odd.visitors_ahead = 0;
+        odd.time_until_event_end = 1_000_000_007;
+        odd.wait_time_formatted = "say \"hi\" \\ then\nleave\t\u{1}".into();
+        odd.queueing_method = "fïfo ✓ \u{7f}".into();
+        odd.event_start_time = String::from("<script>").into();
+        odd.room = "not in JSON".into();
+        odd.language = "de".into();
+        for v in [view(true), view(false), prequeue_view(), odd] {
+            for envelope in ["waitingRoom", "cfWaitingRoom", "x_1"] {
+                let text = json_in(&v, envelope);
+                assert_eq!(text, reference(&v, envelope));
+                let _: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+            }
+        }
     }
 
     #[test]

@@ -922,15 +922,7 @@ pub fn queue_view(
 
 /// `2026-11-22T10:00:00Z` from unix milliseconds (UTC, civil calendar).
 pub fn rfc3339(t: UnixMillis) -> String {
-    let secs = t.0 / 1000;
-    let rem = secs % 86_400;
-    let (y, m, d) = access_log::civil_from_days((secs / 86_400) as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    waitroom_common::event::format_rfc3339(t)
 }
 
 fn bad_target(err: target::TargetError) -> Response<Body> {

@@ -1242,7 +1242,9 @@ mod tests {
                 assert_eq!(r.gossip.asks_again, 0, "never asked again");
             }
         }
-        println!("queued with room for the line: {queued_again} asking again, {queued_wait} waiting; {asked_again} asked again");
+        println!(
+            "queued with room for the line: {queued_again} asking again, {queued_wait} waiting; {asked_again} asked again"
+        );
         assert!(asked_again > 0, "lost asks were asked again");
         assert!(queued_again < queued_wait, "{queued_again} < {queued_wait}");
     }
