@@ -11,7 +11,8 @@
 #            c: new visitor queued, the queue page (nginx: the same bytes,
 #            static); d: the same as JSON (Accept: application/json).
 # env: DUR (seconds of the measured wrk run, default 6), SKIP_NGINX=1 (edge
-#      only), PERF=file (cpu mode: perf record -g the edge during the run).
+#      only), PERF=file (cpu mode: perf record -g the edge during the run),
+#      ACCESS_LOG=json|combined (the edge writes its access log to a file).
 # Starts the fast origin (nginx return 200), the nginx peer (proxy_pass, one
 # process) and the edge with one worker, all on CPU 0; wrk -t1 -c32 on CPU 1.
 # Needs root (nginx user root), nginx, wrk, valgrind, curl.
@@ -38,6 +39,7 @@ workers = 1
 counters_path = "$D/counters.shm"
 max_connections_per_worker = 100000
 new_tickets_per_address_per_minute = 0
+$( [ -n "${ACCESS_LOG:-}" ] && printf '[node.access_log]\nenabled = true\npath = "%s/access.log"\nformat = "%s"' "$D" "$ACCESS_LOG" )
 [[rooms]]
 id = "admit"
 path = "/"
