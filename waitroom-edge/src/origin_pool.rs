@@ -165,7 +165,9 @@ impl OriginPool {
         if let Some(conn) = self.take_idle(scheme, authority) {
             return Ok(conn);
         }
-        self.connect(scheme, authority).await
+        // Boxed: the connect's future (TCP, TLS, the handshake) is large and
+        // rare; inline it would be copied with every request's future.
+        Box::pin(self.connect(scheme, authority)).await
     }
 
     /// A new connection to `scheme://authority`.

@@ -172,7 +172,7 @@ async fn answer(
         trace.outcome = Outcome::Bypassed;
         // No ticket: nothing for an origin command to act on (its header
         // is still removed).
-        return to_origin(node, worker, room, req, conn, hop, scheme, trace)
+        return Box::pin(to_origin(node, worker, room, req, conn, hop, scheme, trace))
             .await
             .0;
     }
@@ -185,7 +185,7 @@ async fn answer(
     //     to the origin, no ticket, no count, as if no room covered it.
     if live.suspended {
         trace.outcome = Outcome::Suspended;
-        return to_origin(node, worker, room, req, conn, hop, scheme, trace)
+        return Box::pin(to_origin(node, worker, room, req, conn, hop, scheme, trace))
             .await
             .0;
     }
@@ -339,8 +339,13 @@ async fn answer(
             } else {
                 RoomCount::AdmittedNew
             });
+            // Boxed here and at the other two calls: inline, the origin
+            // exchange's future made this one 12 KB (1.9 KB so), and a
+            // request's future is moved whole more than once (hyper's
+            // dispatch, each await that starts it): ~2,000 instructions of
+            // `memcpy` a proxied request, against one allocation.
             let (mut resp, command) =
-                to_origin(node, worker, room, req, conn, hop, scheme, trace).await;
+                Box::pin(to_origin(node, worker, room, req, conn, hop, scheme, trace)).await;
             // 5. The origin's `revoke`: the session ends now, its slot is free,
             //    and the browser forgets the cookie (a kept copy is a new
             //    visitor's, see `engine::revoke`).
@@ -482,7 +487,15 @@ async fn forward(
         now_secs: node.clock.now().0 / 1_000,
     };
     if upgrade::is_upgrade(&req) {
-        upgrade::forward(&worker.client, upstream, timeout, req, &origin_request).await
+        // Boxed: rare, and its future would be copied with every request's.
+        Box::pin(upgrade::forward(
+            &worker.client,
+            upstream,
+            timeout,
+            req,
+            &origin_request,
+        ))
+        .await
     } else {
         proxy::forward(&worker.client, upstream, timeout, req, &origin_request).await
     }
