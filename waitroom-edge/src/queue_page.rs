@@ -268,18 +268,7 @@ impl QueueView {
             out.extend_from_slice(if v { b"true" } else { b"false" });
         };
         let number = |out: &mut Vec<u8>, v: u64| {
-            let mut digits = [0_u8; 20];
-            let mut at = digits.len();
-            let mut v = v;
-            loop {
-                at -= 1;
-                digits[at] = b'0' + (v % 10) as u8;
-                v /= 10;
-                if v == 0 {
-                    break;
-                }
-            }
-            out.extend_from_slice(&digits[at..]);
+            out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
         };
         key(out, "inWaitingRoom");
         boolean(out, self.in_waiting_room);

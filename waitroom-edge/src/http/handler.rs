@@ -700,27 +700,13 @@ fn set_cookie_header(
     text.push_str("; Path=");
     text.push_str(&room.spec.cookie_path);
     text.push_str("; Max-Age=");
-    text.push_str(itoa_u64(&mut [0; 20], max_age));
+    text.push_str(itoa::Buffer::new().format(max_age));
     text.push_str("; HttpOnly; SameSite=");
     text.push_str(same_site);
     if secure {
         text.push_str("; Secure");
     }
     HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).ok()
-}
-
-/// `n` in decimal, written into `buf`.
-fn itoa_u64(buf: &mut [u8; 20], mut n: u64) -> &str {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    std::str::from_utf8(&buf[i..]).unwrap_or("0")
 }
 
 /// `Set-Cookie` that makes the browser forget the room's cookie.
@@ -907,7 +893,7 @@ pub fn queue_view(
         ),
         queue_is_full: estimate.queue_is_full,
         queue_all: engine.queue_all(),
-        last_updated: rfc3339(now),
+        last_updated: waitroom_common::event::format_rfc3339(now),
         refresh_interval_seconds: u64::from(ticket.refresh_interval_secs),
         queueing_method: match method {
             QueueingMethod::Fifo => "fifo",
@@ -931,11 +917,6 @@ pub fn queue_view(
         room: room.spec.id.clone(),
         language: String::new(),
     }
-}
-
-/// `2026-11-22T10:00:00Z` from unix milliseconds (UTC, civil calendar).
-pub fn rfc3339(t: UnixMillis) -> String {
-    waitroom_common::event::format_rfc3339(t)
 }
 
 fn bad_target(err: target::TargetError) -> Response<Body> {
@@ -1030,26 +1011,6 @@ mod tests {
             cookie_max_age(&t, &fixed, UnixMillis(now.0 + 300_000)),
             301 + 30,
             "without renewal the session counts from admission"
-        );
-    }
-
-    #[test]
-    fn decimal_digits_of_u64() {
-        for n in [0, 7, 10, 99, 630, 86_400, u64::MAX] {
-            assert_eq!(itoa_u64(&mut [0; 20], n), n.to_string());
-        }
-    }
-
-    #[test]
-    fn rfc3339_matches_known_instants() {
-        assert_eq!(rfc3339(UnixMillis(0)), "1970-01-01T00:00:00Z");
-        assert_eq!(
-            rfc3339(UnixMillis(1_596_498_360_000)),
-            "2020-08-03T23:46:00Z"
-        );
-        assert_eq!(
-            rfc3339(UnixMillis(1_709_210_096_000)),
-            "2024-02-29T12:34:56Z"
         );
     }
 }
