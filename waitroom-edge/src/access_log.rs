@@ -27,6 +27,10 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
+use waitroom_common::{
+    event::{civil_from_days, format_rfc3339},
+    time::UnixMillis,
+};
 
 /// The `[node.access_log]` table.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -536,21 +540,6 @@ fn clf_str_or_dash((bytes, cut): (&[u8], bool), out: &mut String) {
     }
 }
 
-/// Days since 1970-01-01 to (year, month, day) in the civil calendar
-/// (Howard Hinnant's days-to-civil).
-#[must_use]
-pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
 /// `2026-11-23T16:45:00.123456Z`.
 fn timestamp(micros: u64, out: &mut String) {
     let secs = micros / 1_000_000;
@@ -600,8 +589,10 @@ impl Second {
             let rem = secs % 86_400;
             let (h, min, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
             self.secs = secs;
-            self.iso.clear();
-            let _ = write!(self.iso, "{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}");
+            // RFC 3339 as the queue page writes it, its `Z` after the
+            // fraction instead.
+            self.iso = format_rfc3339(UnixMillis(secs.saturating_mul(1_000)));
+            self.iso.pop();
             self.clf.clear();
             let _ = write!(
                 self.clf,
