@@ -165,13 +165,22 @@ impl OriginPool {
         if let Some(conn) = self.take_idle(scheme, authority) {
             return Ok(conn);
         }
-        // Boxed: the connect's future (TCP, TLS, the handshake) is large and
-        // rare; inline it would be copied with every request's future.
-        Box::pin(self.connect(scheme, authority)).await
+        self.connect(scheme, authority).await
     }
 
-    /// A new connection to `scheme://authority`.
-    pub async fn connect(
+    /// A new connection to `scheme://authority`. Boxed: its future (TCP,
+    /// TLS, the handshake) is large and rare, and inline in its callers'
+    /// it would be copied with every request's future (the request's was
+    /// 14.5 KB with it, 12.3 KB without).
+    pub fn connect<'a>(
+        &'a self,
+        scheme: &'a Scheme,
+        authority: &'a Authority,
+    ) -> Pin<Box<dyn Future<Output = Result<OriginConn, OriginError>> + Send + 'a>> {
+        Box::pin(self.open(scheme, authority))
+    }
+
+    async fn open(
         &self,
         scheme: &Scheme,
         authority: &Authority,

@@ -347,9 +347,8 @@ async fn send(
     let scheme = &upstream.pool(choice).scheme;
     let mut reused = false;
     let exchange = async {
-        // A new connection's future is boxed (`OriginPool::checkout`).
         let mut conn = if fresh {
-            Box::pin(client.connect(scheme, origin)).await?
+            client.connect(scheme, origin).await?
         } else {
             client.checkout(scheme, origin).await?
         };
@@ -361,7 +360,7 @@ async fn send(
             Err(mut err) if conn.reused && err.message().is_some() => {
                 let req = err.take_message().expect("checked just above");
                 tracing::debug!(%origin, err = %err.error(), "idle origin connection closed; reconnecting");
-                conn = Box::pin(client.connect(scheme, origin)).await?;
+                conn = client.connect(scheme, origin).await?;
                 reused = false;
                 conn.send(req).await.map_err(|e| e.into_error())?
             }
