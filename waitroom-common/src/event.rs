@@ -506,7 +506,7 @@ pub fn format_rfc3339(t: UnixMillis) -> String {
     // instructions, a tenth of a queue page's whole answer (it is on every
     // one, as `lastUpdated`).
     let mut out = *b"0000-00-00T00:00:00Z";
-    for (at, width, mut v) in [
+    for (at, width, v) in [
         (0, 4, year),
         (5, 2, u64::from(m)),
         (8, 2, u64::from(d)),
@@ -514,10 +514,7 @@ pub fn format_rfc3339(t: UnixMillis) -> String {
         (14, 2, min),
         (17, 2, s),
     ] {
-        for i in (at..at + width).rev() {
-            out[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-        }
+        crate::time::put_digits(&mut out[at..at + width], v);
     }
     String::from_utf8_lossy(&out).into_owned()
 }

@@ -175,6 +175,16 @@ impl ExpirySlot {
     }
 }
 
+/// Writes `n` into the whole of `out` as zero-padded decimal digits (the
+/// lowest ones, should `n` have more): times written on every queue page
+/// and access-log line, without `fmt`'s padded fields.
+pub fn put_digits(out: &mut [u8], mut n: u64) {
+    for d in out.iter_mut().rev() {
+        *d = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+}
+
 impl fmt::Display for Minute {
     /// Shows the minute of the day in UTC (`HH:MM`) followed by the raw value,
     /// which is what an operator reading a log line needs to match buckets.
@@ -193,6 +203,19 @@ impl fmt::Display for Minute {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn digits_are_zero_padded_to_the_width() {
+        let mut out = [b'x'; 6];
+        put_digits(&mut out, 42);
+        assert_eq!(&out, b"000042");
+        put_digits(&mut out[..2], 7);
+        assert_eq!(&out, b"070042");
+        put_digits(&mut out, 999_999);
+        assert_eq!(&out, b"999999");
+        put_digits(&mut out[..0], 5);
+        assert_eq!(&out, b"999999");
+    }
 
     /// Thu, 27 May 2021 00:00:00 GMT, the day of seed 002's examples.
     pub(crate) const MAY_27_2021: u64 = 1_622_073_600_000;

@@ -29,7 +29,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 use waitroom_common::{
     event::{civil_from_days, format_rfc3339},
-    time::UnixMillis,
+    time::{UnixMillis, put_digits},
 };
 
 /// The `[node.access_log]` table.
@@ -460,11 +460,7 @@ fn push_u64(out: &mut String, n: u64) {
 /// `n` as exactly `width` digits, zero-padded (`n` below `10^width`).
 fn push_padded(out: &mut String, n: u64, width: usize) {
     let mut digits = [b'0'; 20];
-    let mut n = n;
-    for d in digits[..width].iter_mut().rev() {
-        *d = b'0' + (n % 10) as u8;
-        n /= 10;
-    }
+    put_digits(&mut digits[..width], n);
     out.push_str(std::str::from_utf8(&digits[..width]).unwrap_or_default());
 }
 
