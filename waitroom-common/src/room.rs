@@ -89,6 +89,19 @@ pub enum QueueingMethod {
     Reject,
 }
 
+impl QueueingMethod {
+    /// The name the room table and the queue page's `queueingMethod` use.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Fifo => "fifo",
+            Self::Random => "random",
+            Self::Passthrough => "passthrough",
+            Self::Reject => "reject",
+        }
+    }
+}
+
 /// The `SameSite` attribute of the ticket cookie.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -478,6 +491,20 @@ impl Room {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// The page's `queueingMethod` is the name the room table takes.
+    #[test]
+    fn a_queueing_methods_name_is_its_room_table_spelling() {
+        for method in [
+            QueueingMethod::Fifo,
+            QueueingMethod::Random,
+            QueueingMethod::Passthrough,
+            QueueingMethod::Reject,
+        ] {
+            let spelled = serde_json::to_string(&method).unwrap();
+            assert_eq!(spelled, format!("\"{}\"", method.name()));
+        }
+    }
 
     pub(crate) fn config(total: u64, per_minute: u64) -> RoomConfig {
         RoomConfig {

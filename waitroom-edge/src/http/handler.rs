@@ -828,13 +828,7 @@ fn status_page(
         ),
     };
     if let Some(l) = live {
-        view.queueing_method = match l.engine.queueing_method() {
-            QueueingMethod::Fifo => "fifo",
-            QueueingMethod::Random => "random",
-            QueueingMethod::Passthrough => "passthrough",
-            QueueingMethod::Reject => "reject",
-        }
-        .into();
+        view.queueing_method = l.engine.queueing_method().name().into();
     }
     view.language = language.to_owned();
     view.room = room_name.to_owned();
@@ -895,13 +889,7 @@ pub fn queue_view(
         queue_all: engine.queue_all(),
         last_updated: waitroom_common::event::format_rfc3339(now),
         refresh_interval_seconds: u64::from(ticket.refresh_interval_secs),
-        queueing_method: match method {
-            QueueingMethod::Fifo => "fifo",
-            QueueingMethod::Random => "random",
-            QueueingMethod::Passthrough => "passthrough",
-            QueueingMethod::Reject => "reject",
-        }
-        .into(),
+        queueing_method: method.name().into(),
         is_fifo_queue: fifo,
         is_random_queue: !fifo,
         visitors_ahead: estimate.visitors_ahead,

@@ -116,16 +116,7 @@ pub fn run_method(
     let run = Sim::new(room, *topology, &arrivals, seed).run(Until::AllAdmitted {
         latest_ms: w + 12 * 60 * MINUTE,
     });
-    (stats(method_name(method), &run, w), run)
-}
-
-fn method_name(method: QueueingMethod) -> &'static str {
-    match method {
-        QueueingMethod::Fifo => "fifo",
-        QueueingMethod::Random => "random",
-        QueueingMethod::Passthrough => "passthrough",
-        QueueingMethod::Reject => "reject",
-    }
+    (stats(QueueingMethod::name(method), &run, w), run)
 }
 
 /// Arrival minute counted from the start of the arrivals (0 ..= 29); the
