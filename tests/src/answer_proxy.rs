@@ -68,10 +68,12 @@ impl Tail {
     }
 }
 
-/// Reports relayed, and answers to lose (each a one-off [`Tail::Withheld`]).
+/// Reports and answers relayed, and answers to lose (each a one-off
+/// [`Tail::Withheld`]).
 #[derive(Debug, Default)]
 struct Counts {
     reports: AtomicU64,
+    answers: AtomicU64,
     to_lose: AtomicU64,
     lost: AtomicU64,
 }
@@ -82,7 +84,6 @@ pub struct AnswerProxy {
     /// Where nodes connect.
     pub listen: SocketAddr,
     tail: Arc<AtomicU8>,
-    answers: Arc<AtomicU64>,
     counts: Arc<Counts>,
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -122,20 +123,17 @@ impl AnswerProxy {
         })?;
         let listen = front.local_addr()?;
         let tail = Arc::new(AtomicU8::new(Tail::Faithful as u8));
-        let answers = Arc::new(AtomicU64::new(0));
         let counts = Arc::new(Counts::default());
         runtime.spawn(accept(
             front,
             back,
             upstream,
             Arc::clone(&tail),
-            Arc::clone(&answers),
             Arc::clone(&counts),
         ));
         Ok(Self {
             listen,
             tail,
-            answers,
             counts,
             runtime: Some(runtime),
         })
@@ -149,7 +147,7 @@ impl AnswerProxy {
     /// The aggregator's answers relayed so far (whatever followed them; not
     /// those lost).
     pub fn answers(&self) -> u64 {
-        self.answers.load(Relaxed)
+        self.counts.answers.load(Relaxed)
     }
 
     /// Reports that reached the proxy so far.
@@ -182,16 +180,10 @@ async fn accept(
     back: quinn::Endpoint,
     upstream: SocketAddr,
     tail: Arc<AtomicU8>,
-    answers: Arc<AtomicU64>,
     counts: Arc<Counts>,
 ) {
     while let Some(incoming) = front.accept().await {
-        let (back, tail, answers, counts) = (
-            back.clone(),
-            Arc::clone(&tail),
-            Arc::clone(&answers),
-            Arc::clone(&counts),
-        );
+        let (back, tail, counts) = (back.clone(), Arc::clone(&tail), Arc::clone(&counts));
         tokio::spawn(async move {
             let Ok(node) = incoming.await else { return };
             let Ok(connecting) = back.connect(upstream, "localhost") else {
@@ -202,14 +194,10 @@ async fn accept(
                 return;
             };
             while let Ok((send, recv)) = node.accept_bi().await {
-                let (aggregator, tail, answers, counts) = (
-                    aggregator.clone(),
-                    Arc::clone(&tail),
-                    Arc::clone(&answers),
-                    Arc::clone(&counts),
-                );
+                let (aggregator, tail, counts) =
+                    (aggregator.clone(), Arc::clone(&tail), Arc::clone(&counts));
                 tokio::spawn(async move {
-                    let _ = relay(&aggregator, send, recv, &tail, &answers, &counts).await;
+                    let _ = relay(&aggregator, send, recv, &tail, &counts).await;
                 });
             }
             aggregator.close(0u32.into(), b"node gone");
@@ -224,7 +212,6 @@ async fn relay(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     tail: &AtomicU8,
-    answers: &AtomicU64,
     counts: &Counts,
 ) -> Result<()> {
     let report = frames::read(&mut recv).await?;
@@ -250,7 +237,7 @@ async fn relay(
         tail => tail,
     };
     if tail != Tail::Withheld {
-        answers.fetch_add(1, Relaxed);
+        counts.answers.fetch_add(1, Relaxed);
     }
     let note = |seq, held_back| Message::Note(AnswerNote { seq, held_back });
     let rooms: Vec<_> = answer.rooms.iter().map(|r| r.room).collect();
