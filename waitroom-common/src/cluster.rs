@@ -161,12 +161,57 @@ pub struct RoomMemory {
     pub colo_leases: BTreeMap<String, Lease>,
 }
 
+/// What the aggregator keeps per room between rounds, as a merge uses it:
+/// [`RoomMemory`] with the leases found by node number (`Cluster::ids`)
+/// rather than by name. A merge looks a node's leases up six times per room;
+/// by name, in a `BTreeMap` of every node, that was a fifth of a merge's
+/// cost at 1,000 nodes (`cargo bench -p waitroom-common --features std
+/// --bench aggregation`). A snapshot writes them by name.
+#[derive(Debug, Clone, Default)]
+struct RoomBook {
+    history: AggregateHistory,
+    /// Anywhere leases: `leases[id]`, the node numbered `id`'s.
+    leases: Vec<Option<Lease>>,
+    /// Colo-share leases, the same way.
+    colo_leases: Vec<Option<Lease>>,
+}
+
+impl RoomBook {
+    /// The node numbered `id`'s leases, `(colo share, Anywhere)`.
+    fn leases_of(&self, id: u32) -> (Option<&Lease>, Option<&Lease>) {
+        (lease_at(&self.colo_leases, id), lease_at(&self.leases, id))
+    }
+
+    /// The node numbered `id` holds no lease any more.
+    fn forget(&mut self, id: u32) {
+        for leases in [&mut self.leases, &mut self.colo_leases] {
+            if let Some(lease) = leases.get_mut(id as usize) {
+                *lease = None;
+            }
+        }
+    }
+}
+
+fn lease_at(leases: &[Option<Lease>], id: u32) -> Option<&Lease> {
+    leases.get(id as usize)?.as_ref()
+}
+
+/// Puts `lease` in `leases` for the node numbered `id`, returning the one it
+/// replaces.
+fn put_lease(leases: &mut Vec<Option<Lease>>, id: u32, lease: Lease) -> Option<Lease> {
+    let at = id as usize;
+    if leases.len() <= at {
+        leases.resize(at + 1, None);
+    }
+    leases[at].replace(lease)
+}
+
 /// The aggregator's whole state. Not thread-safe by itself: the server holds
 /// it behind one mutex, taken for the microseconds of one merge.
 #[derive(Debug)]
 pub struct Cluster {
     rooms: Vec<RoomDef>,
-    memory: BTreeMap<RoomId, RoomMemory>,
+    memory: BTreeMap<RoomId, RoomBook>,
     /// Latest report per node, in the order the engine takes them.
     reports: Vec<NodeReport>,
     /// `meta[i]` is about `reports[i]`.
@@ -360,16 +405,6 @@ fn intern(colo_ids: &mut HashMap<String, u32>, colo: &str) -> u32 {
     id
 }
 
-/// Puts `lease` in `leases` for `node`, returning the one it replaces;
-/// the name is copied only for a node without one yet (a merge replaces
-/// a lease far more often than it adds one).
-fn replace_lease(leases: &mut BTreeMap<String, Lease>, node: &str, lease: Lease) -> Option<Lease> {
-    match leases.get_mut(node) {
-        Some(held) => Some(std::mem::replace(held, lease)),
-        None => leases.insert(node.to_owned(), lease),
-    }
-}
-
 /// Each room's distinct visitors this minute in `report` (the node's
 /// previous report), to tell how many came since.
 pub(crate) fn visitors_now(report: Option<&NodeReport>, minute: Minute) -> Vec<(RoomId, u64)> {
@@ -513,7 +548,7 @@ impl Cluster {
     pub fn new(rooms: Vec<RoomDef>, node_timeout_ms: u64) -> Self {
         let memory = rooms
             .iter()
-            .map(|r| (r.room.id(), RoomMemory::default()))
+            .map(|r| (r.room.id(), RoomBook::default()))
             .collect();
         let mut cluster = Self {
             rooms,
@@ -620,11 +655,10 @@ impl Cluster {
             if counts {
                 sums.account_counts(room, sign);
             }
-            let memory = self.memory.get(&room.room);
-            let leases = (
-                memory.and_then(|m| m.colo_leases.get(&report.node)),
-                memory.and_then(|m| m.leases.get(&report.node)),
-            );
+            let leases = self
+                .memory
+                .get(&room.room)
+                .map_or((None, None), |m| m.leases_of(key.id));
             sums.account_live(room, key, leases, sign);
         }
     }
@@ -654,11 +688,10 @@ impl Cluster {
             let Some(sums) = self.sums.get_mut(&room.room) else {
                 continue;
             };
-            let memory = self.memory.get(&room.room);
-            let leases = (
-                memory.and_then(|m| m.colo_leases.get(&new.node)),
-                memory.and_then(|m| m.leases.get(&new.node)),
-            );
+            let leases = self
+                .memory
+                .get(&room.room)
+                .map_or((None, None), |m| m.leases_of(new_key.id));
             match old.rooms.iter().find(|r| r.room == room.room) {
                 Some(before) => {
                     sums.replace_counts(before, room);
@@ -675,11 +708,10 @@ impl Cluster {
             let Some(sums) = self.sums.get_mut(&room.room) else {
                 continue;
             };
-            let memory = self.memory.get(&room.room);
-            let leases = (
-                memory.and_then(|m| m.colo_leases.get(&old.node)),
-                memory.and_then(|m| m.leases.get(&old.node)),
-            );
+            let leases = self
+                .memory
+                .get(&room.room)
+                .map_or((None, None), |m| m.leases_of(old_key.id));
             sums.account_counts(room, -1);
             sums.account_live(room, old_key, leases, -1);
         }
@@ -904,7 +936,7 @@ impl Cluster {
                 *local
             }
         };
-        if let Some(local) = memory.colo_leases.get_mut(node) {
+        if let Some(Some(local)) = memory.colo_leases.get_mut(key.id as usize) {
             let old = *local;
             *local = lower(
                 &old,
@@ -916,7 +948,7 @@ impl Cluster {
             let new = *local;
             sums.swap_colo_lease(room_report, key, Some(&old), Some(&new));
         }
-        if let Some(local) = memory.leases.get_mut(node) {
+        if let Some(Some(local)) = memory.leases.get_mut(key.id as usize) {
             let old = *local;
             *local = lower(
                 &old,
@@ -934,30 +966,36 @@ impl Cluster {
     /// `node`, may still admit in `minute`: each its bare allowance less
     /// the holder's admits this minute ([`Lease::outstanding`]).
     fn earlier_leases_outstanding(
-        memory: &RoomMemory,
+        memory: &RoomBook,
         reports: &[NodeReport],
-        positions: &HashMap<String, usize>,
+        ids: &[u32],
         room: RoomId,
-        node: &str,
+        index: usize,
         minute: Minute,
     ) -> u64 {
         let mut sum = 0_u64;
-        for (leases, anywhere) in [(&memory.leases, true), (&memory.colo_leases, false)] {
-            for (holder, lease) in leases {
-                if lease.minute == minute || holder == node {
-                    continue;
+        for (i, (report, &id)) in reports.iter().zip(ids).enumerate() {
+            if i == index {
+                continue;
+            }
+            let (colo_lease, lease) = memory.leases_of(id);
+            let (colo_lease, lease) = (
+                colo_lease.filter(|l| l.minute != minute),
+                lease.filter(|l| l.minute != minute),
+            );
+            if colo_lease.is_none() && lease.is_none() {
+                continue;
+            }
+            let used = report
+                .rooms
+                .iter()
+                .find(|r| r.room == room)
+                .map(|r| running::admits_in(r, minute))
+                .unwrap_or_default();
+            for (lease, used) in [(lease, used.anywhere), (colo_lease, used.colo_share)] {
+                if let Some(lease) = lease {
+                    sum = sum.saturating_add(lease.outstanding(minute, used));
                 }
-                let used = positions
-                    .get(holder)
-                    .and_then(|&i| reports[i].rooms.iter().find(|r| r.room == room))
-                    .map(|r| running::admits_in(r, minute))
-                    .unwrap_or_default();
-                let used = if anywhere {
-                    used.anywhere
-                } else {
-                    used.colo_share
-                };
-                sum = sum.saturating_add(lease.outstanding(minute, used));
             }
         }
         sum
@@ -978,7 +1016,7 @@ impl Cluster {
     pub fn apply_peer(&mut self, report: NodeReport, held: &[HeldLease], now: UnixMillis) {
         // A peer's merge grants nothing.
         self.last_grants.clear();
-        let (index, node, _, _) = self.merge(report, now, false);
+        let (index, ..) = self.merge(report, now, false);
         let minute = now.minute();
         self.refresh(minute);
         let colo = self.colo_ids.get(&self.reports[index].colo).copied();
@@ -1006,9 +1044,9 @@ impl Cluster {
             let none = lease(minute, 0, 0);
             let new_colo = held.map_or(none, |h| lease(h.minute, h.colo_share, h.colo_share_used));
             let new = held.map_or(none, |h| lease(h.minute, h.anywhere, h.anywhere_used));
-            let old_colo = replace_lease(&mut memory.colo_leases, &node, new_colo);
+            let old_colo = put_lease(&mut memory.colo_leases, key.id, new_colo);
             sums.swap_colo_lease(room_report, key, old_colo.as_ref(), Some(&new_colo));
-            let old = replace_lease(&mut memory.leases, &node, new);
+            let old = put_lease(&mut memory.leases, key.id, new);
             sums.swap_lease(room_report, old.as_ref(), Some(&new));
         }
     }
@@ -1157,7 +1195,7 @@ impl Cluster {
                 traffic: &[],
                 anywhere_weight: 0,
             });
-            let leases = (memory.colo_leases.get(&node), memory.leases.get(&node));
+            let leases = memory.leases_of(key.id);
             let Some(shares) = sums.shares(minute, plan.shared_slots, room_report, key, leases)
             else {
                 continue;
@@ -1283,9 +1321,9 @@ impl Cluster {
                 let earlier = Self::earlier_leases_outstanding(
                     memory,
                     &self.reports,
-                    &self.positions,
+                    &self.ids,
                     id,
-                    &node,
+                    index,
                     minute,
                 );
                 let (colo_lease, lease) = holding;
@@ -1305,9 +1343,9 @@ impl Cluster {
                     holds,
                 });
             }
-            let old_colo = replace_lease(&mut memory.colo_leases, &node, new_colo);
+            let old_colo = put_lease(&mut memory.colo_leases, key.id, new_colo);
             sums.swap_colo_lease(room_report, key, old_colo.as_ref(), Some(&new_colo));
-            let old = replace_lease(&mut memory.leases, &node, new);
+            let old = put_lease(&mut memory.leases, key.id, new);
             sums.swap_lease(room_report, old.as_ref(), Some(&new));
             answers.push(RoomAnswer { room: id, state });
         }
@@ -1363,8 +1401,7 @@ impl Cluster {
             tracing::warn!(node = %report.node, colo = %report.colo, silent_ms = now.0.saturating_sub(seen.0),
                 "node silent past node_timeout_ms: forgetting its live counts, keeping its sessions");
             for memory in self.memory.values_mut() {
-                memory.leases.remove(&report.node);
-                memory.colo_leases.remove(&report.node);
+                memory.forget(self.ids[i]);
             }
             for room in &mut report.rooms {
                 forget_live_counts(room, now);
@@ -1414,7 +1451,11 @@ impl Cluster {
             }
             self.reports.swap_remove(i);
             self.meta.swap_remove(i);
-            self.free_ids.push(self.ids.swap_remove(i));
+            let id = self.ids.swap_remove(i);
+            for memory in self.memory.values_mut() {
+                memory.forget(id);
+            }
+            self.free_ids.push(id);
             self.positions.remove(&node);
             self.departed.remove(&node);
             if i != last {
@@ -1450,8 +1491,8 @@ impl Cluster {
                     .collect();
                 let sums = totals(reporting.iter().copied(), now);
                 // A throwaway copy of the history: showing status must not fold minutes.
-                let memory = self.memory.get(&id).cloned().unwrap_or_default();
-                let mut history = memory.history.clone();
+                let memory = self.memory.get(&id);
+                let mut history = memory.map(|m| m.history.clone()).unwrap_or_default();
                 let states = aggregate(&def.room, &self.reports, &mut history, now);
                 let any: Option<&GlobalState> = states.first().map(|(_, s)| s);
                 let room_now = def.room.at(now);
@@ -1491,9 +1532,9 @@ impl Cluster {
                 let anywhere_leased = states
                     .iter()
                     .filter_map(|(node, s)| {
+                        let id = self.ids[self.index_of(node)?];
                         memory
-                            .leases
-                            .get(node)
+                            .and_then(|m| m.leases_of(id).1)
                             .map(|l| l.outstanding(minute, s.used.anywhere))
                     })
                     .fold(0_u64, u64::saturating_add);
@@ -1556,7 +1597,27 @@ impl Cluster {
                 .cloned()
                 .zip(self.meta.iter().cloned())
                 .collect(),
-            rooms: self.memory.iter().map(|(id, m)| (*id, m.clone())).collect(),
+            rooms: self
+                .memory
+                .iter()
+                .map(|(id, book)| (*id, self.remembered(book)))
+                .collect(),
+        }
+    }
+
+    /// A room's book as a snapshot keeps it: the leases by node name.
+    fn remembered(&self, book: &RoomBook) -> RoomMemory {
+        let by_name = |leases: &[Option<Lease>]| -> BTreeMap<String, Lease> {
+            self.reports
+                .iter()
+                .zip(&self.ids)
+                .filter_map(|(report, &id)| Some((report.node.clone(), *lease_at(leases, id)?)))
+                .collect()
+        };
+        RoomMemory {
+            history: book.history.clone(),
+            leases: by_name(&book.leases),
+            colo_leases: by_name(&book.colo_leases),
         }
     }
 
@@ -1585,6 +1646,7 @@ impl Cluster {
             });
         }
         let mut dropped = Vec::new();
+        let mut restored = Vec::new();
         for (id, mut memory) in snapshot.rooms {
             let Some(def) = self.rooms.iter().find(|d| d.room.id() == id) else {
                 dropped.push(format!("room {}: not served by this aggregator", id.0));
@@ -1611,21 +1673,10 @@ impl Cluster {
             memory
                 .colo_leases
                 .retain(|node, lease| plausible(node, lease, &mut dropped));
-            memory.leases.retain(|node, lease| {
-                let ok = lease.allowance <= per_minute
-                    && lease.used_at_grant <= per_minute
-                    && lease.minute <= now.minute().plus(1);
-                if !ok {
-                    dropped.push(format!(
-                        "room {}: lease of node {node} ({lease:?}): dropped",
-                        def.name
-                    ));
-                }
-                ok
-            });
-            if let Some(slot) = self.memory.get_mut(&id) {
-                *slot = memory;
-            }
+            memory
+                .leases
+                .retain(|node, lease| plausible(node, lease, &mut dropped));
+            restored.push((id, memory));
         }
         self.reports.clear();
         self.meta.clear();
@@ -1660,6 +1711,40 @@ impl Cluster {
                 self.reports[self.reports.len() - 1].node.clone(),
                 self.reports.len() - 1,
             );
+        }
+        // Every room's leases were of the nodes before; the snapshot's are
+        // of the nodes it lists, numbered as `rebuild` numbers them (by
+        // place). A lease of a node it does not list (a snapshot never
+        // holds one) could never be used up, so it is dropped.
+        for book in self.memory.values_mut() {
+            book.leases.clear();
+            book.colo_leases.clear();
+        }
+        for (id, memory) in restored {
+            let Some(book) = self.memory.get_mut(&id) else {
+                continue;
+            };
+            let name = self
+                .rooms
+                .iter()
+                .find(|d| d.room.id() == id)
+                .map_or("", |d| &d.name);
+            book.history = memory.history;
+            for (leases, by_name) in [
+                (&mut book.leases, memory.leases),
+                (&mut book.colo_leases, memory.colo_leases),
+            ] {
+                for (node, lease) in by_name {
+                    match self.positions.get(&node) {
+                        Some(&i) => {
+                            put_lease(leases, i as u32, lease);
+                        }
+                        None => dropped.push(format!(
+                            "room {name}: lease of node {node} ({lease:?}), which the snapshot does not list: dropped"
+                        )),
+                    }
+                }
+            }
         }
         self.rebuild(Some(now.minute()));
         Ok(dropped)
@@ -2201,10 +2286,10 @@ mod tests {
         );
         let id = RoomId::from_name("shop");
         let caps = |x: &Cluster| {
-            let memory = &x.memory[&id];
+            let (colo, anywhere) = x.memory[&id].leases_of(x.ids[x.index_of("a").unwrap()]);
             (
-                memory.colo_leases["a"].cap_in(minute),
-                memory.leases["a"].cap_in(minute),
+                colo.unwrap().cap_in(minute),
+                anywhere.unwrap().cap_in(minute),
             )
         };
         let (colo_before, _) = caps(&x);
@@ -2767,6 +2852,17 @@ mod tests {
             allowance: u64::MAX,
         };
         poisoned.rooms[0].1.leases.insert("a".into(), lease);
+        let kept = poisoned.rooms[0].1.colo_leases["a"];
+        // A lease of a node the snapshot does not list: nothing would ever
+        // use it up.
+        let ghost = Lease {
+            allowance: 3,
+            ..kept
+        };
+        poisoned.rooms[0]
+            .1
+            .colo_leases
+            .insert("ghost".into(), ghost);
         poisoned.rooms[0].1.history.admit_rate.per_minute = f64::NAN;
 
         let mut restarted = Cluster::new(vec![room(1_000, 100)], 5_000);
@@ -2777,6 +2873,17 @@ mod tests {
         assert!(text.contains("clamped"), "{text}");
         assert!(text.contains("lease of node a"), "{text}");
         assert!(text.contains("admit rate NaN"), "{text}");
+        assert!(
+            text.contains("lease of node ghost") && text.contains("does not list"),
+            "{text}"
+        );
+        let leases = &restarted.snapshot(T0).rooms[0].1.colo_leases;
+        assert_eq!(
+            leases.keys().collect::<Vec<_>>(),
+            ["a"],
+            "a's lease is kept, the ghost's dropped"
+        );
+        assert_eq!(leases["a"], kept);
         let status = restarted.status(T0.plus_millis(500));
         assert_eq!(
             status.rooms[0].active_users,
