@@ -240,8 +240,7 @@ impl Threshold {
     fn key_cmp(&self, other: &Self) -> Ordering {
         self.at
             .cmp(other.at)
-            .then(self.id.cmp(&other.id))
-            .then(self.version.cmp(&other.version))
+            .then_with(|| (self.id, self.version).cmp(&(other.id, other.version)))
     }
 }
 
