@@ -268,3 +268,88 @@ async fn relay(
     }
     Ok(())
 }
+
+/// One node that reaches its first-choice aggregator through an
+/// [`AnswerProxy`], with the real binaries on loopback: an origin,
+/// `aggregators` real aggregators serving `room` (the first behind the
+/// proxy), and the node, whose name makes the proxy its first choice of
+/// home. Returned once the node is fresh through the proxy.
+#[derive(Debug)]
+pub struct ProxiedNode {
+    _dir: crate::procs::TempDir,
+    _origin: crate::procs::Proc,
+    _aggregators: Vec<crate::cluster::Aggregator>,
+    pub proxy: AnswerProxy,
+    /// What the node lists: the proxy (its first choice), then the other
+    /// aggregators.
+    pub addresses: Vec<SocketAddr>,
+    pub edge: crate::edge::Edge,
+}
+
+impl ProxiedNode {
+    /// Starts it all in a temporary directory named after `name`; the node
+    /// reports every `interval_ms`.
+    pub fn start(name: &str, aggregators: usize, room: &str, interval_ms: u64) -> Self {
+        use crate::cluster::{
+            Aggregator, aggregator_config, free_udp_addr, named_homed_at, start_nodes,
+        };
+        let dir = crate::procs::TempDir::new(name);
+        let (origin_proc, origin) = crate::procs::start_origin(dir.path(), "origin").unwrap();
+        let addresses: Vec<SocketAddr> = (0..aggregators.max(1))
+            .map(|_| free_udp_addr().unwrap())
+            .collect();
+        let node = named_homed_at("ams", &addresses, 0);
+        let certs = Certs::generate(&dir.path().join("certs"), &[node.as_str()]).unwrap();
+        let behind = free_udp_addr().unwrap();
+        let started: Vec<Aggregator> = std::iter::once(behind)
+            .chain(addresses[1..].iter().copied())
+            .enumerate()
+            .map(|(i, at)| {
+                let snapshot = dir.path().join(format!("aggregator-{i}.json"));
+                let config = aggregator_config(at, &certs, &snapshot, room);
+                Aggregator::start(dir.path(), &format!("aggregator-{i}"), &config).unwrap()
+            })
+            .collect();
+        let proxy = AnswerProxy::start(addresses[0], behind, &certs, &node).unwrap();
+        let edge = start_nodes(
+            dir.path(),
+            &certs,
+            &addresses,
+            &[(node.as_str(), "ams")],
+            room,
+            origin,
+            interval_ms,
+        )
+        .pop()
+        .unwrap();
+        let setup = Self {
+            _dir: dir,
+            _origin: origin_proc,
+            _aggregators: started,
+            proxy,
+            addresses,
+            edge,
+        };
+        let since = crate::minutes::now_secs();
+        assert!(
+            crate::eventually(Duration::from_secs(15), || setup.fresh_at(0, since)),
+            "the node fresh from its first choice, through the proxy"
+        );
+        setup
+    }
+
+    /// The node's `/metrics`.
+    pub fn metrics(&self) -> String {
+        crate::edge::get_text(&self.edge.admin_url("/metrics"))
+    }
+
+    /// One series of the node's metrics (0 when absent).
+    pub fn metric(&self, series: &str) -> f64 {
+        crate::edge::metric(&self.metrics(), series).unwrap_or(0.0)
+    }
+
+    /// Home at `addresses[i]`, with a state taken since `since` (seconds).
+    pub fn fresh_at(&self, i: usize, since: f64) -> bool {
+        crate::edge::fresh_from(&self.metrics(), self.addresses[i], since)
+    }
+}

@@ -8,7 +8,9 @@
 //! - [`procs`]: starting the real binaries, stopping them in `Drop`.
 //! - [`edge`], [`cluster`]: a node, an aggregator with nodes, as processes.
 //! - [`answer_proxy`]: a QUIC proxy in front of an aggregator that reshapes
-//!   what follows its answers (notes right and wrong, broken stream ends).
+//!   what follows its answers (notes right and wrong, broken stream ends,
+//!   answers lost), and `ProxiedNode`, one node behind it with its origin
+//!   and aggregators.
 //! - [`inproc`]: a node in the test process on a driven clock, for tests of
 //!   minutes, sessions and the queue's flow that need no real minutes.
 //! - [`inproc_cluster`]: an aggregator and nodes in the test process on one

@@ -16,92 +16,43 @@
 //! - a note in place of the answer is no answer: the node takes its state
 //!   from the other aggregator, and comes back when answers do;
 //! - every visitor is answered, none with a server error.
-use std::{net::SocketAddr, time::Duration};
+use std::time::Duration;
 
 use waitroom_tests::{
-    answer_proxy::{AnswerProxy, Tail},
-    cluster::{
-        Aggregator, Certs, aggregator_config, free_udp_addr, named_homed_at, random_room,
-        start_nodes,
-    },
-    edge::{Edge, admits_new_visitor, fresh_from, get_text, home_among, metric},
+    answer_proxy::{ProxiedNode, Tail},
+    cluster::random_room,
+    edge::{admits_new_visitor, home_among, metric},
     eventually,
     minutes::now_secs,
-    procs::{TempDir, start_origin},
 };
 
 const INTERVAL_MS: u64 = 500;
 
-struct Setup {
-    _dir: TempDir,
-    _origin: waitroom_tests::procs::Proc,
-    _aggregators: Vec<Aggregator>,
-    proxy: AnswerProxy,
-    /// What the node lists: the proxy (its first choice), the other.
-    addresses: Vec<SocketAddr>,
-    edge: Edge,
+/// Two aggregators, the first behind the proxy; one node.
+struct Setup(ProxiedNode);
+
+impl std::ops::Deref for Setup {
+    type Target = ProxiedNode;
+
+    fn deref(&self) -> &ProxiedNode {
+        &self.0
+    }
 }
 
 impl Setup {
     fn start() -> Self {
-        let dir = TempDir::new("answer-notes");
-        let (origin_proc, origin) = start_origin(dir.path(), "origin").unwrap();
-        let addresses = vec![free_udp_addr().unwrap(), free_udp_addr().unwrap()];
-        // A node name whose first choice is the proxy.
-        let name = named_homed_at("ams", &addresses, 0);
-        let certs = Certs::generate(&dir.path().join("certs"), &[name.as_str()]).unwrap();
         // A room no visitor of this test fills: every one is admitted.
-        let room = random_room(10_000, 10_000);
-        let behind = free_udp_addr().unwrap();
-        let aggregators: Vec<Aggregator> = [behind, addresses[1]]
-            .iter()
-            .enumerate()
-            .map(|(i, &at)| {
-                let snapshot = dir.path().join(format!("aggregator-{i}.json"));
-                let config = aggregator_config(at, &certs, &snapshot, &room);
-                Aggregator::start(dir.path(), &format!("aggregator-{i}"), &config).unwrap()
-            })
-            .collect();
-        let proxy = AnswerProxy::start(addresses[0], behind, &certs, &name).unwrap();
-        let edge = start_nodes(
-            dir.path(),
-            &certs,
-            &addresses,
-            &[(name.as_str(), "ams")],
-            &room,
-            origin,
+        Self(ProxiedNode::start(
+            "answer-notes",
+            2,
+            &random_room(10_000, 10_000),
             INTERVAL_MS,
-        )
-        .pop()
-        .unwrap();
-        let setup = Self {
-            _dir: dir,
-            _origin: origin_proc,
-            _aggregators: aggregators,
-            proxy,
-            addresses,
-            edge,
-        };
-        let started = now_secs();
-        assert!(
-            eventually(Duration::from_secs(15), || setup.fresh_at(0, started)),
-            "the node fresh from its first choice, through the proxy"
-        );
-        setup
-    }
-
-    fn metrics(&self) -> String {
-        get_text(&self.edge.admin_url("/metrics"))
+        ))
     }
 
     /// The node's home now, by index into `addresses`.
     fn home(&self) -> Option<usize> {
         home_among(&self.metrics(), &self.addresses)
-    }
-
-    /// Home at `addresses[i]`, with a state taken since `since`.
-    fn fresh_at(&self, i: usize, since: f64) -> bool {
-        fresh_from(&self.metrics(), self.addresses[i], since)
     }
 
     /// Sets the proxy's `tail`, then the node must be fresh at

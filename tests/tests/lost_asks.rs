@@ -15,86 +15,41 @@
 //!   at most one report more per lost ask, each answer of which is waited
 //!   for as a periodic one; the node serves every visitor meanwhile and is
 //!   fresh again once answers come back.
-use std::{
-    net::SocketAddr,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use waitroom_tests::{
-    answer_proxy::{AnswerProxy, Tail},
-    cluster::{Aggregator, Certs, aggregator_config, free_udp_addr, start_nodes},
-    edge::{Edge, admits_new_visitor, fresh_from, get_text, metric},
+    answer_proxy::{ProxiedNode, Tail},
+    edge::admits_new_visitor,
     eventually,
     minutes::now_secs,
-    procs::{Proc, TempDir, start_origin},
 };
 
 /// A periodic answer is waited for two intervals: 2 s.
 const INTERVAL_MS: u64 = 1_000;
-const NODE: &str = "ams-1";
 
 /// A first-come room (an asking node is promised its recent need, two slots
 /// when idle) far from its limits.
 const ROOM: &str = "[[rooms]]\nid = \"shop\"\ntotal_active_users = 10000\n\
                     new_users_per_minute = 6000\nqueueing_method = \"fifo\"\n";
 
-struct Setup {
-    _dir: TempDir,
-    _origin: Proc,
-    _aggregator: Aggregator,
-    proxy: AnswerProxy,
-    address: SocketAddr,
-    edge: Edge,
+/// One aggregator behind the proxy, one node.
+struct Setup(ProxiedNode);
+
+impl std::ops::Deref for Setup {
+    type Target = ProxiedNode;
+
+    fn deref(&self) -> &ProxiedNode {
+        &self.0
+    }
 }
 
 impl Setup {
     fn start(name: &str) -> Self {
-        let dir = TempDir::new(name);
-        let (origin_proc, origin) = start_origin(dir.path(), "origin").unwrap();
-        let address = free_udp_addr().unwrap();
-        let behind = free_udp_addr().unwrap();
-        let certs = Certs::generate(&dir.path().join("certs"), &[NODE]).unwrap();
-        let snapshot = dir.path().join("aggregator.json");
-        let config = aggregator_config(behind, &certs, &snapshot, ROOM);
-        let aggregator = Aggregator::start(dir.path(), "aggregator", &config).unwrap();
-        let proxy = AnswerProxy::start(address, behind, &certs, NODE).unwrap();
-        let edge = start_nodes(
-            dir.path(),
-            &certs,
-            &[address],
-            &[(NODE, "ams")],
-            ROOM,
-            origin,
-            INTERVAL_MS,
-        )
-        .pop()
-        .unwrap();
-        let setup = Self {
-            _dir: dir,
-            _origin: origin_proc,
-            _aggregator: aggregator,
-            proxy,
-            address,
-            edge,
-        };
-        let started = now_secs();
-        assert!(
-            eventually(Duration::from_secs(15), || setup.fresh(started)),
-            "the node fresh through the proxy"
-        );
-        setup
-    }
-
-    fn metrics(&self) -> String {
-        get_text(&self.edge.admin_url("/metrics"))
-    }
-
-    fn metric(&self, series: &str) -> f64 {
-        metric(&self.metrics(), series).unwrap_or(0.0)
+        Self(ProxiedNode::start(name, 1, ROOM, INTERVAL_MS))
     }
 
     fn fresh(&self, since: f64) -> bool {
-        fresh_from(&self.metrics(), self.address, since)
+        self.fresh_at(0, since)
     }
 
     /// Returns just after a periodic answer passed the proxy, so that the
