@@ -12,7 +12,10 @@
 #            static); d: the same as JSON (Accept: application/json).
 # env: DUR (seconds of the measured wrk run, default 6), SKIP_NGINX=1 (edge
 #      only), PERF=file (cpu mode: perf record -g the edge during the run),
-#      ACCESS_LOG=json|combined (the edge writes its access log to a file).
+#      ACCESS_LOG=json|combined (the edge writes its access log to a file),
+#      BUDGET=n (scenario a's ticket_connection_budget, default 0: wrk's one
+#      cookie on 32 connections is over any budget), CONNS=n (wrk's
+#      connections, default 32; at most BUDGET for a budget that holds).
 # Starts the fast origin (nginx return 200), the nginx peer (proxy_pass, one
 # process) and the edge with one worker, all on CPU 0; wrk -t1 -c32 on CPU 1.
 # Needs root (nginx user root), nginx, wrk, valgrind, curl.
@@ -47,7 +50,7 @@ origin = "127.0.0.1:$FO"
 total_active_users = 1000000000
 new_users_per_minute = 1000000000
 session_duration = 10
-ticket_connection_budget = 0
+ticket_connection_budget = ${BUDGET:-0}
 [[rooms]]
 id = "queue"
 path = "/queue"
@@ -77,19 +80,19 @@ if [ "$SCEN" = c ] || [ "$SCEN" = d ]; then
 fi
 drive() { # port pid name
   if [ "$MODE" = callgrind ]; then
-    taskset -c 1 wrk -t1 -c32 -d2s "${H[@]}" http://127.0.0.1:$1$URLPATH > /dev/null  # warm
+    taskset -c 1 wrk -t1 -c${CONNS:-32} -d2s "${H[@]}" http://127.0.0.1:$1$URLPATH > /dev/null  # warm
     callgrind_control -z $2 > /dev/null
-    taskset -c 1 wrk -t1 -c32 -d${DUR:-6}s "${H[@]}" http://127.0.0.1:$1$URLPATH > $D/$3.wrk
+    taskset -c 1 wrk -t1 -c${CONNS:-32} -d${DUR:-6}s "${H[@]}" http://127.0.0.1:$1$URLPATH > $D/$3.wrk
     callgrind_control -d $2 > /dev/null; sleep 1
     REQ=$(awk '/requests in/{print $1}' $D/$3.wrk)
     F=$(ls -t $D/$4.out* | head -1)
     IR=$(grep -m1 '^summary:\|^totals:' $F | awk '{print $2}')
     echo "$3 req=$REQ Ir=$IR Ir/req=$((IR / REQ)) file=$F"
   else
-    taskset -c 1 wrk -t1 -c32 -d2s "${H[@]}" http://127.0.0.1:$1$URLPATH > /dev/null
+    taskset -c 1 wrk -t1 -c${CONNS:-32} -d2s "${H[@]}" http://127.0.0.1:$1$URLPATH > /dev/null
     T0=$(awk '{print $14+$15}' /proc/$2/stat)
     if [ -n "${PERF:-}" ] && [ "$3" = edge ]; then perf record -F 499 --call-graph dwarf,16384 -p $2 -o $PERF -- sleep 4 > /dev/null 2>&1 & fi
-    taskset -c 1 wrk -t1 -c32 -d${DUR:-6}s "${H[@]}" http://127.0.0.1:$1$URLPATH > $D/$3.wrk
+    taskset -c 1 wrk -t1 -c${CONNS:-32} -d${DUR:-6}s "${H[@]}" http://127.0.0.1:$1$URLPATH > $D/$3.wrk
     T1=$(awk '{print $14+$15}' /proc/$2/stat)
     REQ=$(awk '/requests in/{print $1}' $D/$3.wrk); RPS=$(awk '/Requests\/sec/{print $2}' $D/$3.wrk)
     echo "$3 req=$REQ rps=$RPS cpu_us/req=$(( (T1-T0)*10000000 / REQ ))"

@@ -258,6 +258,43 @@ fn a_cookie_copied_to_300_connections_admits_at_most_the_budget() {
     );
 }
 
+/// The first connection of a copied cookie keeps it, request after request
+/// within the same second (the node asks its ledger once per connection,
+/// ticket and second), while each of 300 other connections, asking between
+/// two of its requests, is still held to the budget: what the first one's
+/// requests skip is never another connection's.
+#[test]
+fn a_cookie_kept_on_its_connection_does_not_open_the_budget_to_others() {
+    let node = InProcNode::start(
+        "replay-kept",
+        "total_active_users = 1\nnew_users_per_minute = 1\nsession_duration = 5",
+    )
+    .unwrap();
+    let (admitted, cookie) = visit(&node);
+    assert!(admitted);
+    let mut first = Conn::open(node.http);
+    assert!(first.get(Some(&cookie)).admitted);
+    let shared_before = node.node().defences.count(Defence::TicketShared);
+    let mut others = 0;
+    for _ in 0..300 {
+        assert!(
+            first.get(Some(&cookie)).admitted,
+            "the first connection keeps its cookie"
+        );
+        if Conn::open(node.http).get(Some(&cookie)).admitted {
+            others += 1;
+        }
+    }
+    assert!(
+        others < 16,
+        "{others} of 300 other connections admitted with the first one's cookie"
+    );
+    assert_eq!(
+        node.node().defences.count(Defence::TicketShared) - shared_before,
+        300 - others
+    );
+}
+
 /// A browser: eight kept-alive connections, one cookie jar, several rounds
 /// of requests over a minute: admitted on every connection every time.
 #[test]

@@ -209,7 +209,8 @@ async fn answer(
                 "ticket bound to another network: served as a new visitor",
             );
             ticket = None;
-        } else if !node.ledger().note_connection(
+        } else if !ticket_allowed_on(
+            node,
             t.id,
             conn.id,
             now_secs,
@@ -560,6 +561,48 @@ async fn to_origin(
 }
 
 /// Opens the room's cookie into a ticket, counting every failure.
+/// Slots of a worker thread's [`NOTED`] cache, chosen by connection id.
+const NOTED_SLOTS: usize = 64;
+
+thread_local! {
+    /// Per slot, the last `(connection, ticket, second)` the ledger let
+    /// through ([`ticket_allowed_on`]).
+    static NOTED: std::cell::RefCell<[(u64, u64, u64); NOTED_SLOTS]> =
+        const { std::cell::RefCell::new([(0, 0, 0); NOTED_SLOTS]) };
+}
+
+/// Whether ticket `id` may be used on connection `conn`
+/// (`Ledger::note_connection`: within its budget of connections), asked of
+/// the ledger once per connection, ticket and second. The ledger stamps a
+/// connection's use to the second, so the next request of the same
+/// connection with the same ticket in the same second would write the same
+/// stamp into its own live slot and be let through again: a browser's
+/// kept-alive connection skips the ledger's keyed hashes and row walk
+/// (about 1,800 instructions, issue 17) on all but its first request of
+/// each second. Refusals are never remembered, and another connection
+/// (even one sharing the slot) always asks the ledger.
+fn ticket_allowed_on(
+    node: &Node,
+    id: u64,
+    conn: u64,
+    now_secs: u64,
+    budget: u16,
+    window_secs: u16,
+) -> bool {
+    let slot = (conn % NOTED_SLOTS as u64) as usize;
+    let key = (conn, id, now_secs);
+    if NOTED.with_borrow(|noted| noted[slot] == key) {
+        return true;
+    }
+    let allowed = node
+        .ledger()
+        .note_connection(id, conn, now_secs, budget, window_secs);
+    if allowed {
+        NOTED.with_borrow_mut(|noted| noted[slot] = key);
+    }
+    allowed
+}
+
 fn open_ticket(
     node: &Node,
     room: &RoomRuntime,
