@@ -352,4 +352,42 @@ impl ProxiedNode {
     pub fn fresh_at(&self, i: usize, since: f64) -> bool {
         crate::edge::fresh_from(&self.metrics(), self.addresses[i], since)
     }
+
+    /// The node's home now, by index into `addresses`.
+    pub fn home(&self) -> Option<usize> {
+        crate::edge::home_among(&self.metrics(), &self.addresses)
+    }
+
+    /// Sets the proxy's `tail`, then the node must be fresh at
+    /// `addresses[i]` since then within 5 s (`what` says why).
+    pub fn set_until_fresh_at(&self, tail: Tail, i: usize, what: &str) {
+        self.proxy.set(tail);
+        let since = crate::minutes::now_secs();
+        assert!(
+            crate::eventually(Duration::from_secs(5), || self.fresh_at(i, since)),
+            "{what}"
+        );
+    }
+
+    /// `family{aggregator=<the proxy>}` at the node (0 when absent).
+    pub fn of_the_proxy(&self, family: &str) -> f64 {
+        self.metric(&format!("{family}{{aggregator=\"{}\"}}", self.addresses[0]))
+    }
+
+    /// Returns just after a periodic answer passed the proxy, so that the
+    /// node's next report is one the test causes (the next periodic one is
+    /// an interval away).
+    pub fn just_after_an_answer(&self) {
+        let before = self.proxy.answers();
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while self.proxy.answers() == before {
+            assert!(
+                std::time::Instant::now() < until,
+                "an answer every interval"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // The node takes it in.
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -21,76 +21,30 @@ use std::time::Duration;
 use waitroom_tests::{
     answer_proxy::{ProxiedNode, Tail},
     cluster::random_room,
-    edge::{admits_new_visitor, home_among, metric},
+    edge::admits_new_visitor,
     eventually,
     minutes::now_secs,
 };
 
 const INTERVAL_MS: u64 = 500;
 
-/// Two aggregators, the first behind the proxy; one node.
-struct Setup(ProxiedNode);
-
-impl std::ops::Deref for Setup {
-    type Target = ProxiedNode;
-
-    fn deref(&self) -> &ProxiedNode {
-        &self.0
-    }
-}
-
-impl Setup {
-    fn start() -> Self {
-        // A room no visitor of this test fills: every one is admitted.
-        Self(ProxiedNode::start(
-            "answer-notes",
-            2,
-            &random_room(10_000, 10_000),
-            INTERVAL_MS,
-        ))
-    }
-
-    /// The node's home now, by index into `addresses`.
-    fn home(&self) -> Option<usize> {
-        home_among(&self.metrics(), &self.addresses)
-    }
-
-    /// Sets the proxy's `tail`, then the node must be fresh at
-    /// `addresses[i]` since then within 5 s (`what` says why).
-    fn set_until_fresh_at(&self, tail: Tail, i: usize, what: &str) {
-        self.proxy.set(tail);
-        let since = now_secs();
-        assert!(
-            eventually(Duration::from_secs(5), || self.fresh_at(i, since)),
-            "{what}"
-        );
-    }
-
-    /// `family{aggregator=<the proxy>}` at the node.
-    fn of_the_proxy(&self, family: &str) -> f64 {
-        metric(
-            &self.metrics(),
-            &format!("{family}{{aggregator=\"{}\"}}", self.addresses[0]),
-        )
-        .unwrap_or(0.0)
-    }
-
-    /// Visitors for `secs` seconds, two every 100 ms; each must be admitted
-    /// (the room has room for all), none may see a server error.
-    fn visitors_for(&self, secs: f64) {
-        let until = now_secs() + secs;
-        while now_secs() < until {
-            for _ in 0..2 {
-                assert!(admits_new_visitor(&self.edge), "a visitor admitted");
-            }
-            std::thread::sleep(Duration::from_millis(100));
+/// Visitors for `secs` seconds, two every 100 ms; each must be admitted
+/// (the room has room for all), none may see a server error.
+fn visitors_for(setup: &ProxiedNode, secs: f64) {
+    let until = now_secs() + secs;
+    while now_secs() < until {
+        for _ in 0..2 {
+            assert!(admits_new_visitor(&setup.edge), "a visitor admitted");
         }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
 #[test]
 fn what_follows_an_answer_moves_the_node_only_when_it_is_a_note_for_that_answer() {
-    let setup = Setup::start();
+    // Two aggregators, the first behind the proxy; a room no visitor of
+    // this test fills: every one is admitted.
+    let setup = ProxiedNode::start("answer-notes", 2, &random_room(10_000, 10_000), INTERVAL_MS);
 
     // --- Wrong notes and broken ends: nothing changes.
     for tail in [
@@ -103,7 +57,7 @@ fn what_follows_an_answer_moves_the_node_only_when_it_is_a_note_for_that_answer(
         let since = now_secs();
         let relayed = setup.proxy.answers();
         let answers = setup.of_the_proxy("waitroom_gossip_aggregator_answers_total");
-        setup.visitors_for(3.0);
+        visitors_for(&setup, 3.0);
         let answers = setup.of_the_proxy("waitroom_gossip_aggregator_answers_total") - answers;
         let relayed = setup.proxy.answers() - relayed;
         eprintln!("{tail:?}: {answers} answers taken in 3 s, {relayed} relayed");
@@ -132,7 +86,7 @@ fn what_follows_an_answer_moves_the_node_only_when_it_is_a_note_for_that_answer(
         "a note for the answer moves the node's grants to the other aggregator"
     );
     let since = now_secs();
-    setup.visitors_for(2.0);
+    visitors_for(&setup, 2.0);
     assert!(setup.fresh_at(1, since), "fresh from the other");
     assert_eq!(setup.home(), Some(1), "and stays there while notes come");
     assert!(setup.of_the_proxy("waitroom_gossip_aggregator_held_back_total") >= 2.0);
@@ -157,12 +111,12 @@ fn what_follows_an_answer_moves_the_node_only_when_it_is_a_note_for_that_answer(
         1,
         "a note in place of the answer is no answer: the other aggregator takes over",
     );
-    setup.visitors_for(2.0);
+    visitors_for(&setup, 2.0);
     assert_eq!(
         setup.of_the_proxy("waitroom_gossip_aggregator_answering"),
         0.0,
         "the proxy is not answering"
     );
     setup.set_until_fresh_at(Tail::Faithful, 0, "answers again: the node is back");
-    setup.visitors_for(1.0);
+    visitors_for(&setup, 1.0);
 }

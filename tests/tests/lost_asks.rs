@@ -33,43 +33,13 @@ const ROOM: &str = "[[rooms]]\nid = \"shop\"\ntotal_active_users = 10000\n\
                     new_users_per_minute = 6000\nqueueing_method = \"fifo\"\n";
 
 /// One aggregator behind the proxy, one node.
-struct Setup(ProxiedNode);
-
-impl std::ops::Deref for Setup {
-    type Target = ProxiedNode;
-
-    fn deref(&self) -> &ProxiedNode {
-        &self.0
-    }
-}
-
-impl Setup {
-    fn start(name: &str) -> Self {
-        Self(ProxiedNode::start(name, 1, ROOM, INTERVAL_MS))
-    }
-
-    fn fresh(&self, since: f64) -> bool {
-        self.fresh_at(0, since)
-    }
-
-    /// Returns just after a periodic answer passed the proxy, so that the
-    /// next report is an ask the test causes (the next periodic one is an
-    /// interval away).
-    fn just_after_an_answer(&self) {
-        let before = self.proxy.answers();
-        let until = Instant::now() + Duration::from_secs(5);
-        while self.proxy.answers() == before {
-            assert!(Instant::now() < until, "an answer every interval");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        // The node takes it in.
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn start(name: &str) -> ProxiedNode {
+    ProxiedNode::start(name, 1, ROOM, INTERVAL_MS)
 }
 
 #[test]
 fn a_lost_answer_to_an_ask_is_asked_again_after_a_few_round_trips() {
-    let setup = Setup::start("lost-ask");
+    let setup = start("lost-ask");
     // Idle for a few rounds: the node is promised two slots.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(setup.metric("waitroom_lease_holding"), 1.0);
@@ -123,7 +93,7 @@ fn a_lost_answer_to_an_ask_is_asked_again_after_a_few_round_trips() {
 
 #[test]
 fn an_aggregator_that_never_answers_gets_no_storm_of_reports() {
-    let setup = Setup::start("silent-aggregator");
+    let setup = start("silent-aggregator");
     std::thread::sleep(Duration::from_secs(2));
     setup.just_after_an_answer();
     let reports_before = setup.proxy.reports();
@@ -163,7 +133,7 @@ fn an_aggregator_that_never_answers_gets_no_storm_of_reports() {
     setup.proxy.set(Tail::Faithful);
     let since = now_secs();
     assert!(
-        eventually(Duration::from_secs(15), || setup.fresh(since)),
+        eventually(Duration::from_secs(15), || setup.fresh_at(0, since)),
         "fresh again once the aggregator answers"
     );
     assert!(
