@@ -693,13 +693,20 @@ impl Cluster {
                 .get(&room.room)
                 .map_or((None, None), |m| m.leases_of(new_key.id));
             match old.rooms.iter().find(|r| r.room == room.room) {
+                Some(before) if old_key.colo == new_key.colo => {
+                    sums.replace_counts(before, room);
+                    sums.replace_live(before, room, new_key, leases);
+                }
                 Some(before) => {
                     sums.replace_counts(before, room);
                     sums.account_live(before, old_key, leases, -1);
+                    sums.account_live(room, new_key, leases, 1);
                 }
-                None => sums.account_counts(room, 1),
+                None => {
+                    sums.account_counts(room, 1);
+                    sums.account_live(room, new_key, leases, 1);
+                }
             }
-            sums.account_live(room, new_key, leases, 1);
         }
         for (j, room) in old.rooms.iter().enumerate() {
             if !first(&old.rooms, j) || new.rooms.iter().any(|r| r.room == room.room) {

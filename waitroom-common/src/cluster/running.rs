@@ -725,22 +725,7 @@ impl RoomSums {
             colo.recent = add(colo.recent, recent);
             colo.held = add(colo.held, colo_held);
             if recent > 0 {
-                match colo.parts.binary_search_by_key(&recent, |&(d, _)| d) {
-                    Ok(at) => {
-                        let count = add(colo.parts[at].1, 1);
-                        if count == 0 {
-                            colo.parts.remove(at);
-                        } else {
-                            colo.parts[at].1 = count;
-                        }
-                    }
-                    Err(at) => {
-                        let count = add(0, 1);
-                        if count != 0 {
-                            colo.parts.insert(at, (recent, count));
-                        }
-                    }
-                }
+                count_part(&mut colo.parts, recent, sign);
             }
             live.traffic_total = add(live.traffic_total, back);
             live.colo_held = add(live.colo_held, colo_held);
@@ -768,6 +753,83 @@ impl RoomSums {
         }
         let held = outstanding(lease, report, minute);
         live.held = add(live.held, held);
+    }
+
+    /// Takes `before` (a node's previous report) out of the minute view and
+    /// puts `after` (its new one, under the same key) in, as
+    /// `account_live(before, -1)` then `account_live(after, 1)` would, but
+    /// moving the colo's floor item and the node's lease item only where
+    /// they change. Between two reports a colo's traffic two minutes back
+    /// stays the same, so taking a report out and putting it back moved the
+    /// colo's item (its weight down, then up again: two heap entries each
+    /// way) for nothing; a node whose visitors did not change keeps its
+    /// lease item and its place in the lease order.
+    pub(crate) fn replace_live(
+        &mut self,
+        before: &RoomReport,
+        after: &RoomReport,
+        node: NodeKey,
+        leases: (Option<&Lease>, Option<&Lease>),
+    ) {
+        let Some(live) = &mut self.live else {
+            return;
+        };
+        let minute = live.minute;
+        let (colo_lease, lease) = leases;
+        // (traffic two minutes back, recent traffic, lease weight, colo-share
+        // slots held), as `account_live` reads them.
+        let part = |report: &RoomReport| {
+            let back = first_in(&report.distinct_visitors, minute.minus(2)).unwrap_or(0);
+            let current = first_in(&report.distinct_visitors, minute).unwrap_or(0);
+            (
+                back,
+                back.saturating_add(current),
+                current.saturating_add(1),
+                outstanding_colo(colo_lease, report, minute),
+            )
+        };
+        let (back0, recent0, weight0, held0) = part(before);
+        let (back1, recent1, weight1, held1) = part(after);
+        let moved = |sum: u64, old: u64, new: u64| sum.wrapping_sub(old).wrapping_add(new);
+        // A report with no recent traffic and nothing held leaves the colo
+        // alone (then its traffic two minutes back is 0 too).
+        if recent0 > 0 || held0 > 0 || recent1 > 0 || held1 > 0 {
+            let colo = colo_mut(&mut live.colos, node.colo);
+            colo.back = moved(colo.back, back0, back1);
+            colo.recent = moved(colo.recent, recent0, recent1);
+            colo.held = moved(colo.held, held0, held1);
+            if recent0 != recent1 {
+                if recent0 > 0 {
+                    count_part(&mut colo.parts, recent0, -1);
+                }
+                if recent1 > 0 {
+                    count_part(&mut colo.parts, recent1, 1);
+                }
+            }
+            live.traffic_total = moved(live.traffic_total, back0, back1);
+            live.colo_held = moved(live.colo_held, held0, held1);
+            if colo.back > 0 {
+                let colo = &*colo;
+                live.colo_floors
+                    .set(node.colo, colo.back.saturating_mul(90), |slots| {
+                        colo.handed_out(slots)
+                    });
+            } else {
+                live.colo_floors.remove(node.colo);
+            }
+        }
+        if weight0 != weight1 {
+            live.lease_weight = moved(live.lease_weight, weight0, weight1);
+            live.lease_floors.remove(node.id);
+            live.lease_floors.insert(node.id, weight1, |floor| floor);
+            live.lease_order.remove(&(Reverse(weight0), node.position));
+            live.lease_order.insert((Reverse(weight1), node.position));
+        }
+        live.held = moved(
+            live.held,
+            outstanding(lease, before, minute),
+            outstanding(lease, after, minute),
+        );
     }
 
     /// Replaces a node's lease in the ledger's sum of what is held.
@@ -891,6 +953,34 @@ impl Live {
             lease_order: RankList::default(),
             held: 0,
             colo_held: 0,
+        }
+    }
+}
+
+/// One more (`sign` = 1) or one fewer (−1) node of `recent` traffic in a
+/// colo's parts; a count back at zero drops its entry.
+fn count_part(parts: &mut Vec<(u64, u64)>, recent: u64, sign: i64) {
+    let add = |count: u64| {
+        if sign > 0 {
+            count.wrapping_add(1)
+        } else {
+            count.wrapping_sub(1)
+        }
+    };
+    match parts.binary_search_by_key(&recent, |&(d, _)| d) {
+        Ok(at) => {
+            let count = add(parts[at].1);
+            if count == 0 {
+                parts.remove(at);
+            } else {
+                parts[at].1 = count;
+            }
+        }
+        Err(at) => {
+            let count = add(0);
+            if count != 0 {
+                parts.insert(at, (recent, count));
+            }
         }
     }
 }
