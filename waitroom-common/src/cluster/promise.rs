@@ -46,11 +46,12 @@
 //!   In the worldwide spike the last 20–70 slots of a minute went in about
 //!   a second, while each node still held two seconds of its own rate: a
 //!   node whose visitors came a moment early asked, found every slot held,
-//!   and queued them while the holders spent theirs on later visitors. The
-//!   holders were not idle (their slots were spent before their next
-//!   report), so lowering their caps at the ask would have returned
-//!   nothing in time; smaller promises keep the last slots unheld, for
-//!   whoever asks first (`cargo xtask simulate`, seeds 1–24, queued with
+//!   and queued them while the holders spent theirs on later visitors.
+//!   Lowering the holders' caps at the ask would have returned nothing in
+//!   time: most of their slots were spent before their next report, and a
+//!   cap changes only in the answer to its holder's report, which promises
+//!   the holder its rate anew anyway. Smaller promises keep the last slots
+//!   unheld, for whoever asks first (`cargo xtask simulate`, seeds 1–24, queued with
 //!   room for the whole line: 1.25 / 2.08 / 2.29 a run with one / two /
 //!   three aggregators, 0.46 / 0.62 / 0.46 with the pace);
 //! - what that leaves short is borrowed from the other colos' slots that
