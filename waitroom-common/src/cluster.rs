@@ -1249,13 +1249,14 @@ impl Cluster {
             // queued anywhere sends every new visitor to the lottery, so a
             // node running dry early would queue the whole room.
             if asks && def.room.queueing_method() == QueueingMethod::Fifo {
-                let need = self.promises.need(
+                let need = self.promises.need_paced(
                     admitted_since(leases, state.used, minute).max(visitors_since(
                         &previous_visitors,
                         room_report,
                         minute,
                     )),
                     elapsed_since(previous_seen, at, now),
+                    promise::Pace::of(&state, room_now.new_users_per_minute(), now),
                 );
                 let free = promise::Free::new(
                     shares.colo_pool.saturating_sub(shares.colo_held_in_colo),

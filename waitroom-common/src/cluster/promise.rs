@@ -40,6 +40,20 @@
 //!   (`cargo xtask simulate`, seeds 1–8: 7.1 a run queued with room for
 //!   the whole line, 1.6 with the cap). Each node that asks then gets half
 //!   of the rest, so the last slots follow the nodes that use them;
+//! - *the minute's last seconds*: the horizon is at most a sixth
+//!   ([`PACE_SHARE`]) of the time the minute's slots have left at the
+//!   room's pace (its admits this minute over the time into it, [`Pace`]).
+//!   In the worldwide spike the last 20–70 slots of a minute went in about
+//!   a second, while each node still held two seconds of its own rate: a
+//!   node whose visitors came a moment early asked, found every slot held,
+//!   and queued them while the holders spent theirs on later visitors.
+//!   Lowering the holders' caps at the ask would have returned nothing in
+//!   time: most of their slots were spent before their next report, and a
+//!   cap changes only in the answer to its holder's report, which promises
+//!   the holder its rate anew anyway. Smaller promises keep the last slots
+//!   unheld, for whoever asks first (`cargo xtask simulate`, seeds 1–24, queued with
+//!   room for the whole line: 1.25 / 2.08 / 2.29 a run with one / two /
+//!   three aggregators, 0.46 / 0.62 / 0.46 with the pace);
 //! - what that leaves short is borrowed from the other colos' slots that
 //!   none of their nodes holds, at most half of them, as an Anywhere lease.
 //!   Colo slots follow traffic two minutes back (seed 002), so in a
@@ -65,6 +79,8 @@
 //! lottery (seed 001), so one node running dry early would queue the whole
 //! room (the `gossip` integration test, a random room, admitted 9 of its 20
 //! slots instead of 20 with small promises there).
+
+use crate::{state::GlobalState, time::UnixMillis};
 
 /// How much the aggregator promises a node that asks on demand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,6 +131,52 @@ pub fn ask_timeout_ms(lease_wait_ms: u64, rtt_ms: u64, answer_timeout_ms: u64) -
 /// after an answer does not make a handful of admits look like thousands a
 /// second.
 const MIN_ELAPSED_MS: u64 = 100;
+
+/// A promise covers at most this share of the time the minute's slots have
+/// left at the room's pace (see [`Pace`]).
+pub const PACE_SHARE: u64 = 6;
+
+/// The shortest part of the minute the room's pace is measured over: a
+/// handful of admits in a minute's first milliseconds is no pace.
+const MIN_PACE_MS: u64 = 1_000;
+
+/// How fast the room spends its minute, for [`PromisePolicy::need_paced`]:
+/// its admits this minute (every node's, every pool), `elapsed_ms` into the
+/// minute, against the per-minute limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pace {
+    /// The room's admits this minute, as the aggregator knows them.
+    pub admitted: u64,
+    /// The per-minute limit in force.
+    pub per_minute: u64,
+    /// How far into the minute it is.
+    pub elapsed_ms: u64,
+}
+
+impl Pace {
+    /// The pace of the room whose state this round is `state` (its admits
+    /// this minute), at `now`.
+    #[must_use]
+    pub fn of(state: &GlobalState, per_minute: u64, now: UnixMillis) -> Self {
+        Self {
+            admitted: state.admitted_this_minute,
+            per_minute,
+            elapsed_ms: now.0.saturating_sub(now.minute().start().0),
+        }
+    }
+
+    /// How long the minute's slots last at this pace, in milliseconds
+    /// (`u64::MAX` before any admit).
+    #[must_use]
+    pub fn left_ms(&self) -> u64 {
+        if self.admitted == 0 {
+            return u64::MAX;
+        }
+        let left = u128::from(self.per_minute.saturating_sub(self.admitted));
+        let elapsed = u128::from(self.elapsed_ms.max(MIN_PACE_MS));
+        u64::try_from(left * elapsed / u128::from(self.admitted)).unwrap_or(u64::MAX)
+    }
+}
 
 /// What the ledgers leave for one node this round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,8 +260,21 @@ impl PromisePolicy {
     /// admits in the last `elapsed_ms`, as a rate over the horizon.
     #[must_use]
     pub fn need(&self, admitted: u64, elapsed_ms: u64) -> u64 {
+        Self::need_over(admitted, elapsed_ms, self.horizon_ms)
+    }
+
+    /// [`PromisePolicy::need`] over a horizon of at most a
+    /// [`PACE_SHARE`]th of the time the minute's slots last at the room's
+    /// `pace`: see "the minute's last seconds" in the module's rule.
+    #[must_use]
+    pub fn need_paced(&self, admitted: u64, elapsed_ms: u64, pace: Pace) -> u64 {
+        let horizon = self.horizon_ms.min(pace.left_ms() / PACE_SHARE);
+        Self::need_over(admitted, elapsed_ms, horizon)
+    }
+
+    fn need_over(admitted: u64, elapsed_ms: u64, horizon_ms: u64) -> u64 {
         let elapsed = u128::from(elapsed_ms.max(MIN_ELAPSED_MS));
-        let n = u128::from(admitted) * u128::from(self.horizon_ms);
+        let n = u128::from(admitted) * u128::from(horizon_ms);
         u64::try_from(n.div_ceil(elapsed)).unwrap_or(u64::MAX)
     }
 
@@ -312,6 +387,58 @@ mod tests {
         assert_eq!(p.promise((50, 0), last, 40), (1, 0));
         // A need within half is promised whole.
         assert_eq!(p.promise((50, 0), free, 20), (20, 0));
+    }
+
+    #[test]
+    fn in_the_minutes_last_seconds_a_promise_covers_a_sixth_of_the_time_left() {
+        let p = PromisePolicy::default();
+        // The worldwide spike, seed 4: 476 of 500 admitted 14.358 s into
+        // the minute, so the last 24 slots last about 0.72 s at the room's
+        // pace. A node admitting 4 a second is promised its rate over a
+        // sixth of that (120 ms), one slot, not two seconds' eight: the
+        // rest stays unheld for the node whose visitors come first.
+        let late = Pace {
+            admitted: 476,
+            per_minute: 500,
+            elapsed_ms: 14_358,
+        };
+        assert_eq!(late.left_ms(), 723);
+        assert_eq!(p.need(4, 1_000), 8);
+        assert_eq!(p.need_paced(4, 1_000, late), 1);
+        // A held visitor's ask still reads as need.
+        assert_eq!(p.need_paced(1, 100, late), 2);
+        // Far from the end of the minute's slots: the whole horizon.
+        let early = Pace {
+            admitted: 100,
+            per_minute: 500,
+            elapsed_ms: 10_000,
+        };
+        assert_eq!(p.need_paced(4, 1_000, early), 8);
+        assert_eq!(
+            p.need_paced(
+                4,
+                1_000,
+                Pace {
+                    admitted: 0,
+                    ..late
+                }
+            ),
+            8
+        );
+        // A minute's first admits are measured over a second at least.
+        let first = Pace {
+            admitted: 50,
+            per_minute: 500,
+            elapsed_ms: 100,
+        };
+        assert_eq!(first.left_ms(), 9_000);
+        assert_eq!(p.need_paced(4, 1_000, first), 6);
+        // The limit reached (or lowered below the admits): no time left.
+        let full = Pace {
+            admitted: 520,
+            ..late
+        };
+        assert_eq!(p.need_paced(4, 1_000, full), 0);
     }
 
     #[test]

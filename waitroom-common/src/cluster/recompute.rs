@@ -145,13 +145,15 @@ impl Recomputing {
                     .iter()
                     .find(|r| r.room == def.room.id())
                     .expect("the room is in the report (checked above)");
-                let need =
-                    self.promises.need(
-                        super::admitted_since(leases, state.used, minute).max(
-                            super::visitors_since(&previous_visitors, room_report, minute),
-                        ),
-                        super::elapsed_since(previous_seen, at, now),
-                    );
+                let need = self.promises.need_paced(
+                    super::admitted_since(leases, state.used, minute).max(super::visitors_since(
+                        &previous_visitors,
+                        room_report,
+                        minute,
+                    )),
+                    super::elapsed_since(previous_seen, at, now),
+                    super::promise::Pace::of(&state, def.room.at(now).new_users_per_minute(), now),
+                );
                 (colo_granted, granted) =
                     self.promises.promise((colo_granted, granted), free, need);
             }
