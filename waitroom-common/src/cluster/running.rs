@@ -729,18 +729,7 @@ impl RoomSums {
             }
             live.traffic_total = add(live.traffic_total, back);
             live.colo_held = add(live.colo_held, colo_held);
-            // The colo's item: only its value changes while its traffic two
-            // minutes back stays (`set` then moves no threshold). A colo left
-            // with nothing keeps an all-zero entry, which reads as absent.
-            if colo.back > 0 {
-                let colo = &*colo;
-                live.colo_floors
-                    .set(node.colo, colo.back.saturating_mul(90), |slots| {
-                        colo.handed_out(slots)
-                    });
-            } else {
-                live.colo_floors.remove(node.colo);
-            }
+            revalue_colo(&mut live.colo_floors, colo, node.colo);
         }
         live.lease_weight = add(live.lease_weight, weight);
         let rank = (Reverse(weight), node.position);
@@ -808,15 +797,7 @@ impl RoomSums {
             }
             live.traffic_total = moved(live.traffic_total, back0, back1);
             live.colo_held = moved(live.colo_held, held0, held1);
-            if colo.back > 0 {
-                let colo = &*colo;
-                live.colo_floors
-                    .set(node.colo, colo.back.saturating_mul(90), |slots| {
-                        colo.handed_out(slots)
-                    });
-            } else {
-                live.colo_floors.remove(node.colo);
-            }
+            revalue_colo(&mut live.colo_floors, colo, node.colo);
         }
         if weight0 != weight1 {
             live.lease_weight = moved(live.lease_weight, weight0, weight1);
@@ -867,18 +848,7 @@ impl RoomSums {
         live.colo_held = live.colo_held.wrapping_sub(old).wrapping_add(new);
         let colo = colo_mut(&mut live.colos, node.colo);
         colo.held = colo.held.wrapping_sub(old).wrapping_add(new);
-        // The colo's item: only its value changes while its traffic two
-        // minutes back stays (`set` then moves no threshold). A colo left
-        // with nothing keeps an all-zero entry, which reads as absent.
-        if colo.back > 0 {
-            let colo = &*colo;
-            live.colo_floors
-                .set(node.colo, colo.back.saturating_mul(90), |slots| {
-                    colo.handed_out(slots)
-                });
-        } else {
-            live.colo_floors.remove(node.colo);
-        }
+        revalue_colo(&mut live.colo_floors, colo, node.colo);
     }
 
     /// The reporting node's colo share and Anywhere lease when `shared`
@@ -954,6 +924,20 @@ impl Live {
             held: 0,
             colo_held: 0,
         }
+    }
+}
+
+/// Colo `id`'s floor item after its traffic, parts or held slots changed:
+/// only its value changes while its traffic two minutes back stays (`set`
+/// then moves no threshold). A colo left with nothing keeps an all-zero
+/// entry, which reads as absent.
+fn revalue_colo(colo_floors: &mut FloorSums, colo: &ColoTraffic, id: u32) {
+    if colo.back > 0 {
+        colo_floors.set(id, colo.back.saturating_mul(90), |slots| {
+            colo.handed_out(slots)
+        });
+    } else {
+        colo_floors.remove(id);
     }
 }
 
