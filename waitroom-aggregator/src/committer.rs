@@ -18,7 +18,7 @@
 //!   on its held slots, and new visitors beyond them queue until etcd is back.
 //!
 //! # An outage costs one deadline a second, not one per batch
-//! After a failed commit, batches for the next [`BACKOFF`] are answered
+//! After a failed commit, batches for the next `BACKOFF` are answered
 //! with what is held at once, without trying etcd; then one batch tries
 //! again. Otherwise every batch would wait its whole deadline and the
 //! reports queued behind it longer than the nodes wait for an answer.
@@ -65,7 +65,7 @@ pub struct LedgerMetrics {
     /// Wall time of the last batch, µs.
     pub last_batch_us: AtomicU64,
     /// Reports answered at once with what their nodes hold, because
-    /// [`QUEUE`] reports were already waiting for a commit (etcd far
+    /// `QUEUE` reports were already waiting for a commit (etcd far
     /// behind, or a flood of reports).
     pub queue_full_total: AtomicU64,
 }

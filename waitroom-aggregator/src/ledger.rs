@@ -1,7 +1,7 @@
 //! The grant ledger in etcd (issue 20, docs/adr/0001, step 2): a client
 //! for etcd's v3 JSON gateway and the compare-and-swap loop that commits
 //! one aggregator's grants of a round
-//! ([`GrantLedger`](waitroom_common::cluster::grants::GrantLedger)) to the
+//! ([`GrantLedger`]) to the
 //! room's and minute's key.
 //!
 //! # Why the JSON gateway, blocking

@@ -3,7 +3,7 @@
 //!
 //! [`Cluster::apply`] takes one node's report and returns that node's state
 //! per room. The answer is exactly what the engine's
-//! [`aggregate`](crate::aggregate::aggregate) over every report would give
+//! [`aggregate`](crate::aggregate::aggregate()) over every report would give
 //! that node, but kept in running sums per room (`running`): the node's
 //! previous report is taken out and the new one added, so a merge costs one
 //! report's entries and a round of N reports close to O(N), not O(N²) (issue 15;

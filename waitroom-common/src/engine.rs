@@ -24,7 +24,7 @@
 //!    first arrivals of that second did. With nobody waiting (an open room)
 //!    a new visitor goes on to step 6 and is admitted at once if a slot is
 //!    free: a quiet site queues nobody. FIFO is untouched: there new visitors
-//!    already stand behind the waiting buckets ([`pools_for`]);
+//!    already stand behind the waiting buckets (`pools_for`);
 //! 6. otherwise the visitor tries for a slot from the pools they may use —
 //!    in FIFO by their bucket, in random queueing from the shared pools —
 //!    through the node's ticket counter, and is admitted or queued with an

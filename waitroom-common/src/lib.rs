@@ -2,7 +2,7 @@
 //!
 //! Without features this crate is `#![no_std]` and holds only the `#[repr(C)]`
 //! types shared with the kernel program in `waitroom-ebpf`. The `user` feature
-//! implements [`aya::Pod`] for them so userspace can read the maps; the `std`
+//! implements `aya::Pod` for them so userspace can read the maps; the `std`
 //! feature adds every pure rule the node, the aggregator and the simulator
 //! agree on: the room model, the admission engine, the aggregation and the
 //! cluster's lease ledger, the local-only share, and the gossip messages with

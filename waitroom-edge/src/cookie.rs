@@ -179,7 +179,7 @@ impl CookieKeys {
     /// until the node sets a new one, and opening it (base64, the AEAD, the
     /// decoding) was the largest piece of the admitted path after hyper's
     /// own (issue 17). So the worker thread remembers, for each of
-    /// [`OPENED_SLOTS`] slots chosen by the connection id `conn`, the last
+    /// `OPENED_SLOTS` slots chosen by the connection id `conn`, the last
     /// value that opened, with the room and the key set it opened under.
     /// The very same bytes under the same keys for the same room open to the
     /// same ticket, so a hit returns that ticket unopened; anything else (a

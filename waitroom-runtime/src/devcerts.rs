@@ -2,7 +2,7 @@
 //! aggregator's server certificate and one client certificate per node.
 //!
 //! `cargo xtask certs` and the integration tests both go through
-//! `waitroom-aggregator gen-certs`, which calls [`write`], so there is one
+//! `waitroom-aggregator gen-certs`, which calls [`write()`], so there is one
 //! place that knows what a valid cluster certificate looks like. Production
 //! clusters bring their own CA; nothing here is meant for them (keys are
 //! written unencrypted and the certificates never expire).
@@ -34,7 +34,7 @@ pub enum DevCertsError {
     BadNodeName { name: String },
 }
 
-/// What [`write`] produced.
+/// What [`write()`] produced.
 #[derive(Debug, Clone)]
 pub struct Written {
     /// The CA certificate every peer trusts.

@@ -54,6 +54,18 @@ pub fn run(args: &Args) -> Result<()> {
         &mut ebpf_clippy(),
     )?;
     cmd::run(
+        "rustdoc -D warnings (host crates, their own docs: every intra-doc link resolves)",
+        cmd::cargo()
+            .args([
+                "doc",
+                "--workspace",
+                "--exclude",
+                "waitroom-ebpf",
+                "--no-deps",
+            ])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    cmd::run(
         "building the binaries the integration tests start",
         cmd::cargo().args(["build", "--workspace", "--bins"]),
     )?;

@@ -2,7 +2,7 @@
 //! in virtual time, driving the real engine and the real aggregator.
 //!
 //! Nothing here decides anything. Every request is
-//! [`decide`](waitroom_common::engine::decide) on the node's own
+//! [`decide`] on the node's own
 //! [`RoomCounters`], with the [`GlobalState`] the node holds; every report is
 //! the node's [`RoomCounters::report`], merged by the aggregator's own
 //! [`Cluster::apply`] (departed nodes, the Anywhere lease ledger); every answer
