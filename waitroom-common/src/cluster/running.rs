@@ -707,10 +707,7 @@ impl RoomSums {
             return;
         };
         let minute = live.minute;
-        let back = first_in(&report.distinct_visitors, minute.minus(2)).unwrap_or(0);
-        let current = first_in(&report.distinct_visitors, minute).unwrap_or(0);
-        let recent = back.saturating_add(current);
-        let weight = current.saturating_add(1);
+        let (back, recent, weight) = traffic(report, minute);
         let colo_held = outstanding_colo(colo_lease, report, minute);
         let add = |sum: u64, n: u64| {
             if sign > 0 {
@@ -765,20 +762,10 @@ impl RoomSums {
         };
         let minute = live.minute;
         let (colo_lease, lease) = leases;
-        // (traffic two minutes back, recent traffic, lease weight, colo-share
-        // slots held), as `account_live` reads them.
-        let part = |report: &RoomReport| {
-            let back = first_in(&report.distinct_visitors, minute.minus(2)).unwrap_or(0);
-            let current = first_in(&report.distinct_visitors, minute).unwrap_or(0);
-            (
-                back,
-                back.saturating_add(current),
-                current.saturating_add(1),
-                outstanding_colo(colo_lease, report, minute),
-            )
-        };
-        let (back0, recent0, weight0, held0) = part(before);
-        let (back1, recent1, weight1, held1) = part(after);
+        let (back0, recent0, weight0) = traffic(before, minute);
+        let (back1, recent1, weight1) = traffic(after, minute);
+        let held0 = outstanding_colo(colo_lease, before, minute);
+        let held1 = outstanding_colo(colo_lease, after, minute);
         let moved = |sum: u64, old: u64, new: u64| sum.wrapping_sub(old).wrapping_add(new);
         // A report with no recent traffic and nothing held leaves the colo
         // alone (then its traffic two minutes back is 0 too).
@@ -863,10 +850,7 @@ impl RoomSums {
         (colo_lease, lease): (Option<&Lease>, Option<&Lease>),
     ) -> Option<NodeShares> {
         let live = self.live.as_mut().filter(|l| l.minute == minute)?;
-        let back = first_in(&report.distinct_visitors, minute.minus(2)).unwrap_or(0);
-        let current = first_in(&report.distinct_visitors, minute).unwrap_or(0);
-        let recent = back.saturating_add(current);
-        let weight = current.saturating_add(1);
+        let (_, recent, weight) = traffic(report, minute);
         // Colos: each gets ⌊S·90·D_c / 100·T⌋, its nodes each their floor of
         // that; what the floors leave is the Anywhere pool.
         let total_weight = live.traffic_total.saturating_mul(100);
@@ -925,6 +909,19 @@ impl Live {
             colo_held: 0,
         }
     }
+}
+
+/// A node's traffic in `report` as the minute view weighs it: `(traffic two
+/// minutes back, recent traffic (that plus this minute's), lease weight
+/// (this minute's traffic + 1))`.
+fn traffic(report: &RoomReport, minute: Minute) -> (u64, u64, u64) {
+    let back = first_in(&report.distinct_visitors, minute.minus(2)).unwrap_or(0);
+    let current = first_in(&report.distinct_visitors, minute).unwrap_or(0);
+    (
+        back,
+        back.saturating_add(current),
+        current.saturating_add(1),
+    )
 }
 
 /// Colo `id`'s floor item after its traffic, parts or held slots changed:
