@@ -970,8 +970,9 @@ impl Cluster {
     }
 
     /// What leases of a minute before `minute`, held by nodes other than
-    /// `node`, may still admit in `minute`: each its bare allowance less
-    /// the holder's admits this minute ([`Lease::outstanding`]).
+    /// the one at `index` of `reports`, may still admit in `minute`: each
+    /// its bare allowance less the holder's admits this minute
+    /// ([`Lease::outstanding`]).
     fn earlier_leases_outstanding(
         memory: &RoomBook,
         reports: &[NodeReport],
@@ -1684,7 +1685,7 @@ impl Cluster {
             memory
                 .leases
                 .retain(|node, lease| plausible(node, lease, &mut dropped));
-            restored.push((id, memory));
+            restored.push((id, def.name.clone(), memory));
         }
         self.reports.clear();
         self.meta.clear();
@@ -1728,15 +1729,10 @@ impl Cluster {
             book.leases.clear();
             book.colo_leases.clear();
         }
-        for (id, memory) in restored {
+        for (id, name, memory) in restored {
             let Some(book) = self.memory.get_mut(&id) else {
                 continue;
             };
-            let name = self
-                .rooms
-                .iter()
-                .find(|d| d.room.id() == id)
-                .map_or("", |d| &d.name);
             book.history = memory.history;
             for (leases, by_name) in [
                 (&mut book.leases, memory.leases),
