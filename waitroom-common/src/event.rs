@@ -625,23 +625,15 @@ shuffle_at_event_start = true
             t += 83_941_237_019;
         }
         assert!(seen > 3_000);
-        assert_eq!(format_rfc3339(UnixMillis(0)), "1970-01-01T00:00:00Z");
-        assert_eq!(
-            format_rfc3339(UnixMillis(1_596_498_360_000)),
-            "2020-08-03T23:46:00Z"
-        );
-        assert_eq!(
-            format_rfc3339(UnixMillis(1_709_210_096_999)),
-            "2024-02-29T12:34:56Z"
-        );
-        assert_eq!(
-            format_rfc3339(UnixMillis(253_402_300_799_999)),
-            "9999-12-31T23:59:59Z"
-        );
-        assert_eq!(
-            format_rfc3339(UnixMillis(253_402_300_800_000)),
-            "10000-01-01T00:00:00Z"
-        );
+        for (t, text) in [
+            (0, "1970-01-01T00:00:00Z"),
+            (1_596_498_360_000, "2020-08-03T23:46:00Z"),
+            (1_709_210_096_999, "2024-02-29T12:34:56Z"),
+            (253_402_300_799_999, "9999-12-31T23:59:59Z"),
+            (253_402_300_800_000, "10000-01-01T00:00:00Z"),
+        ] {
+            assert_eq!(format_rfc3339(UnixMillis(t)), text, "{t}");
+        }
     }
 
     /// What a tired operator writes at 3 a.m. before a launch, and what

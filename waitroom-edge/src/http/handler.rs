@@ -560,7 +560,6 @@ async fn to_origin(
     }
 }
 
-/// Opens the room's cookie into a ticket, counting every failure.
 /// Slots of a worker thread's [`NOTED`] cache, chosen by connection id.
 const NOTED_SLOTS: usize = 64;
 
@@ -603,6 +602,7 @@ fn ticket_allowed_on(
     allowed
 }
 
+/// Opens the room's cookie into a ticket, counting every failure.
 fn open_ticket(
     node: &Node,
     room: &RoomRuntime,
