@@ -437,9 +437,27 @@ mod tests {
             },
             None,
         ));
-        let reports = QUEUE as u64 + 1_000;
+        // One report first, so the committer is already waiting on the hung
+        // member when the flood comes: a committer scheduled late would
+        // otherwise take thousands of the flood into its first batch, and
+        // the queue would never fill (seen once in CI).
+        let first = {
+            let committer = Arc::clone(&committer);
+            tokio::spawn(async move {
+                let g = grant(u64::MAX);
+                (
+                    g,
+                    committer
+                        .commit("node-first", &[("shop".to_owned(), g)])
+                        .await,
+                )
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let flood = QUEUE as u64 + 1_000;
+        let reports = flood + 1;
         let started = Instant::now();
-        let tasks: Vec<_> = (0..reports)
+        let tasks: Vec<_> = (0..flood)
             .map(|n| {
                 let committer = Arc::clone(&committer);
                 tokio::spawn(async move {
@@ -451,6 +469,15 @@ mod tests {
                 })
             })
             .collect();
+        let (g, told) = first.await.unwrap();
+        assert_eq!(
+            told,
+            vec![Told {
+                allowances: g.holds,
+                held_back: true
+            }],
+            "nothing new while etcd hangs"
+        );
         let mut slowest = Duration::ZERO;
         for task in tasks {
             let (g, told, took) = task.await.unwrap();
