@@ -79,7 +79,9 @@ use serde::Serialize;
 use waitroom_common::{
     aggregate::{NodeReport, aggregate},
     cluster::{
-        Cluster, Lease, PromisePolicy, RoomDef, grants::GrantLedger, promise::ask_timeout_ms,
+        Cluster, Lease, PromisePolicy, RoomDef,
+        grants::GrantLedger,
+        promise::{ask_timeout_ms, ask_within_hold_ms},
     },
     counters::RoomCounters,
     engine::{AdmitReason, Decision, QueueReason, decide, is_new_visitor, short_of_slots},
@@ -141,7 +143,7 @@ pub struct Conditions {
     pub ask_again_when_lost: bool,
     /// An experiment, not yet the edge's client: a held visitor's ask whose
     /// answer is late is sent again in time for that answer to come within
-    /// the hold ([`ask_within_hold_ms`]), rather than after
+    /// the hold (`promise::ask_within_hold_ms`), rather than after
     /// `promise::ask_timeout_ms` (at least 100 ms, when the hold of
     /// `lease_wait_ms`, 50, has queued the visitor already).
     pub ask_within_hold: bool,
@@ -1835,29 +1837,6 @@ impl Sim {
             .entry(now_ms / MILLIS_PER_MINUTE)
             .or_default() += 1;
     }
-}
-
-/// How long a node waits for a held visitor's ask with
-/// [`Conditions::ask_within_hold`]: until the ask sent again then is still
-/// answered (one `rtt_ms` later) 5 ms before the hold of `lease_wait_ms`
-/// ends, but at least a round trip and a quarter (an answer a little slow
-/// is not asked for twice), at most `answer_timeout_ms`. At the defaults
-/// (hold 50 ms, round trip 20 ms): 25 ms, where `promise::ask_timeout_ms`
-/// waits 100.
-///
-/// Why: under the hostile preset the steady scenario queued ~16 visitors a
-/// run with room for the whole line, three quarters of them held on an ask
-/// whose answer was lost: the hold ended at 50 ms, the ask went again at
-/// 100 ms (`cargo xtask simulate --preset hostile --scenario steady`, seeds
-/// 1-16: 15.6 a run, 3.2 with this wait).
-#[must_use]
-pub fn ask_within_hold_ms(lease_wait_ms: u64, rtt_ms: u64, answer_timeout_ms: u64) -> u64 {
-    lease_wait_ms
-        .saturating_sub(rtt_ms)
-        .saturating_sub(5)
-        .max(rtt_ms + rtt_ms / 4)
-        .max(1)
-        .min(answer_timeout_ms)
 }
 
 /// The instant `ms` after [`START`].

@@ -1259,7 +1259,7 @@ mod tests {
 
     /// Steady traffic under the hostile preset: a held visitor's ask whose
     /// answer is lost is sent again within the hold
-    /// (`cluster::ask_within_hold_ms`, 25 ms at a 50 ms hold and 20 ms round
+    /// (`promise::ask_within_hold_ms`, 25 ms at a 50 ms hold and 20 ms round
     /// trips), so a quarter as many visitors or fewer are queued with room for the whole line
     /// than when the ask goes again after `promise::ask_timeout_ms` (100 ms,
     /// after the hold has queued the visitor), and the limits hold.
