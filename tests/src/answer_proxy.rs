@@ -11,14 +11,14 @@
 use std::{
     net::SocketAddr,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicU8, AtomicU64, Ordering::Relaxed},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
-use waitroom_common::wire::{self, AnswerNote, Message};
+use waitroom_common::wire::{self, AnswerNote, HeldLease, Message};
 use waitroom_runtime::{frames, tls};
 
 use crate::cluster::Certs;
@@ -75,7 +75,25 @@ struct Counts {
     reports: AtomicU64,
     answers: AtomicU64,
     to_lose: AtomicU64,
+    /// Answers to lose of reports that confirm a lowered cap.
+    confirms_to_lose: AtomicU64,
     lost: AtomicU64,
+    /// The leases named by the last home report.
+    last_held: Mutex<Option<Vec<HeldLease>>>,
+    /// Every report's arrival, and whether its answer was lost.
+    log: Mutex<Vec<Arrival>>,
+}
+
+/// A report as it reached the proxy.
+#[derive(Clone, Copy, Debug)]
+pub struct Arrival {
+    pub at: Instant,
+    /// It named a lower cap than the home report before it: it confirms a
+    /// lowered cap.
+    pub confirms: bool,
+    /// Its answer was lost (by [`AnswerProxy::lose_next`],
+    /// [`AnswerProxy::lose_next_confirmation`] or [`Tail::Withheld`]).
+    pub lost: bool,
 }
 
 /// A running proxy; it stops when dropped.
@@ -161,6 +179,21 @@ impl AnswerProxy {
         self.counts.to_lose.store(n, Relaxed);
     }
 
+    /// The answer to the next report that confirms a lowered cap (a home
+    /// report naming a lower cap than the home report before it) is lost.
+    pub fn lose_next_confirmation(&self) {
+        self.counts.confirms_to_lose.store(1, Relaxed);
+    }
+
+    /// Every report so far, in the order they arrived.
+    pub fn arrivals(&self) -> Vec<Arrival> {
+        self.counts
+            .log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Answers lost so far by [`Self::lose_next`] or [`Tail::Withheld`].
     pub fn lost(&self) -> u64 {
         self.counts.lost.load(Relaxed)
@@ -215,12 +248,38 @@ async fn relay(
     counts: &Counts,
 ) -> Result<()> {
     let report = frames::read(&mut recv).await?;
+    let at = Instant::now();
     counts.reports.fetch_add(1, Relaxed);
+    let confirms = match &report {
+        Message::HomeReport(home) => {
+            let mut last = counts
+                .last_held
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let lowered = last
+                .as_ref()
+                .is_some_and(|before| HeldLease::lowered(before, &home.held));
+            *last = Some(home.held.clone());
+            lowered
+        }
+        _ => false,
+    };
+    let take = |n: &AtomicU64| {
+        n.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    };
     // Decided as the report arrives: the answer to this report is lost.
-    let lose = counts
-        .to_lose
-        .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
-        .is_ok();
+    let lose = (confirms && take(&counts.confirms_to_lose)) || take(&counts.to_lose);
+    let withheld = lose || Tail::from_u8(tail.load(Relaxed)) == Tail::Withheld;
+    counts
+        .log
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(Arrival {
+            at,
+            confirms,
+            lost: withheld,
+        });
     let (mut up_send, mut up_recv) = aggregator.open_bi().await?;
     frames::write(&mut up_send, &report).await?;
     let mut replies = Vec::new();

@@ -5,7 +5,7 @@ use std::{net::SocketAddr, sync::Arc, sync::atomic::Ordering::Relaxed, time::Dur
 use tracing::Instrument as _;
 use waitroom_common::{
     aggregate::NodeReport,
-    cluster::promise::ask_timeout_ms,
+    cluster::promise::{ask_timeout_ms, ask_within_hold_ms},
     share::{observed_share, own_counts, smooth_share},
     wire::{
         self, AnswerFrame, AnswerNote, HeldLease, HomeReportFrame, Message, PeerReportFrame,
@@ -238,6 +238,13 @@ impl Client {
         // The last ask's answer did not come within its wait: the report
         // that goes at once in its place waits as a periodic one does.
         let mut ask_unanswered = false;
+        // The next report confirms a lowered cap: waited for as an ask.
+        let mut confirming = false;
+        // How long the last answered report took, sent to answered: with
+        // the connection's round trip, how soon an ask sent again can be
+        // answered (an aggregator that commits grants to a ledger answers
+        // slower than the path's round trip).
+        let mut answer_ms = 0_u64;
         loop {
             // On the interval, or at once for visitors held on the lease
             // (and prefetches): one report answers them all. Only the home
@@ -285,16 +292,26 @@ impl Client {
             };
             let lease_report = home && self.lease.sends_lease_reports();
             // An ask waits a few round trips, not two intervals (module
-            // `lease`); the report sent again after one does not.
+            // `lease`); so does a confirmation of a lowered cap (no ask can
+            // go meanwhile). Whatever the report, once a visitor is held it
+            // is waited for only within the hold. The report sent again
+            // after one waits as a periodic one does.
             let again = std::mem::take(&mut ask_unanswered);
-            let ask_wait = (out_of_cycle && lease_report && !again).then(|| {
+            let confirm = std::mem::take(&mut confirming) && !out_of_cycle;
+            let (ask_wait, hold_wait) = {
                 let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-                Duration::from_millis(ask_timeout_ms(
+                let (wait, rtt, full) = (
                     ms(self.lease.wait()),
-                    ms(connection.rtt()),
+                    ms(connection.rtt()).max(answer_ms),
                     ms(full),
-                ))
-            });
+                );
+                let asks = lease_report && !again;
+                (
+                    (asks && (out_of_cycle || confirm))
+                        .then(|| Duration::from_millis(ask_timeout_ms(wait, rtt, full))),
+                    asks.then(|| Duration::from_millis(ask_within_hold_ms(wait, rtt, full))),
+                )
+            };
             let (timeout, short_ask) = match ask_wait {
                 Some(wait) if wait < timeout => (wait, true),
                 _ => (timeout, false),
@@ -334,13 +351,15 @@ impl Client {
             };
             let holding_report = matches!(message, Message::HomeReport(_));
             let sent = self.clock.elapsed();
-            let result =
-                match tokio::time::timeout(timeout, exchange(connection, *seq, &message)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(ExchangeError::Timeout { timeout }),
-                };
+            let (result, cut_short) = self
+                .answer_within(exchange(connection, *seq, &message), timeout, hold_wait)
+                .await;
             let result = match result {
-                Ok((answer, recv)) => Ok((answer, read_note(recv, *seq).await)),
+                Ok((answer, recv)) => {
+                    // Before the note, which may be waited for.
+                    answer_ms = self.clock.elapsed().since(sent);
+                    Ok((answer, read_note(recv, *seq).await))
+                }
                 Err(err) => Err(err),
             };
             match result {
@@ -385,6 +404,8 @@ impl Client {
                             && HeldLease::lowered(&held_before, &held_after)
                         {
                             confirmed_at = Some(now);
+                            confirming = true;
+                            self.lease.confirms_total.fetch_add(1, Relaxed);
                             tick.reset_immediately();
                         }
                         if HeldLease::raised(&held_before, &held_after) {
@@ -432,12 +453,21 @@ impl Client {
                         self.lease.failed();
                     }
                     match err {
-                        ExchangeError::Timeout { .. } if short_ask => {
+                        ExchangeError::Timeout { timeout } if short_ask || cut_short => {
                             // Lost or slow: report again at once, and
                             // wait for that one as for any report. Not a
                             // sign of a dead connection by itself.
-                            self.lease.asks_unanswered_total.fetch_add(1, Relaxed);
-                            tracing::debug!(?timeout, "no answer to an ask; reporting again");
+                            if out_of_cycle {
+                                self.lease.asks_unanswered_total.fetch_add(1, Relaxed);
+                            } else {
+                                self.lease.reports_cut_short_total.fetch_add(1, Relaxed);
+                            }
+                            tracing::debug!(
+                                ?timeout,
+                                confirm,
+                                cut_short,
+                                "no answer to an ask, or to a report a held visitor waits behind; reporting again"
+                            );
                             ask_unanswered = true;
                             tick.reset_immediately();
                         }
@@ -462,6 +492,42 @@ impl Client {
                             tracing::warn!(%err, "report refused");
                         }
                         other => return other,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for `exchange`'s answer at most `timeout`; once a visitor is
+    /// held (at once if one is), at most `hold_wait` more from then
+    /// (`promise::ask_within_hold_ms`): the client sends one report at a
+    /// time, so a lost answer to the report on its way would keep the held
+    /// visitor's ask from going until the hold ended. `true` with the
+    /// timeout when the hold cut the wait short.
+    async fn answer_within<T>(
+        &self,
+        exchange: impl Future<Output = Result<T, ExchangeError>>,
+        timeout: Duration,
+        hold_wait: Option<Duration>,
+    ) -> (Result<T, ExchangeError>, bool) {
+        let started = tokio::time::Instant::now();
+        let mut deadline = started + timeout;
+        let mut watching = hold_wait.is_some();
+        let mut cut = false;
+        tokio::pin!(exchange);
+        loop {
+            tokio::select! {
+                result = &mut exchange => return (result, false),
+                () = tokio::time::sleep_until(deadline) => {
+                    let timeout = deadline.duration_since(started);
+                    return (Err(ExchangeError::Timeout { timeout }), cut);
+                }
+                () = self.lease.hold_begins(), if watching => {
+                    watching = false;
+                    let by = tokio::time::Instant::now() + hold_wait.unwrap_or(timeout);
+                    if by < deadline {
+                        deadline = by;
+                        cut = true;
                     }
                 }
             }

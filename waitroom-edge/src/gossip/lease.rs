@@ -37,6 +37,16 @@
 //!   for a periodic one. One lost answer then keeps the node from holding
 //!   for about 100 ms, not two seconds, and a silent aggregator gets one
 //!   report more per lost ask, never a storm.
+//! - **Within the hold.** While a visitor is held ([`LeaseAsk::held_now`])
+//!   the answer to the report on its way, whatever it is (their ask, a
+//!   prefetch, a periodic report), is waited for only until a report sent
+//!   again would still be answered before the hold ends
+//!   (`promise::ask_within_hold_ms`: about 44 ms of a 50 ms hold on
+//!   loopback), so one lost answer does not queue the visitor: the client
+//!   sends one report at a time, and a report whose answer is lost blocks
+//!   the ask. A report confirming a lowered cap is waited for as an ask
+//!   is. Holds stop after one that timed out, so this costs at most one
+//!   report more per answer.
 //! - **Prefetch.** The node's refresh tick asks early when its remaining
 //!   shared slots will run out within the next interval at its current
 //!   rate ([`runs_out_within`]), so a steady climb never holds anyone.
@@ -82,6 +92,17 @@ pub struct LeaseAsk {
     /// Asks whose answer did not come within their wait
     /// (`promise::ask_timeout_ms`); the node reported again at once.
     pub asks_unanswered_total: AtomicU64,
+    /// Reports sent at once to confirm a lowered cap.
+    pub confirms_total: AtomicU64,
+    /// Reports that were not asks (periodic ones, confirmations) whose
+    /// answer had not come when a held visitor needed it, or a
+    /// confirmation's within an ask's wait; the node reported again at once.
+    pub reports_cut_short_total: AtomicU64,
+    /// Visitors held at this moment.
+    held: AtomicU64,
+    /// Woken when a hold begins: the report on its way is then waited for
+    /// only within the hold.
+    hold_began: Notify,
 }
 
 impl LeaseAsk {
@@ -107,6 +128,10 @@ impl LeaseAsk {
             holds_timed_out_total: AtomicU64::new(0),
             asks_total: AtomicU64::new(0),
             asks_unanswered_total: AtomicU64::new(0),
+            confirms_total: AtomicU64::new(0),
+            reports_cut_short_total: AtomicU64::new(0),
+            held: AtomicU64::new(0),
+            hold_began: Notify::new(),
         }
     }
 
@@ -160,6 +185,8 @@ impl LeaseAsk {
         // after it was raised).
         let before = self.made.load(SeqCst);
         self.holds_total.fetch_add(1, Relaxed);
+        let _held = Held::new(&self.held);
+        self.hold_began.notify_waiters();
         self.ask();
         let counted = async {
             loop {
@@ -187,6 +214,25 @@ impl LeaseAsk {
                 false
             }
         }
+    }
+
+    /// A visitor is held at this moment: an ask now is theirs, not a
+    /// prefetch, and is waited for only within their hold.
+    #[must_use]
+    pub fn held_now(&self) -> bool {
+        self.held.load(SeqCst) > 0
+    }
+
+    /// Resolves when a visitor is held: at once if one is held now.
+    pub(super) async fn hold_begins(&self) {
+        let began = self.hold_began.notified();
+        tokio::pin!(began);
+        // Registered before the check: a hold that begins in between wakes it.
+        began.as_mut().enable();
+        if self.held_now() {
+            return;
+        }
+        began.await;
     }
 
     /// Called after the rooms' states were refreshed from a new answer:
@@ -253,8 +299,18 @@ impl LeaseAsk {
         )?;
         f.counter(
             "waitroom_lease_asks_unanswered_total",
-            "Out-of-cycle lease reports whose answer did not come within a few round trips; the node reported again at once.",
+            "Out-of-cycle lease reports whose answer did not come within a few round trips (within the hold when a visitor is held); the node reported again at once.",
             self.asks_unanswered_total.load(Relaxed),
+        )?;
+        f.counter(
+            "waitroom_lease_confirms_total",
+            "Reports sent at once to confirm a lowered cap (the slots go back to the pool within a round trip).",
+            self.confirms_total.load(Relaxed),
+        )?;
+        f.counter(
+            "waitroom_lease_reports_cut_short_total",
+            "Reports other than asks whose answer had not come when a held visitor needed an ask (or a confirmation's within an ask's wait); the node reported again at once.",
+            self.reports_cut_short_total.load(Relaxed),
         )?;
         f.counter(
             "waitroom_lease_holds_total",
@@ -271,6 +327,23 @@ impl LeaseAsk {
             "1 while a visitor short of slots may be held (lease_wait_ms > 0, the aggregator answering and taking lease reports).",
             i64::from(self.holding()),
         )
+    }
+}
+
+/// One visitor counted in [`LeaseAsk::held_now`] while their hold lasts,
+/// however it ends (answered, timed out, or the request dropped).
+struct Held<'a>(&'a AtomicU64);
+
+impl<'a> Held<'a> {
+    fn new(held: &'a AtomicU64) -> Self {
+        held.fetch_add(1, SeqCst);
+        Self(held)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
     }
 }
 
@@ -308,6 +381,7 @@ mod tests {
             })
             .collect();
         tokio::task::yield_now().await;
+        assert!(lease.held_now(), "an ask now is theirs");
         // One permit for the client, however many are held.
         tokio::time::timeout(Duration::from_millis(1), lease.wanted(0))
             .await
@@ -326,6 +400,7 @@ mod tests {
             assert!(h.await.unwrap());
         }
         assert!(lease.holding());
+        assert!(!lease.held_now(), "nobody held once answered");
     }
 
     /// A visitor held while a report made before them is on its way: that
@@ -389,6 +464,7 @@ mod tests {
             "{held:?}"
         );
         assert!(!lease.holding(), "degraded after one timeout");
+        assert!(!lease.held_now(), "a hold that timed out holds nobody");
         lease.answered();
         assert!(lease.holding(), "back with the next answer");
         lease.failed();
