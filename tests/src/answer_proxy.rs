@@ -77,6 +77,8 @@ struct Counts {
     to_lose: AtomicU64,
     /// Answers to lose of reports that confirm a lowered cap.
     confirms_to_lose: AtomicU64,
+    /// The answer to every n-th report is lost (0: none).
+    lose_every: AtomicU64,
     lost: AtomicU64,
     /// The leases named by the last home report.
     last_held: Mutex<Option<Vec<HeldLease>>>,
@@ -185,6 +187,12 @@ impl AnswerProxy {
         self.counts.confirms_to_lose.store(1, Relaxed);
     }
 
+    /// From now on the answer to every `n`-th report is lost (0: none): a
+    /// path that loses one answer in `n`, deterministically.
+    pub fn lose_every(&self, n: u64) {
+        self.counts.lose_every.store(n, Relaxed);
+    }
+
     /// Every report so far, in the order they arrived.
     pub fn arrivals(&self) -> Vec<Arrival> {
         self.counts
@@ -249,7 +257,8 @@ async fn relay(
 ) -> Result<()> {
     let report = frames::read(&mut recv).await?;
     let at = Instant::now();
-    counts.reports.fetch_add(1, Relaxed);
+    let number = counts.reports.fetch_add(1, Relaxed) + 1;
+    let every = counts.lose_every.load(Relaxed);
     let confirms = match &report {
         Message::HomeReport(home) => {
             let mut last = counts
@@ -269,7 +278,9 @@ async fn relay(
             .is_ok()
     };
     // Decided as the report arrives: the answer to this report is lost.
-    let lose = (confirms && take(&counts.confirms_to_lose)) || take(&counts.to_lose);
+    let lose = (confirms && take(&counts.confirms_to_lose))
+        || take(&counts.to_lose)
+        || (every > 0 && number % every == 0);
     let withheld = lose || Tail::from_u8(tail.load(Relaxed)) == Tail::Withheld;
     counts
         .log

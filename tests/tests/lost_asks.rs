@@ -250,3 +250,58 @@ fn an_aggregator_that_never_answers_gets_no_storm_of_reports() {
         "holding again"
     );
 }
+
+/// Traffic far below the limits, in groups, on a path that loses one
+/// answer in five (twice the simulator's hostile preset): between groups
+/// the node holds the idle minimum of slots, so a visitor is often short
+/// and held, and a lost answer to whatever report was on its way would
+/// queue them (and, the holding stopped, everyone until the next answer).
+/// The node before this change (96fffca) queued 26 and 48 of the 160 here
+/// (two runs); this
+/// one none.
+#[test]
+fn visitors_in_groups_are_not_queued_when_one_answer_in_five_is_lost() {
+    let setup = start("lossy-steady");
+    std::thread::sleep(Duration::from_secs(2));
+    setup.just_after_an_answer();
+    setup.proxy.lose_every(5);
+    // Groups of eight visitors, 1.2 s apart: between two groups a periodic
+    // answer lowers the node's promise to the idle minimum (two slots),
+    // which the node confirms at once, so the third of each group is held
+    // and asks.
+    let window = Instant::now();
+    let (mut served, mut queued) = (0_u32, 0_u32);
+    for _ in 0..20 {
+        for _ in 0..8 {
+            if !admits_new_visitor(&setup.edge) {
+                queued += 1;
+            }
+            served += 1;
+        }
+        std::thread::sleep(Duration::from_millis(1_200));
+        assert!(window.elapsed() < Duration::from_secs(60), "bounded");
+    }
+    setup.proxy.lose_every(0);
+    let lost = setup.proxy.lost();
+    let reports = setup.proxy.reports();
+    println!(
+        "{queued} of {served} visitors queued; {lost} answers lost of {reports} reports; \
+         holds {}, timed out {}, asks {}, asks unanswered {}, cut short {}, confirmations {}",
+        setup.metric("waitroom_lease_holds_total"),
+        setup.metric("waitroom_lease_holds_timed_out_total"),
+        setup.metric("waitroom_lease_asks_total"),
+        setup.metric("waitroom_lease_asks_unanswered_total"),
+        setup.metric("waitroom_lease_reports_cut_short_total"),
+        setup.metric("waitroom_lease_confirms_total"),
+    );
+    assert!(lost >= 3, "{lost} answers lost: the path was not lossy");
+    assert!(
+        setup.metric("waitroom_lease_holds_total") >= 2.0,
+        "visitors were held (the promise is the idle minimum)"
+    );
+    // Far below the limits: every visitor queued was queued with room.
+    assert!(
+        queued * 50 <= served,
+        "{queued} of {served} visitors queued with room to spare"
+    );
+}
