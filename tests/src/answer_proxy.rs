@@ -280,7 +280,7 @@ async fn relay(
     // Decided as the report arrives: the answer to this report is lost.
     let lose = (confirms && take(&counts.confirms_to_lose))
         || take(&counts.to_lose)
-        || (every > 0 && number % every == 0);
+        || (every > 0 && number.is_multiple_of(every));
     let withheld = lose || Tail::from_u8(tail.load(Relaxed)) == Tail::Withheld;
     counts
         .log

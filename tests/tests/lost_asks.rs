@@ -257,8 +257,7 @@ fn an_aggregator_that_never_answers_gets_no_storm_of_reports() {
 /// and held, and a lost answer to whatever report was on its way would
 /// queue them (and, the holding stopped, everyone until the next answer).
 /// The node before this change (96fffca) queued 26 and 48 of the 160 here
-/// (two runs); this
-/// one none.
+/// (two runs); this one none.
 #[test]
 fn visitors_in_groups_are_not_queued_when_one_answer_in_five_is_lost() {
     let setup = start("lossy-steady");
