@@ -235,8 +235,9 @@ impl Client {
         // When a report last went at once to confirm a lowered cap (see
         // below): at most one such report per interval.
         let mut confirmed_at: Option<u64> = None;
-        // The last ask's answer did not come within its wait: the report
-        // that goes at once in its place waits as a periodic one does.
+        // The last ask's answer did not come within its wait (or a held
+        // visitor cut a report's wait short): the report that goes at once
+        // in its place waits as a periodic one does.
         let mut ask_unanswered = false;
         // The next report confirms a lowered cap: waited for as an ask.
         let mut confirming = false;
