@@ -157,6 +157,14 @@ pub struct Conditions {
     /// report (`answer_timeout_ms`, 2 s), and no ask goes meanwhile, as the
     /// client did before.
     pub confirm_like_ask: bool,
+    /// An experiment, not the edge's client: with `ask_again_when_lost`,
+    /// the first report sent again after a lost ask or confirmation is
+    /// itself waited for as the one it repeats (`ask_within_hold_ms` for a
+    /// held visitor's ask, `ask_timeout_ms` for a confirmation), and sent
+    /// again at once if its answer is late too; a second one sent again is
+    /// waited for as a periodic report. Off: every report sent again is
+    /// waited for as a periodic report (2 s), as the client does.
+    pub again_like_ask: bool,
     /// Each request of a visitor goes to a random node of their colo.
     pub roaming: bool,
     /// Percent of visitors who give up once queued this long.
@@ -209,6 +217,7 @@ impl Conditions {
         ask_again_when_lost: true,
         ask_within_hold: true,
         confirm_like_ask: true,
+        again_like_ask: false,
         roaming: false,
         give_up_pct: 0,
         give_up_after_ms: 0,
@@ -574,6 +583,10 @@ enum Ask {
     /// At once, after a confirmation's answer did not come within its wait
     /// (with `Conditions::confirm_like_ask`): counted as a confirmation.
     ConfirmAgain,
+    /// At once, after the answer to a report sent again did not come within
+    /// its wait either (with `Conditions::again_like_ask`): counted as the
+    /// report it repeats.
+    AgainLast { confirm: bool },
 }
 
 /// The last answer a node took in: the node's `World` for this one room.
@@ -1528,12 +1541,12 @@ impl Sim {
         let report = self.node_report(i, now);
         match kind {
             Ask::Confirm => self.gossip.confirms += 1,
-            Ask::ConfirmAgain => {
+            Ask::ConfirmAgain | Ask::AgainLast { confirm: true } => {
                 self.gossip.confirms += 1;
                 self.gossip.confirms_again += 1;
             }
             Ask::Hold => self.gossip.lease_asks += 1,
-            Ask::Again => {
+            Ask::Again | Ask::AgainLast { confirm: false } => {
                 self.gossip.lease_asks += 1;
                 self.gossip.asks_again += 1;
             }
@@ -1547,7 +1560,12 @@ impl Sim {
             .is_some_and(|(from, to)| (from..to).contains(&now_ms));
         let lost = report_lost || self.chance(conditions.lost_answers_pct);
         let answer_ms = (!lost).then_some(now_ms + rtt);
-        if lost && matches!(kind, Ask::Confirm | Ask::ConfirmAgain) {
+        if lost
+            && matches!(
+                kind,
+                Ask::Confirm | Ask::ConfirmAgain | Ask::AgainLast { confirm: true }
+            )
+        {
             self.gossip.confirms_lost += 1;
         } else if lost {
             self.gossip.lost += 1;
@@ -1567,7 +1585,19 @@ impl Sim {
                 ask_timeout_ms(conditions.lease_wait_ms, rtt, full),
                 Some(Ask::ConfirmAgain),
             ),
-            Ask::Confirm | Ask::Again | Ask::ConfirmAgain => (full, None),
+            Ask::Again if conditions.again_like_ask && conditions.ask_within_hold => (
+                ask_within_hold_ms(conditions.lease_wait_ms, rtt, full),
+                Some(Ask::AgainLast { confirm: false }),
+            ),
+            Ask::Again if conditions.again_like_ask => (
+                ask_timeout_ms(conditions.lease_wait_ms, rtt, full),
+                Some(Ask::AgainLast { confirm: false }),
+            ),
+            Ask::ConfirmAgain if conditions.again_like_ask => (
+                ask_timeout_ms(conditions.lease_wait_ms, rtt, full),
+                Some(Ask::AgainLast { confirm: true }),
+            ),
+            Ask::Confirm | Ask::Again | Ask::ConfirmAgain | Ask::AgainLast { .. } => (full, None),
         };
         self.nodes[i].asking_until = Some(answer_ms.unwrap_or(now_ms + wait));
         self.nodes[i].ask_lost_until = None;

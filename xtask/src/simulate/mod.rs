@@ -100,6 +100,11 @@ pub struct Args {
     /// once) (the gossip client before session 22; to show what it buys).
     #[arg(long)]
     confirm_waited_full: bool,
+    /// An experiment (the edge's client does not): the first report sent
+    /// again after a lost ask or confirmation is waited for as the one it
+    /// repeats, not as a periodic report (2 s, no ask going meanwhile).
+    #[arg(long)]
+    again_like_ask: bool,
     /// Each request of a visitor goes to a random node of their colo.
     #[arg(long)]
     roaming: bool,
@@ -234,6 +239,7 @@ pub fn run(args: &Args) -> Result<()> {
             ask_again_when_lost: !args.no_ask_again,
             ask_within_hold: !args.ask_again_late,
             confirm_like_ask: !args.confirm_waited_full,
+            again_like_ask: args.again_like_ask,
             roaming: args.roaming,
             give_up_pct: args.give_up_pct,
             give_up_after_ms: args.give_up_after_s * 1_000,
@@ -402,7 +408,12 @@ fn asked_again(t: &Topology) -> String {
         format!("waited for as a periodic answer ({full} ms)")
     };
     format!(
-        ", a held visitor's late ask sent again {hold}, a late confirmation of a lowered cap {confirm}"
+        ", a held visitor's late ask sent again {hold}, a late confirmation of a lowered cap {confirm}{}",
+        if c.again_like_ask {
+            ", the first report sent again waited for as the one it repeats"
+        } else {
+            ""
+        }
     )
 }
 
