@@ -120,7 +120,9 @@ pub struct Topology {
 }
 
 /// The conditions of the harsher simulator, each one a flag of
-/// `cargo xtask simulate` (and all off in [`Conditions::NONE`]).
+/// `cargo xtask simulate` (and all off in [`Conditions::NONE`], but for
+/// what the edge's gossip client does when an answer is late, on there as
+/// on the command line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conditions {
     /// Percent of answers lost on the way back (the report was applied).
@@ -141,12 +143,28 @@ pub struct Conditions {
     /// again at once, as the edge's gossip client does; off: it waits as for
     /// a periodic answer (`answer_timeout_ms`), as the client did before.
     pub ask_again_when_lost: bool,
-    /// An experiment, not yet the edge's client: a held visitor's ask whose
-    /// answer is late is sent again in time for that answer to come within
-    /// the hold (`promise::ask_within_hold_ms`), rather than after
-    /// `promise::ask_timeout_ms` (at least 100 ms, when the hold of
-    /// `lease_wait_ms`, 50, has queued the visitor already).
+    /// With `ask_again_when_lost`, a held visitor's ask whose answer is late
+    /// is sent again in time for that answer to come within the hold
+    /// (`promise::ask_within_hold_ms`), as the edge's gossip client does;
+    /// off (`--ask-again-late`): after `promise::ask_timeout_ms` (at least
+    /// 100 ms, when the hold of `lease_wait_ms`, 50, has queued the visitor
+    /// already), as the client did before.
     pub ask_within_hold: bool,
+    /// With `ask_again_when_lost`, a report confirming a lowered cap whose
+    /// answer is late is waited for as an ask (`promise::ask_timeout_ms`),
+    /// then the node reports again at once, as the edge's gossip client
+    /// does; off (`--confirm-waited-full`): it is waited for as a periodic
+    /// report (`answer_timeout_ms`, 2 s), and no ask goes meanwhile, as the
+    /// client did before.
+    pub confirm_like_ask: bool,
+    /// An experiment, not the edge's client: with `ask_again_when_lost`,
+    /// the first report sent again after a lost ask or confirmation is
+    /// itself waited for as the one it repeats (`ask_within_hold_ms` for a
+    /// held visitor's ask, `ask_timeout_ms` for a confirmation), and sent
+    /// again at once if its answer is late too; a second one sent again is
+    /// waited for as a periodic report. Off: every report sent again is
+    /// waited for as a periodic report (2 s), as the client does.
+    pub again_like_ask: bool,
     /// Each request of a visitor goes to a random node of their colo.
     pub roaming: bool,
     /// Percent of visitors who give up once queued this long.
@@ -197,7 +215,9 @@ impl Conditions {
         skew_ms: 0,
         follow_clock: true,
         ask_again_when_lost: true,
-        ask_within_hold: false,
+        ask_within_hold: true,
+        confirm_like_ask: true,
+        again_like_ask: false,
         roaming: false,
         give_up_pct: 0,
         give_up_after_ms: 0,
@@ -440,6 +460,10 @@ pub struct GossipCounts {
     /// those of them lost (not in `lost`).
     pub confirms: u64,
     pub confirms_lost: u64,
+    /// Confirmations sent again at once after a confirmation's answer did
+    /// not come within `promise::ask_timeout_ms` (counted in `confirms`
+    /// too; only with `Conditions::confirm_like_ask`).
+    pub confirms_again: u64,
     /// Peer reports sent at once because the home's answer raised what the
     /// node holds (one per other aggregator).
     pub raised_peer_reports: u64,
@@ -556,6 +580,13 @@ enum Ask {
     Confirm,
     /// At once, after an ask's answer did not come within its wait.
     Again,
+    /// At once, after a confirmation's answer did not come within its wait
+    /// (with `Conditions::confirm_like_ask`): counted as a confirmation.
+    ConfirmAgain,
+    /// At once, after the answer to a report sent again did not come within
+    /// its wait either (with `Conditions::again_like_ask`): counted as the
+    /// report it repeats.
+    AgainLast { confirm: bool },
 }
 
 /// The last answer a node took in: the node's `World` for this one room.
@@ -615,9 +646,10 @@ struct Node {
     ask_again: bool,
     /// A hold ended without an answer: nobody is held until the next one.
     degraded: bool,
-    /// The node's ask is lost, and the node stops waiting for its answer at
-    /// this instant, to report again at once.
-    ask_lost_until: Option<u64>,
+    /// The node's ask (or confirmation) is lost, and the node stops waiting
+    /// for its answer at this instant, to report again at once: an ask sent
+    /// again ([`Ask::Again`]) or a confirmation ([`Ask::ConfirmAgain`]).
+    ask_lost_until: Option<(u64, Ask)>,
 }
 
 /// Peer reports a node sent at once after its home raised its lease, on
@@ -966,9 +998,11 @@ impl Sim {
                 }
             }
             Event::AskTimeout(i) => {
-                if self.nodes[i].ask_lost_until == Some(now_ms) {
+                if let Some((at, again)) = self.nodes[i].ask_lost_until
+                    && at == now_ms
+                {
                     self.nodes[i].ask_lost_until = None;
-                    self.ask(i, now_ms, Ask::Again);
+                    self.ask(i, now_ms, again);
                 }
             }
             Event::SessionEnd(v) => {
@@ -1494,17 +1528,25 @@ impl Sim {
 
     /// The node asks the aggregator out of cycle: a report on the open
     /// connection, answered one `lease_rtt_ms` later (or lost as answers are).
-    /// A lost ask's answer is waited for `promise::ask_timeout_ms`, then the
-    /// node reports again at once ([`Event::AskTimeout`]); a lost
-    /// confirmation or report sent again is waited for as a periodic answer
-    /// is (the client waits so for any report that is not an ask).
+    /// A lost ask's answer is waited for `promise::ask_within_hold_ms` (with
+    /// `Conditions::ask_within_hold`) or `promise::ask_timeout_ms`, a lost
+    /// confirmation's for `promise::ask_timeout_ms` (with
+    /// `Conditions::confirm_like_ask`), then the node reports again at once
+    /// ([`Event::AskTimeout`]); a lost report sent again is waited for as a
+    /// periodic answer is (the client waits so for any report that is not
+    /// an ask or a confirmation), as is everything without
+    /// `Conditions::ask_again_when_lost`.
     fn ask(&mut self, i: usize, now_ms: u64, kind: Ask) {
         let now = self.node_at(i, now_ms);
         let report = self.node_report(i, now);
         match kind {
             Ask::Confirm => self.gossip.confirms += 1,
+            Ask::ConfirmAgain | Ask::AgainLast { confirm: true } => {
+                self.gossip.confirms += 1;
+                self.gossip.confirms_again += 1;
+            }
             Ask::Hold => self.gossip.lease_asks += 1,
-            Ask::Again => {
+            Ask::Again | Ask::AgainLast { confirm: false } => {
                 self.gossip.lease_asks += 1;
                 self.gossip.asks_again += 1;
             }
@@ -1518,23 +1560,52 @@ impl Sim {
             .is_some_and(|(from, to)| (from..to).contains(&now_ms));
         let lost = report_lost || self.chance(conditions.lost_answers_pct);
         let answer_ms = (!lost).then_some(now_ms + rtt);
-        if lost && kind == Ask::Confirm {
+        if lost
+            && matches!(
+                kind,
+                Ask::Confirm | Ask::ConfirmAgain | Ask::AgainLast { confirm: true }
+            )
+        {
             self.gossip.confirms_lost += 1;
         } else if lost {
             self.gossip.lost += 1;
         }
         let full = self.topology.answer_timeout_ms();
-        let wait = if kind == Ask::Hold && conditions.ask_within_hold {
-            ask_within_hold_ms(conditions.lease_wait_ms, rtt, full)
-        } else if kind == Ask::Hold && conditions.ask_again_when_lost {
-            ask_timeout_ms(conditions.lease_wait_ms, rtt, full)
-        } else {
-            full
+        let (wait, again) = match kind {
+            _ if !conditions.ask_again_when_lost => (full, None),
+            Ask::Hold if conditions.ask_within_hold => (
+                ask_within_hold_ms(conditions.lease_wait_ms, rtt, full),
+                Some(Ask::Again),
+            ),
+            Ask::Hold => (
+                ask_timeout_ms(conditions.lease_wait_ms, rtt, full),
+                Some(Ask::Again),
+            ),
+            Ask::Confirm if conditions.confirm_like_ask => (
+                ask_timeout_ms(conditions.lease_wait_ms, rtt, full),
+                Some(Ask::ConfirmAgain),
+            ),
+            Ask::Again if conditions.again_like_ask && conditions.ask_within_hold => (
+                ask_within_hold_ms(conditions.lease_wait_ms, rtt, full),
+                Some(Ask::AgainLast { confirm: false }),
+            ),
+            Ask::Again if conditions.again_like_ask => (
+                ask_timeout_ms(conditions.lease_wait_ms, rtt, full),
+                Some(Ask::AgainLast { confirm: false }),
+            ),
+            Ask::ConfirmAgain if conditions.again_like_ask => (
+                ask_timeout_ms(conditions.lease_wait_ms, rtt, full),
+                Some(Ask::AgainLast { confirm: true }),
+            ),
+            Ask::Confirm | Ask::Again | Ask::ConfirmAgain | Ask::AgainLast { .. } => (full, None),
         };
         self.nodes[i].asking_until = Some(answer_ms.unwrap_or(now_ms + wait));
         self.nodes[i].ask_lost_until = None;
-        if lost && wait < full {
-            self.nodes[i].ask_lost_until = Some(now_ms + wait);
+        if lost
+            && wait < full
+            && let Some(again) = again
+        {
+            self.nodes[i].ask_lost_until = Some((now_ms + wait, again));
             self.schedule(now_ms + wait, Event::AskTimeout(i));
         }
         self.exchanges.insert(

@@ -24,6 +24,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
+use waitroom_common::cluster::promise::{ask_timeout_ms, ask_within_hold_ms};
 
 use crate::cmd;
 
@@ -86,11 +87,24 @@ pub struct Args {
     /// few round trips; to show what asking again buys).
     #[arg(long)]
     no_ask_again: bool,
-    /// A held visitor's ask whose answer is late is sent again in time for
-    /// its answer to come within the hold (`lease_wait_ms`), not after
-    /// `promise::ask_timeout_ms` (an experiment: the edge's client does not).
+    /// A held visitor's ask whose answer is late is sent again only after
+    /// `promise::ask_timeout_ms`, when the hold (`lease_wait_ms`) has
+    /// queued the visitor, not in time for its answer to come within the
+    /// hold (the gossip client before session 22; to show what asking
+    /// within the hold buys).
     #[arg(long)]
-    ask_again_within_hold: bool,
+    ask_again_late: bool,
+    /// A report confirming a lowered cap whose answer is late is waited for
+    /// as a periodic report (`answer_timeout_ms`), no ask going meanwhile,
+    /// not as an ask (`promise::ask_timeout_ms`, then reported again at
+    /// once) (the gossip client before session 22; to show what it buys).
+    #[arg(long)]
+    confirm_waited_full: bool,
+    /// An experiment (the edge's client does not): the first report sent
+    /// again after a lost ask or confirmation is waited for as the one it
+    /// repeats, not as a periodic report (2 s, no ask going meanwhile).
+    #[arg(long)]
+    again_like_ask: bool,
     /// Each request of a visitor goes to a random node of their colo.
     #[arg(long)]
     roaming: bool,
@@ -223,7 +237,9 @@ pub fn run(args: &Args) -> Result<()> {
             skew_ms: args.skew_ms,
             follow_clock: !args.no_clock_following,
             ask_again_when_lost: !args.no_ask_again,
-            ask_within_hold: args.ask_again_within_hold,
+            ask_within_hold: !args.ask_again_late,
+            confirm_like_ask: !args.confirm_waited_full,
+            again_like_ask: args.again_like_ask,
             roaming: args.roaming,
             give_up_pct: args.give_up_pct,
             give_up_after_ms: args.give_up_after_s * 1_000,
@@ -333,13 +349,7 @@ fn describe(t: &Topology) -> String {
             "on-demand lease: new visitors short of slots held up to {} ms, asks answered in {} ms{}",
             c.lease_wait_ms,
             c.lease_rtt_ms,
-            if c.ask_within_hold {
-                ", a late ask sent again within the hold"
-            } else if c.ask_again_when_lost {
-                ""
-            } else {
-                ", a lost ask waited for as a periodic answer"
-            }
+            asked_again(t)
         ),
     );
     add(
@@ -374,6 +384,37 @@ fn describe(t: &Topology) -> String {
     );
     add(!c.check_ledger, "ledger check skipped".to_owned());
     line
+}
+
+/// When a node whose answer is late reports again, for [`describe`].
+fn asked_again(t: &Topology) -> String {
+    let c = &t.conditions;
+    if !c.ask_again_when_lost {
+        return ", a lost ask or confirmation waited for as a periodic answer".to_owned();
+    }
+    let full = t.answer_timeout_ms();
+    let late = ask_timeout_ms(c.lease_wait_ms, c.lease_rtt_ms, full);
+    let hold = if c.ask_within_hold {
+        format!(
+            "within the hold (after {} ms)",
+            ask_within_hold_ms(c.lease_wait_ms, c.lease_rtt_ms, full)
+        )
+    } else {
+        format!("after {late} ms")
+    };
+    let confirm = if c.confirm_like_ask {
+        format!("sent again after {late} ms")
+    } else {
+        format!("waited for as a periodic answer ({full} ms)")
+    };
+    format!(
+        ", a held visitor's late ask sent again {hold}, a late confirmation of a lowered cap {confirm}{}",
+        if c.again_like_ask {
+            ", the first report sent again waited for as the one it repeats"
+        } else {
+            ""
+        }
+    )
 }
 
 /// Runs the scenarios (or the one named) and prints their tables: all of
@@ -437,16 +478,17 @@ fn run_scenarios(
         );
         println!();
         println!(
-            "| scenario | out-of-cycle asks | of them again, an ask's answer lost | reports confirming a lowered cap | visitors held | holds that ended without an answer |"
+            "| scenario | out-of-cycle asks | of them again, an ask's answer lost | reports confirming a lowered cap | of them again, a confirmation's answer lost | visitors held | holds that ended without an answer |"
         );
-        println!("|---|---:|---:|---:|---:|---:|");
+        println!("|---|---:|---:|---:|---:|---:|---:|");
         for r in &results {
             println!(
-                "| {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} |",
                 r.title,
                 r.gossip.lease_asks,
                 r.gossip.asks_again,
                 r.gossip.confirms,
+                r.gossip.confirms_again,
                 r.gossip.lease_holds,
                 r.gossip.lease_holds_timed_out
             );
@@ -1260,9 +1302,11 @@ mod tests {
     /// Steady traffic under the hostile preset: a held visitor's ask whose
     /// answer is lost is sent again within the hold
     /// (`promise::ask_within_hold_ms`, 25 ms at a 50 ms hold and 20 ms round
-    /// trips), so a quarter as many visitors or fewer are queued with room for the whole line
-    /// than when the ask goes again after `promise::ask_timeout_ms` (100 ms,
-    /// after the hold has queued the visitor), and the limits hold.
+    /// trips; the default), so a quarter as many visitors or fewer are
+    /// queued with room for the whole line than when the ask goes again
+    /// after `promise::ask_timeout_ms` (`--ask-again-late`: 100 ms, after
+    /// the hold has queued the visitor), and the limits hold. Both wait for
+    /// a lost confirmation as for an ask (the default).
     #[test]
     fn a_late_ask_sent_again_within_the_hold_queues_fewer_in_steady_traffic() {
         // The hostile preset: 10 % of answers lost, random phases, skew.
@@ -1270,9 +1314,9 @@ mod tests {
             lease_wait_ms: 50,
             lease_rtt_ms: 20,
             check_ledger: false,
-            ask_within_hold: true,
             ..Conditions::NONE
         }));
+        assert!(after.conditions.ask_within_hold && after.conditions.confirm_like_ask);
         let before = Topology {
             conditions: Conditions {
                 ask_within_hold: false,
@@ -1299,6 +1343,54 @@ mod tests {
         assert!(
             queued_after * 4 < queued_before,
             "{queued_after} × 4 < {queued_before}"
+        );
+    }
+
+    /// The worldwide spike under the hostile preset: a report confirming a
+    /// lowered cap whose answer is lost is waited for as an ask
+    /// (`promise::ask_timeout_ms`, 100 ms) and sent again at once (the
+    /// default), so fewer visitors are queued with room for the whole line
+    /// than when it is waited for as a periodic report
+    /// (`--confirm-waited-full`: 2 s, in which no held visitor's ask can
+    /// go), and the limits hold.
+    #[test]
+    fn a_lost_confirmation_waited_for_as_an_ask_queues_fewer_in_a_spike() {
+        const KEY: &str = "uniform-spike";
+        const SEEDS: u64 = 16;
+        let after = Preset::Hostile.apply(harsh(Conditions {
+            lease_wait_ms: 50,
+            lease_rtt_ms: 20,
+            check_ledger: false,
+            ..Conditions::NONE
+        }));
+        assert!(after.conditions.confirm_like_ask);
+        let before = Topology {
+            conditions: Conditions {
+                confirm_like_ask: false,
+                ..after.conditions
+            },
+            ..after
+        };
+        let (mut queued_after, mut queued_before, mut sent_again) = (0, 0, 0);
+        for seed in 1..=SEEDS {
+            let (r, _) = run_on(KEY, &after, seed);
+            queued_after += r.targets.queued_below_98_line_fits;
+            sent_again += r.gossip.confirms_again;
+            assert!(
+                r.peak_admits_ratio <= 1.02 && r.peak_active_ratio <= 1.02,
+                "{seed}: {r:?}"
+            );
+            let (r, _) = run_on(KEY, &before, seed);
+            queued_before += r.targets.queued_below_98_line_fits;
+            assert_eq!(r.gossip.confirms_again, 0, "never sent again");
+        }
+        println!(
+            "queued with room for the line: {queued_after} waited for as an ask, {queued_before} as a report; {sent_again} sent again"
+        );
+        assert!(sent_again > 0, "lost confirmations were sent again");
+        assert!(
+            queued_after * 2 < queued_before,
+            "{queued_after} × 2 < {queued_before}"
         );
     }
 
