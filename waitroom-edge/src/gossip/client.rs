@@ -235,10 +235,12 @@ impl Client {
         // When a report last went at once to confirm a lowered cap (see
         // below): at most one such report per interval.
         let mut confirmed_at: Option<u64> = None;
-        // The last ask's answer did not come within its wait (or a held
-        // visitor cut a report's wait short): the report that goes at once
-        // in its place waits as a periodic one does.
-        let mut ask_unanswered = false;
+        // Reports sent again at once since the last answer, each after an
+        // ask's answer did not come within its wait (or a held visitor cut
+        // a report's wait short). The first is waited for as the ask it
+        // repeats; the second as a periodic report, so an aggregator that
+        // answers nothing gets at most two reports more per answer.
+        let mut sent_again = 0_u8;
         // The next report confirms a lowered cap: waited for as an ask.
         let mut confirming = false;
         // How long the last answered report took, sent to answered: with
@@ -294,10 +296,11 @@ impl Client {
             let lease_report = home && self.lease.sends_lease_reports();
             // An ask waits a few round trips, not two intervals (module
             // `lease`); so does a confirmation of a lowered cap (no ask can
-            // go meanwhile). Whatever the report, once a visitor is held it
-            // is waited for only within the hold. The report sent again
-            // after one waits as a periodic one does.
-            let again = std::mem::take(&mut ask_unanswered);
+            // go meanwhile), and the first report sent again after either.
+            // Whatever the report, once a visitor is held it is waited for
+            // only within the hold. A second report sent again waits as a
+            // periodic one does.
+            let again = sent_again > 0;
             let confirm = std::mem::take(&mut confirming) && !out_of_cycle;
             let (ask_wait, hold_wait) = {
                 let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
@@ -306,9 +309,9 @@ impl Client {
                     ms(connection.rtt()).max(answer_ms),
                     ms(full),
                 );
-                let asks = lease_report && !again;
+                let asks = lease_report && sent_again < 2;
                 (
-                    (asks && (out_of_cycle || confirm))
+                    (asks && (out_of_cycle || confirm || again))
                         .then(|| Duration::from_millis(ask_timeout_ms(wait, rtt, full))),
                     asks.then(|| Duration::from_millis(ask_within_hold_ms(wait, rtt, full))),
                 )
@@ -366,6 +369,7 @@ impl Client {
             match result {
                 Ok((answer, note)) => {
                     missed = 0;
+                    sent_again = 0;
                     backoff.reset();
                     let answered_at = self.clock.elapsed();
                     self.homes.answered(self.index, answered_at);
@@ -458,7 +462,7 @@ impl Client {
                             // Lost or slow: report again at once, and
                             // wait for that one as for any report. Not a
                             // sign of a dead connection by itself.
-                            if out_of_cycle {
+                            if out_of_cycle || again {
                                 self.lease.asks_unanswered_total.fetch_add(1, Relaxed);
                             } else {
                                 self.lease.reports_cut_short_total.fetch_add(1, Relaxed);
@@ -469,7 +473,7 @@ impl Client {
                                 cut_short,
                                 "no answer to an ask, or to a report a held visitor waits behind; reporting again"
                             );
-                            ask_unanswered = true;
+                            sent_again += 1;
                             tick.reset_immediately();
                         }
                         ExchangeError::Timeout { .. } if home_moves => {

@@ -33,10 +33,12 @@
 //! - **A lost ask is asked again.** The answer to an out-of-cycle report
 //!   is waited for a few round trips (`promise::ask_timeout_ms`: four, at
 //!   least `lease_wait_ms` and 100 ms), not the two intervals of a periodic
-//!   one; then the node reports again at once, and waits for that report as
-//!   for a periodic one. One lost answer then keeps the node from holding
-//!   for about 100 ms, not two seconds, and a silent aggregator gets one
-//!   report more per lost ask, never a storm.
+//!   one; then the node reports again at once and waits for that report as
+//!   for the ask it repeats; if that answer is lost too, it reports once
+//!   more and waits for that one as for a periodic report. One or two lost
+//!   answers then keep the node from holding for about 100 or 200 ms, not
+//!   two seconds, and a silent aggregator gets at most two reports more per
+//!   answer, never a storm.
 //! - **Within the hold.** While a visitor is held ([`LeaseAsk::held_now`])
 //!   the answer to the report on its way, whatever it is (their ask, a
 //!   prefetch, a periodic report), is waited for only until a report sent
@@ -299,7 +301,7 @@ impl LeaseAsk {
         )?;
         f.counter(
             "waitroom_lease_asks_unanswered_total",
-            "Out-of-cycle lease reports whose answer did not come within a few round trips (within the hold when a visitor is held); the node reported again at once.",
+            "Out-of-cycle lease reports, and first reports sent again after one, whose answer did not come within a few round trips (within the hold when a visitor is held); the node reported again at once.",
             self.asks_unanswered_total.load(Relaxed),
         )?;
         f.counter(
