@@ -157,13 +157,14 @@ pub struct Conditions {
     /// report (`answer_timeout_ms`, 2 s), and no ask goes meanwhile, as the
     /// client did before.
     pub confirm_like_ask: bool,
-    /// An experiment, not the edge's client: with `ask_again_when_lost`,
-    /// the first report sent again after a lost ask or confirmation is
-    /// itself waited for as the one it repeats (`ask_within_hold_ms` for a
-    /// held visitor's ask, `ask_timeout_ms` for a confirmation), and sent
-    /// again at once if its answer is late too; a second one sent again is
-    /// waited for as a periodic report. Off: every report sent again is
-    /// waited for as a periodic report (2 s), as the client does.
+    /// With `ask_again_when_lost`, the first report sent again after a
+    /// lost ask or confirmation is itself waited for as the one it repeats
+    /// (`ask_within_hold_ms` for a held visitor's ask, `ask_timeout_ms` for
+    /// a confirmation), and sent again at once if its answer is late too; a
+    /// second one sent again is waited for as a periodic report, as the
+    /// edge's gossip client does since session 22. Off
+    /// (`--again-waited-full`): every report sent again is waited for as a
+    /// periodic report (2 s), as the client did before.
     pub again_like_ask: bool,
     /// Each request of a visitor goes to a random node of their colo.
     pub roaming: bool,
@@ -217,7 +218,7 @@ impl Conditions {
         ask_again_when_lost: true,
         ask_within_hold: true,
         confirm_like_ask: true,
-        again_like_ask: false,
+        again_like_ask: true,
         roaming: false,
         give_up_pct: 0,
         give_up_after_ms: 0,
@@ -464,6 +465,9 @@ pub struct GossipCounts {
     /// not come within `promise::ask_timeout_ms` (counted in `confirms`
     /// too; only with `Conditions::confirm_like_ask`).
     pub confirms_again: u64,
+    /// Waits for a lost answer cut short by a visitor held meanwhile
+    /// (`Conditions::ask_within_hold`): the report went again sooner.
+    pub cut_short: u64,
     /// Peer reports sent at once because the home's answer raised what the
     /// node holds (one per other aggregator).
     pub raised_peer_reports: u64,
@@ -1505,6 +1509,35 @@ impl Sim {
         }
     }
 
+    /// A visitor was held while the node waits for an ask's answer: with
+    /// [`Conditions::ask_within_hold`], an answer that will not come (lost)
+    /// is waited for at most `promise::ask_within_hold_ms` from now, then
+    /// the node reports again as it would have at the end of the wait, as
+    /// the edge's client does (`Client::answer_within`: once a visitor is
+    /// held, whatever report is on its way is waited for only within the
+    /// hold).
+    fn cut_short_for_the_hold(&mut self, i: usize, now_ms: u64) {
+        let conditions = self.topology.conditions;
+        if !conditions.ask_within_hold {
+            return;
+        }
+        let cut = now_ms
+            + ask_within_hold_ms(
+                conditions.lease_wait_ms,
+                conditions.lease_rtt_ms,
+                self.topology.answer_timeout_ms(),
+            );
+        let node = &mut self.nodes[i];
+        if let Some((at, again)) = node.ask_lost_until
+            && cut < at
+        {
+            node.ask_lost_until = Some((cut, again));
+            node.asking_until = Some(cut);
+            self.gossip.cut_short += 1;
+            self.schedule(cut, Event::AskTimeout(i));
+        }
+    }
+
     /// The node's held visitors decide again with its new answer (the
     /// refresh loop's `LeaseAsk::answered`), and it may hold again; but a
     /// visitor held after the answered report was made (`made_ms`) and
@@ -1799,6 +1832,7 @@ impl Sim {
                 self.ask(i, now_ms, Ask::Hold);
             } else {
                 self.nodes[i].ask_again = true;
+                self.cut_short_for_the_hold(i, now_ms);
             }
             self.schedule(now_ms + wait, Event::HoldEnd(v, i));
             return;

@@ -100,11 +100,12 @@ pub struct Args {
     /// once) (the gossip client before session 22; to show what it buys).
     #[arg(long)]
     confirm_waited_full: bool,
-    /// An experiment (the edge's client does not): the first report sent
-    /// again after a lost ask or confirmation is waited for as the one it
-    /// repeats, not as a periodic report (2 s, no ask going meanwhile).
+    /// Every report sent again after a lost ask or confirmation is waited
+    /// for as a periodic report (2 s, no ask going meanwhile), not the
+    /// first as the one it repeats (the gossip client before session 22;
+    /// to show what it buys).
     #[arg(long)]
-    again_like_ask: bool,
+    again_waited_full: bool,
     /// Each request of a visitor goes to a random node of their colo.
     #[arg(long)]
     roaming: bool,
@@ -239,7 +240,7 @@ pub fn run(args: &Args) -> Result<()> {
             ask_again_when_lost: !args.no_ask_again,
             ask_within_hold: !args.ask_again_late,
             confirm_like_ask: !args.confirm_waited_full,
-            again_like_ask: args.again_like_ask,
+            again_like_ask: !args.again_waited_full,
             roaming: args.roaming,
             give_up_pct: args.give_up_pct,
             give_up_after_ms: args.give_up_after_s * 1_000,
@@ -478,19 +479,20 @@ fn run_scenarios(
         );
         println!();
         println!(
-            "| scenario | out-of-cycle asks | of them again, an ask's answer lost | reports confirming a lowered cap | of them again, a confirmation's answer lost | visitors held | holds that ended without an answer |"
+            "| scenario | out-of-cycle asks | of them again, an ask's answer lost | reports confirming a lowered cap | of them again, a confirmation's answer lost | visitors held | holds that ended without an answer | waits for a lost answer cut short by a hold |"
         );
-        println!("|---|---:|---:|---:|---:|---:|---:|");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|");
         for r in &results {
             println!(
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.title,
                 r.gossip.lease_asks,
                 r.gossip.asks_again,
                 r.gossip.confirms,
                 r.gossip.confirms_again,
                 r.gossip.lease_holds,
-                r.gossip.lease_holds_timed_out
+                r.gossip.lease_holds_timed_out,
+                r.gossip.cut_short
             );
         }
     }
@@ -1388,6 +1390,54 @@ mod tests {
             "queued with room for the line: {queued_after} waited for as an ask, {queued_before} as a report; {sent_again} sent again"
         );
         assert!(sent_again > 0, "lost confirmations were sent again");
+        assert!(
+            queued_after * 2 < queued_before,
+            "{queued_after} × 2 < {queued_before}"
+        );
+    }
+
+    /// The hostile preset with 30 % of answers lost: a report sent again
+    /// after a lost ask is itself lost about one time in three. Waited for
+    /// as the ask it repeats (the default, as the edge's client does), the
+    /// 7:1 burst queues fewer visitors with room for the line than when it
+    /// is waited for as a periodic report (`--again-waited-full`: 2 s
+    /// without a hold, in which a line forms at the burst's start; 86
+    /// against 216 when written), and the limits hold. (At 10 % the
+    /// small-sized runs here differ too little to tell: 32 against 45.)
+    #[test]
+    fn a_report_sent_again_waited_for_as_the_ask_queues_fewer_in_a_burst() {
+        const KEY: &str = "burst-7-1";
+        const SEEDS: u64 = 16;
+        let mut after = Preset::Hostile.apply(harsh(Conditions {
+            lease_wait_ms: 50,
+            lease_rtt_ms: 20,
+            check_ledger: false,
+            aggregators: 2,
+            ..Conditions::NONE
+        }));
+        after.conditions.lost_answers_pct = 30;
+        assert!(after.conditions.again_like_ask);
+        let before = Topology {
+            conditions: Conditions {
+                again_like_ask: false,
+                ..after.conditions
+            },
+            ..after
+        };
+        let (mut queued_after, mut queued_before) = (0, 0);
+        for seed in 1..=SEEDS {
+            let (r, _) = run_on(KEY, &after, seed);
+            queued_after += r.targets.queued_below_98_line_fits;
+            assert!(
+                r.peak_admits_ratio <= 1.02 && r.peak_active_ratio <= 1.02,
+                "{seed}: {r:?}"
+            );
+            let (r, _) = run_on(KEY, &before, seed);
+            queued_before += r.targets.queued_below_98_line_fits;
+        }
+        println!(
+            "queued with room for the line: {queued_after} sent again like the ask, {queued_before} waited for as a report"
+        );
         assert!(
             queued_after * 2 < queued_before,
             "{queued_after} × 2 < {queued_before}"
