@@ -796,12 +796,12 @@ fn queue_response(
     view.language = live.language_tag(ask.language).to_owned();
     let (body, content_type) = if ask.json {
         (
-            queue_page::json_in(&view, &live.json_envelope),
+            queue_page::json_body(&view, &live.json_envelope),
             "application/json",
         )
     } else {
         (
-            live.page_in(&engine, ask.language).render(&view),
+            queue_page::page_body(live.page_in(&engine, ask.language), &view),
             "text/html; charset=utf-8",
         )
     };
