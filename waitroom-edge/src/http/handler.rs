@@ -953,7 +953,7 @@ pub fn queue_view(
         ),
         queue_is_full: estimate.queue_is_full,
         queue_all: engine.queue_all(),
-        last_updated: waitroom_common::event::format_rfc3339(now),
+        last_updated: last_updated(now),
         refresh_interval_seconds: u64::from(ticket.refresh_interval_secs),
         queueing_method: method.name().into(),
         is_fifo_queue: fifo,
@@ -971,6 +971,26 @@ pub fn queue_view(
         room: room.spec.id.clone(),
         language: String::new(),
     }
+}
+
+thread_local! {
+    /// The second of the last `lastUpdated` written on this thread, and it.
+    static LAST_UPDATED: std::cell::RefCell<(u64, String)> =
+        const { std::cell::RefCell::new((u64::MAX, String::new())) };
+}
+
+/// `lastUpdated` at `now`: `format_rfc3339(now)`, which shows whole seconds,
+/// formatted once a second per worker thread (a second has many queue
+/// pages). `u64::MAX` is no second a clock in milliseconds reaches.
+fn last_updated(now: UnixMillis) -> String {
+    let second = now.0 / 1_000;
+    LAST_UPDATED.with_borrow_mut(|(at, text)| {
+        if *at != second {
+            *text = waitroom_common::event::format_rfc3339(now);
+            *at = second;
+        }
+        text.clone()
+    })
 }
 
 fn bad_target(err: target::TargetError) -> Response<Body> {
@@ -992,6 +1012,20 @@ fn not_covered() -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_updated_is_the_second_of_now() {
+        use waitroom_common::event::format_rfc3339;
+        let base = 1_800_000_000_000;
+        for ms in [
+            0, 999, 1_000, 59_999, 60_000, 1_999, 2_000, 86_399_999, 86_400_000, 3_000,
+        ] {
+            let now = UnixMillis(base + ms);
+            assert_eq!(last_updated(now), format_rfc3339(now), "{ms}");
+            assert_eq!(last_updated(now), format_rfc3339(now), "{ms}, again");
+        }
+        assert_eq!(last_updated(UnixMillis(0)), "1970-01-01T00:00:00Z");
+    }
 
     #[test]
     fn seconds_headers_are_what_formatting_gives() {
