@@ -283,16 +283,31 @@ const BODY_SLOTS: usize = 64;
 /// rendered from: the page (or the JSON's envelope) and the whole view. A
 /// body is a function of the two alone (the template has no partials and
 /// reads nothing but the view), so a request whose page and view are equal
-/// to a slot's gets that slot's bytes; any other request renders and takes
-/// the slot. Visitors of one room in the same second mostly see the same
-/// view (the wait is the room's; the refresh interval is one of a few
-/// jittered values, hence the slots by interval); a FIFO queue's
-/// `visitorsAhead` differs between visitors, and there this only costs the
-/// comparison.
-type Slot = Option<(Source, QueueView, Bytes)>;
+/// to a slot's gets that slot's bytes; any other request renders, and
+/// takes the slot if its body was served again since it was stored (else
+/// only every [`STORE_EVERY`] misses). Visitors of one room in the same
+/// second mostly see the same view (the wait is the room's; the refresh
+/// interval is one of a few jittered values, hence the slots by interval);
+/// a FIFO queue's `visitorsAhead` differs between visitors, and there this
+/// costs the comparison and, now and then, a store.
+#[derive(Default)]
+struct Slot {
+    body: Option<(Source, QueueView, Bytes)>,
+    /// The body was served from the slot since it was stored.
+    hit: bool,
+    /// Misses since the body was stored.
+    misses: u32,
+}
+
+/// A slot whose body was never served again is replaced only every this
+/// many misses: where every visitor's view differs (a FIFO queue's
+/// `visitorsAhead`), storing each one cost more than it saved (a miss that
+/// stores: about 1,600 instructions of (c) and 2,000 of (d) over rendering
+/// alone, docs/BENCHMARKS.md).
+const STORE_EVERY: u32 = 16;
 
 thread_local! {
-    static BODIES: RefCell<Vec<Slot>> = RefCell::new((0..BODY_SLOTS).map(|_| None).collect());
+    static BODIES: RefCell<Vec<Slot>> = RefCell::new((0..BODY_SLOTS).map(|_| Slot::default()).collect());
 }
 
 fn remembered(source: SourceRef<'_>, view: &QueueView, render: impl FnOnce() -> String) -> Bytes {
@@ -301,18 +316,27 @@ fn remembered(source: SourceRef<'_>, view: &QueueView, render: impl FnOnce() -> 
         % BODY_SLOTS;
     BODIES.with(|bodies| {
         let mut bodies = bodies.borrow_mut();
-        if let Some((s, v, body)) = &bodies[index]
+        let slot = &mut bodies[index];
+        if let Some((s, v, body)) = &slot.body
             && s.is(&source)
             && v == view
         {
+            slot.hit = true;
             return body.clone();
         }
         let body = Bytes::from(render());
-        let owned = match source {
-            SourceRef::Page(id) => Source::Page(id),
-            SourceRef::Json(envelope) => Source::Json(envelope.to_owned()),
-        };
-        bodies[index] = Some((owned, view.clone(), body.clone()));
+        slot.misses += 1;
+        if slot.body.is_none() || slot.hit || slot.misses >= STORE_EVERY {
+            let owned = match source {
+                SourceRef::Page(id) => Source::Page(id),
+                SourceRef::Json(envelope) => Source::Json(envelope.to_owned()),
+            };
+            *slot = Slot {
+                body: Some((owned, view.clone(), body.clone())),
+                hit: false,
+                misses: 0,
+            };
+        }
         body
     })
 }
@@ -617,16 +641,31 @@ mod tests {
     #[test]
     fn a_remembered_body_is_the_same_page_and_view_only() {
         let page = |text: &str| QueuePage::from_source("t.html", text.into()).unwrap();
+        // Each case in a slot of its own (slots are chosen by the refresh
+        // interval), which is empty on the test's thread: its first body
+        // is stored, and a wrong key would serve it to the second request.
+        let mut interval = 0;
+        let mut fresh = |v: &QueueView| {
+            interval += 1;
+            QueueView {
+                refresh_interval_seconds: interval,
+                ..v.clone()
+            }
+        };
         let a = page(
             "A {{lastUpdated}} {{language}} {{room}} {{visitorsAhead}} {{refreshIntervalSeconds}}",
         );
-        let v = view(true);
+        let v = fresh(&view(true));
         assert_eq!(page_body(&a, &v), a.render(&v).as_bytes());
         assert_eq!(page_body(&a, &v), a.render(&v).as_bytes(), "remembered");
         // Another page with the same view: its own bytes.
+        let v = fresh(&v);
+        assert_eq!(page_body(&a, &v), a.render(&v).as_bytes());
         let b = page("B {{lastUpdated}}");
         assert_eq!(page_body(&b, &v), b.render(&v).as_bytes());
         // A reloaded template: dropped and parsed again with other text.
+        let v = fresh(&v);
+        assert_eq!(page_body(&a, &v), a.render(&v).as_bytes());
         drop(a);
         for _ in 0..4 {
             let again = page("C {{lastUpdated}}");
@@ -645,6 +684,7 @@ mod tests {
             |v| v.queue_all = !v.queue_all,
         ];
         for change in changed {
+            let v = fresh(&v);
             assert_eq!(page_body(&a, &v), a.render(&v).as_bytes());
             let mut w = v.clone();
             change(&mut w);
@@ -653,6 +693,7 @@ mod tests {
             assert_eq!(page_body(&a, &v), a.render(&v).as_bytes());
         }
         // The JSON: by envelope, and never a page's body of the same view.
+        let v = fresh(&v);
         assert_eq!(
             json_body(&v, "waitingRoom"),
             json_in(&v, "waitingRoom").as_bytes()
@@ -661,6 +702,7 @@ mod tests {
             json_body(&v, "cfWaitingRoom"),
             json_in(&v, "cfWaitingRoom").as_bytes()
         );
+        let v = fresh(&v);
         assert_eq!(
             json_body(&v, "waitingRoom"),
             json_in(&v, "waitingRoom").as_bytes()
@@ -672,6 +714,33 @@ mod tests {
             json_in(&w, "waitingRoom").as_bytes()
         );
         assert_eq!(page_body(&a, &v), a.render(&v).as_bytes());
+    }
+
+    /// A slot whose body is never served again is replaced on every
+    /// STORE_EVERY-th miss only, and one that was served on the next miss;
+    /// every answer is still the rendering.
+    #[test]
+    fn a_slot_that_only_misses_is_replaced_seldom() {
+        let p = QueuePage::from_source("t.html", "{{visitorsAhead}}".into()).unwrap();
+        let mut v = view(true);
+        v.refresh_interval_seconds = 7;
+        let stored = |v: &QueueView| {
+            BODIES.with_borrow(|b| {
+                b.iter()
+                    .any(|s| s.body.as_ref().is_some_and(|(_, w, _)| w == v))
+            })
+        };
+        for n in 0..(2 * STORE_EVERY as u64 + 1) {
+            v.visitors_ahead = n;
+            assert_eq!(page_body(&p, &v), n.to_string().as_bytes());
+            let expected = n % u64::from(STORE_EVERY) == 0;
+            assert_eq!(stored(&v), expected, "{n}");
+        }
+        // Served once: the next miss stores.
+        assert_eq!(page_body(&p, &v), v.visitors_ahead.to_string().as_bytes());
+        v.visitors_ahead += 1;
+        assert_eq!(page_body(&p, &v), v.visitors_ahead.to_string().as_bytes());
+        assert!(stored(&v));
     }
 
     #[test]
