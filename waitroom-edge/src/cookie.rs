@@ -107,27 +107,39 @@ impl CookieKeys {
     pub fn seal_into(&self, room: &str, plain: &[u8], out: &mut String) {
         let (id, key) = &self.keys[0];
         let nonce_bytes: [u8; 12] = rand::random();
-        let mut raw = Vec::with_capacity(HEADER + plain.len() + TAG);
-        raw.push(FORMAT);
-        raw.push(*id);
-        raw.extend_from_slice(&nonce_bytes);
-        raw.extend_from_slice(plain);
+        // On the stack for a ticket (`set_cookie_header` serializes it into
+        // 128 bytes at most); a longer text in a vector.
+        let mut stack = [0u8; HEADER + 128 + TAG];
+        let mut heap = Vec::new();
+        let len = HEADER + plain.len() + TAG;
+        let raw: &mut [u8] = if len <= stack.len() {
+            &mut stack[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap
+        };
+        raw[0] = FORMAT;
+        raw[1] = *id;
+        raw[2..HEADER].copy_from_slice(&nonce_bytes);
+        let (body, tag_at) = raw[HEADER..].split_at_mut(plain.len());
+        body.copy_from_slice(plain);
         let tag = with_aad(room, |aad| {
             key.seal_in_place_separate_tag(
                 Nonce::assume_unique_for_key(nonce_bytes),
                 Aad::from(aad),
-                &mut raw[HEADER..],
+                body,
             )
         });
         match tag {
-            Ok(tag) => raw.extend_from_slice(tag.as_ref()),
+            Ok(tag) => tag_at.copy_from_slice(tag.as_ref()),
             // Sealing fails only for messages of gigabytes; a ticket is not one.
             Err(_) => return,
         }
+        let raw = &*raw;
         // Encoded on the stack and appended: `encode_string`'s chunked
         // writer cost twice as much for a cookie's hundred bytes.
         let mut encoded = [0u8; 512];
-        match URL_SAFE_NO_PAD.encode_slice(&raw, &mut encoded) {
+        match URL_SAFE_NO_PAD.encode_slice(raw, &mut encoded) {
             Ok(n) => out.push_str(std::str::from_utf8(&encoded[..n]).unwrap_or_default()),
             Err(_) => URL_SAFE_NO_PAD.encode_string(raw, out),
         }
@@ -312,6 +324,25 @@ mod tests {
         let c = k.seal("shop", b"ticket");
         assert_eq!(k.open("shop", &c).unwrap(), b"ticket");
         assert_eq!(k.open("other", &c), Err(CookieFailure::Tampered));
+    }
+
+    /// Plain texts on either side of the stack buffer's 128 bytes seal to
+    /// values of the announced length that open to the same bytes, and
+    /// nowhere else.
+    #[test]
+    fn texts_short_and_long_seal_and_open() {
+        let k = keys(&[1]);
+        for len in (0..=140).chain([200, 300]) {
+            let plain: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            let c = k.seal("shop", &plain);
+            assert!(c.len() <= CookieKeys::sealed_len(len), "{len}");
+            // Unpadded base64 of the header, the text and the tag.
+            assert_eq!(c.len(), (4 * (HEADER + len + TAG)).div_ceil(3), "{len}");
+            if c.len() <= MAX_COOKIE_LEN {
+                assert_eq!(k.open("shop", &c).unwrap(), plain, "{len}");
+                assert_eq!(k.open("other", &c), Err(CookieFailure::Tampered), "{len}");
+            }
+        }
     }
 
     #[test]

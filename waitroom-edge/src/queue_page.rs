@@ -9,7 +9,13 @@
 //! `visitorsAhead`, `eventStartTime` and `eventEndTime` (RFC 3339). The built-in page works
 //! without JavaScript: it refreshes itself with `<meta http-equiv="refresh">`
 //! and the response's `Refresh` header after the ticket's own interval.
-use std::borrow::Cow;
+use std::{
+    borrow::Cow,
+    cell::RefCell,
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use bytes::Bytes;
 
 use ramhorns::{Content, Template};
 use serde::Serialize;
@@ -20,7 +26,7 @@ use waitroom_common::{
 };
 
 /// Everything a queue page or an app is told.
-#[derive(Debug, Clone, Content, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Content, Serialize)]
 #[ramhorns(rename_all = "camelCase")]
 #[serde(rename_all = "camelCase")]
 pub struct QueueView {
@@ -198,6 +204,17 @@ pub const DEFAULT_TEMPLATE: &str = r#"<!doctype html>
 #[derive(Debug)]
 pub struct QueuePage {
     template: Template<'static>,
+    /// This page's number among every page the process has parsed (never
+    /// reused, so a reloaded template is another page): what a rendered
+    /// body is remembered under ([`page_body`]).
+    id: u64,
+}
+
+/// The next [`QueuePage::id`].
+static NEXT_PAGE_ID: AtomicU64 = AtomicU64::new(1);
+
+fn next_page_id() -> u64 {
+    NEXT_PAGE_ID.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A template that does not parse.
@@ -213,13 +230,17 @@ impl QueuePage {
     pub fn builtin() -> Self {
         Self {
             template: Template::new(DEFAULT_TEMPLATE).expect("the built-in template parses"),
+            id: next_page_id(),
         }
     }
 
     /// A page from an operator's template file.
     pub fn from_source(path: &str, source: String) -> Result<Self, TemplateError> {
         Template::new(source)
-            .map(|template| Self { template })
+            .map(|template| Self {
+                template,
+                id: next_page_id(),
+            })
             .map_err(|source| TemplateError {
                 path: path.to_owned(),
                 source,
@@ -229,6 +250,106 @@ impl QueuePage {
     pub fn render(&self, view: &QueueView) -> String {
         self.template.render(view)
     }
+}
+
+/// What a remembered body was made from: a page (by [`QueuePage::id`]) or
+/// the JSON under an envelope.
+#[derive(Debug, PartialEq, Eq)]
+enum Source {
+    Page(u64),
+    Json(String),
+}
+
+impl Source {
+    fn is(&self, other: &SourceRef<'_>) -> bool {
+        match (self, other) {
+            (Self::Page(a), SourceRef::Page(b)) => a == b,
+            (Self::Json(a), SourceRef::Json(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum SourceRef<'a> {
+    Page(u64),
+    Json(&'a str),
+}
+
+/// Slots of [`BODIES`], per worker thread.
+const BODY_SLOTS: usize = 64;
+
+/// The last bodies rendered on this thread, each with everything it was
+/// rendered from: the page (or the JSON's envelope) and the whole view. A
+/// body is a function of the two alone (the template has no partials and
+/// reads nothing but the view), so a request whose page and view are equal
+/// to a slot's gets that slot's bytes; any other request renders, and
+/// takes the slot if its body was served again since it was stored (else
+/// only every [`STORE_EVERY`] misses). Visitors of one room in the same
+/// second mostly see the same view (the wait is the room's; the refresh
+/// interval is one of a few jittered values, hence the slots by interval);
+/// a FIFO queue's `visitorsAhead` differs between visitors, and there this
+/// costs the comparison and, now and then, a store.
+#[derive(Default)]
+struct Slot {
+    body: Option<(Source, QueueView, Bytes)>,
+    /// The body was served from the slot since it was stored.
+    hit: bool,
+    /// Misses since the body was stored.
+    misses: u32,
+}
+
+/// A slot whose body was never served again is replaced only every this
+/// many misses: where every visitor's view differs (a FIFO queue's
+/// `visitorsAhead`), storing each one cost more than it saved (a miss that
+/// stores: about 1,600 instructions of (c) and 2,000 of (d) over rendering
+/// alone, docs/BENCHMARKS.md).
+const STORE_EVERY: u32 = 16;
+
+thread_local! {
+    static BODIES: RefCell<Vec<Slot>> = RefCell::new((0..BODY_SLOTS).map(|_| Slot::default()).collect());
+}
+
+fn remembered(source: SourceRef<'_>, view: &QueueView, render: impl FnOnce() -> String) -> Bytes {
+    let index = (view.refresh_interval_seconds as usize * 2
+        + usize::from(matches!(source, SourceRef::Json(_))))
+        % BODY_SLOTS;
+    BODIES.with(|bodies| {
+        let mut bodies = bodies.borrow_mut();
+        let slot = &mut bodies[index];
+        if let Some((s, v, body)) = &slot.body
+            && s.is(&source)
+            && v == view
+        {
+            slot.hit = true;
+            return body.clone();
+        }
+        let body = Bytes::from(render());
+        slot.misses += 1;
+        if slot.body.is_none() || slot.hit || slot.misses >= STORE_EVERY {
+            let owned = match source {
+                SourceRef::Page(id) => Source::Page(id),
+                SourceRef::Json(envelope) => Source::Json(envelope.to_owned()),
+            };
+            *slot = Slot {
+                body: Some((owned, view.clone(), body.clone())),
+                hit: false,
+                misses: 0,
+            };
+        }
+        body
+    })
+}
+
+/// `page` rendered with `view`: the same bytes as [`QueuePage::render`],
+/// remembered per worker thread (see [`BODIES`]).
+pub fn page_body(page: &QueuePage, view: &QueueView) -> Bytes {
+    remembered(SourceRef::Page(page.id), view, || page.render(view))
+}
+
+/// [`json_in`] of `view` under `envelope`, remembered per worker thread.
+pub fn json_body(view: &QueueView, envelope: &str) -> Bytes {
+    remembered(SourceRef::Json(envelope), view, || json_in(view, envelope))
 }
 
 /// The JSON answer for `Accept: application/json`, under `waitingRoom`.
@@ -510,6 +631,116 @@ mod tests {
             QueuePage::from_source("bad.html", "{{#open}} never closed {{/other}}".into()).is_err()
         );
         assert!(QueuePage::from_source("bad.html", "{{waitTime".into()).is_err());
+    }
+
+    /// A remembered body is served only for the same page (a template
+    /// parsed again, as on a reload, is another page, even at the address of
+    /// a dropped one) or the same envelope, and the same view in every
+    /// field: each case below renders on its own thread's slots, and every
+    /// answer is what rendering gives.
+    #[test]
+    fn a_remembered_body_is_the_same_page_and_view_only() {
+        let page = |text: &str| QueuePage::from_source("t.html", text.into()).unwrap();
+        // Each case in a slot of its own (slots are chosen by the refresh
+        // interval), which is empty on the test's thread: its first body
+        // is stored, and a wrong key would serve it to the second request.
+        let mut interval = 0;
+        let mut fresh = |v: &QueueView| {
+            interval += 1;
+            QueueView {
+                refresh_interval_seconds: interval,
+                ..v.clone()
+            }
+        };
+        let a = page(
+            "A {{lastUpdated}} {{language}} {{room}} {{visitorsAhead}} {{refreshIntervalSeconds}}",
+        );
+        let v = fresh(&view(true));
+        assert_eq!(page_body(&a, &v), a.render(&v).as_bytes());
+        assert_eq!(page_body(&a, &v), a.render(&v).as_bytes(), "remembered");
+        // Another page with the same view: its own bytes.
+        let v = fresh(&v);
+        assert_eq!(page_body(&a, &v), a.render(&v).as_bytes());
+        let b = page("B {{lastUpdated}}");
+        assert_eq!(page_body(&b, &v), b.render(&v).as_bytes());
+        // A reloaded template: dropped and parsed again with other text.
+        let v = fresh(&v);
+        assert_eq!(page_body(&a, &v), a.render(&v).as_bytes());
+        drop(a);
+        for _ in 0..4 {
+            let again = page("C {{lastUpdated}}");
+            assert_eq!(page_body(&again, &v), again.render(&v).as_bytes());
+        }
+        // One field changed at a time: the second, the language, the room,
+        // the place in line, a flag.
+        let a = page(
+            "A {{lastUpdated}} {{language}} {{room}} {{visitorsAhead}} {{#queueAll}}all{{/queueAll}}",
+        );
+        let changed: [fn(&mut QueueView); 5] = [
+            |v| v.last_updated = "2026-11-22T10:00:01Z".into(),
+            |v| v.language = "de".into(),
+            |v| v.room = "other".into(),
+            |v| v.visitors_ahead += 1,
+            |v| v.queue_all = !v.queue_all,
+        ];
+        for change in changed {
+            let v = fresh(&v);
+            assert_eq!(page_body(&a, &v), a.render(&v).as_bytes());
+            let mut w = v.clone();
+            change(&mut w);
+            assert_ne!(a.render(&w), a.render(&v));
+            assert_eq!(page_body(&a, &w), a.render(&w).as_bytes());
+            assert_eq!(page_body(&a, &v), a.render(&v).as_bytes());
+        }
+        // The JSON: by envelope, and never a page's body of the same view.
+        let v = fresh(&v);
+        assert_eq!(
+            json_body(&v, "waitingRoom"),
+            json_in(&v, "waitingRoom").as_bytes()
+        );
+        assert_eq!(
+            json_body(&v, "cfWaitingRoom"),
+            json_in(&v, "cfWaitingRoom").as_bytes()
+        );
+        let v = fresh(&v);
+        assert_eq!(
+            json_body(&v, "waitingRoom"),
+            json_in(&v, "waitingRoom").as_bytes()
+        );
+        let mut w = v.clone();
+        w.last_updated = "2026-11-22T10:00:01Z".into();
+        assert_eq!(
+            json_body(&w, "waitingRoom"),
+            json_in(&w, "waitingRoom").as_bytes()
+        );
+        assert_eq!(page_body(&a, &v), a.render(&v).as_bytes());
+    }
+
+    /// A slot whose body is never served again is replaced on every
+    /// STORE_EVERY-th miss only, and one that was served on the next miss;
+    /// every answer is still the rendering.
+    #[test]
+    fn a_slot_that_only_misses_is_replaced_seldom() {
+        let p = QueuePage::from_source("t.html", "{{visitorsAhead}}".into()).unwrap();
+        let mut v = view(true);
+        v.refresh_interval_seconds = 7;
+        let stored = |v: &QueueView| {
+            BODIES.with_borrow(|b| {
+                b.iter()
+                    .any(|s| s.body.as_ref().is_some_and(|(_, w, _)| w == v))
+            })
+        };
+        for n in 0..(2 * STORE_EVERY as u64 + 1) {
+            v.visitors_ahead = n;
+            assert_eq!(page_body(&p, &v), n.to_string().as_bytes());
+            let expected = n % u64::from(STORE_EVERY) == 0;
+            assert_eq!(stored(&v), expected, "{n}");
+        }
+        // Served once: the next miss stores.
+        assert_eq!(page_body(&p, &v), v.visitors_ahead.to_string().as_bytes());
+        v.visitors_ahead += 1;
+        assert_eq!(page_body(&p, &v), v.visitors_ahead.to_string().as_bytes());
+        assert!(stored(&v));
     }
 
     #[test]

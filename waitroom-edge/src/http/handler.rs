@@ -796,12 +796,12 @@ fn queue_response(
     view.language = live.language_tag(ask.language).to_owned();
     let (body, content_type) = if ask.json {
         (
-            queue_page::json_in(&view, &live.json_envelope),
+            queue_page::json_body(&view, &live.json_envelope),
             "application/json",
         )
     } else {
         (
-            live.page_in(&engine, ask.language).render(&view),
+            queue_page::page_body(live.page_in(&engine, ask.language), &view),
             "text/html; charset=utf-8",
         )
     };
@@ -810,16 +810,11 @@ fn queue_response(
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(
-        header::REFRESH,
-        HeaderValue::from(u64::from(ticket.refresh_interval_secs)),
-    );
+    let interval = seconds_header(u64::from(ticket.refresh_interval_secs));
+    h.insert(header::REFRESH, interval.clone());
     // For clients that know `Retry-After` rather than `Refresh`; and the
     // answer is HTML or JSON by `Accept`, which a cache must key on.
-    h.insert(
-        header::RETRY_AFTER,
-        HeaderValue::from(u64::from(ticket.refresh_interval_secs)),
-    );
+    h.insert(header::RETRY_AFTER, interval);
     h.insert(
         header::VARY,
         HeaderValue::from_static(if live.languages.is_empty() {
@@ -833,6 +828,34 @@ fn queue_response(
     }
     resp
 }
+
+/// Whole seconds as a header value (`Refresh`, `Retry-After`): the same
+/// bytes as `HeaderValue::from(seconds)`, but below [`SECONDS_TABLE`] from a
+/// table of static values made once, so a queue page formats and allocates
+/// none (a refresh interval is at most 108 s with its jitter; issue 17).
+fn seconds_header(seconds: u64) -> HeaderValue {
+    static DIGITS: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| (0..SECONDS_TABLE).map(|n| n.to_string()).collect());
+    static VALUES: std::sync::LazyLock<Vec<HeaderValue>> = std::sync::LazyLock::new(|| {
+        let digits: &'static str = &DIGITS;
+        let mut at = 0;
+        (0..SECONDS_TABLE)
+            .map(|n| {
+                let len = itoa::Buffer::new().format(n).len();
+                let value = HeaderValue::from_static(&digits[at..at + len]);
+                at += len;
+                value
+            })
+            .collect()
+    });
+    match usize::try_from(seconds) {
+        Ok(n) if n < SECONDS_TABLE => VALUES[n].clone(),
+        _ => HeaderValue::from(seconds),
+    }
+}
+
+/// Values of [`seconds_header`] kept ready.
+const SECONDS_TABLE: usize = 256;
 
 /// How a visitor asked to be answered: JSON (`Accept`), and which of the
 /// room's languages (`Accept-Language`; `None`: the default).
@@ -889,7 +912,7 @@ fn status_page(
     if view.retry_after_seconds > 0 {
         h.insert(
             header::RETRY_AFTER,
-            HeaderValue::from(view.retry_after_seconds),
+            seconds_header(view.retry_after_seconds),
         );
     }
     resp
@@ -930,7 +953,7 @@ pub fn queue_view(
         ),
         queue_is_full: estimate.queue_is_full,
         queue_all: engine.queue_all(),
-        last_updated: waitroom_common::event::format_rfc3339(now),
+        last_updated: last_updated(now),
         refresh_interval_seconds: u64::from(ticket.refresh_interval_secs),
         queueing_method: method.name().into(),
         is_fifo_queue: fifo,
@@ -948,6 +971,26 @@ pub fn queue_view(
         room: room.spec.id.clone(),
         language: String::new(),
     }
+}
+
+thread_local! {
+    /// The second of the last `lastUpdated` written on this thread, and it.
+    static LAST_UPDATED: std::cell::RefCell<(u64, String)> =
+        const { std::cell::RefCell::new((u64::MAX, String::new())) };
+}
+
+/// `lastUpdated` at `now`: `format_rfc3339(now)`, which shows whole seconds,
+/// formatted once a second per worker thread (a second has many queue
+/// pages). `u64::MAX` is no second a clock in milliseconds reaches.
+fn last_updated(now: UnixMillis) -> String {
+    let second = now.0 / 1_000;
+    LAST_UPDATED.with_borrow_mut(|(at, text)| {
+        if *at != second {
+            *text = waitroom_common::event::format_rfc3339(now);
+            *at = second;
+        }
+        text.clone()
+    })
 }
 
 fn bad_target(err: target::TargetError) -> Response<Body> {
@@ -969,6 +1012,31 @@ fn not_covered() -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_updated_is_the_second_of_now() {
+        use waitroom_common::event::format_rfc3339;
+        // First on this (the test's own) thread: the epoch's second is no
+        // "nothing written yet".
+        assert_eq!(last_updated(UnixMillis(0)), "1970-01-01T00:00:00Z");
+        let base = 1_800_000_000_000;
+        for ms in [
+            0, 999, 1_000, 59_999, 60_000, 1_999, 2_000, 86_399_999, 86_400_000, 3_000,
+        ] {
+            let now = UnixMillis(base + ms);
+            assert_eq!(last_updated(now), format_rfc3339(now), "{ms}");
+            assert_eq!(last_updated(now), format_rfc3339(now), "{ms}, again");
+        }
+    }
+
+    #[test]
+    fn seconds_headers_are_what_formatting_gives() {
+        for n in (0..=SECONDS_TABLE as u64 + 10).chain([1_000, 65_535, u64::MAX]) {
+            let value = seconds_header(n);
+            assert_eq!(value, HeaderValue::from(n), "{n}");
+            assert_eq!(value.as_bytes(), n.to_string().as_bytes(), "{n}");
+        }
+    }
 
     #[test]
     fn a_browsing_visitors_cookie_is_resealed_only_when_it_matters() {
