@@ -342,7 +342,7 @@ fn remembered(source: SourceRef<'_>, view: &QueueView, render: impl FnOnce() -> 
 }
 
 /// `page` rendered with `view`: the same bytes as [`QueuePage::render`],
-/// remembered per worker thread (see [`BODIES`]).
+/// remembered per worker thread (see `BODIES`).
 pub fn page_body(page: &QueuePage, view: &QueueView) -> Bytes {
     remembered(SourceRef::Page(page.id), view, || page.render(view))
 }
