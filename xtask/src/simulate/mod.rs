@@ -1301,6 +1301,32 @@ mod tests {
         assert!(queued_again < queued_wait, "{queued_again} < {queued_wait}");
     }
 
+    /// Scenario `key` over seeds 1..=`seeds` under `after` and `before`:
+    /// the visitors queued with room for the whole line under each. Every
+    /// run under `after` holds both limits within `peak`; `each` sees the
+    /// two results of every seed.
+    fn queued_after_and_before(
+        key: &str,
+        seeds: u64,
+        (after, before): (&Topology, &Topology),
+        peak: f64,
+        mut each: impl FnMut(&scenario::ScenarioResult, &scenario::ScenarioResult),
+    ) -> (u64, u64) {
+        let (mut queued_after, mut queued_before) = (0, 0);
+        for seed in 1..=seeds {
+            let (a, _) = run_on(key, after, seed);
+            assert!(
+                a.peak_admits_ratio <= peak && a.peak_active_ratio <= peak,
+                "{seed}: {a:?}"
+            );
+            let (b, _) = run_on(key, before, seed);
+            queued_after += a.targets.queued_below_98_line_fits;
+            queued_before += b.targets.queued_below_98_line_fits;
+            each(&a, &b);
+        }
+        (queued_after, queued_before)
+    }
+
     /// Steady traffic under the hostile preset: a held visitor's ask whose
     /// answer is lost is sent again within the hold
     /// (`promise::ask_within_hold_ms`, 25 ms at a 50 ms hold and 20 ms round
@@ -1326,19 +1352,8 @@ mod tests {
             },
             ..after
         };
-        let (mut queued_after, mut queued_before) = (0, 0);
-        for seed in 1..=64 {
-            let (r, _) = run_on("steady", &after, seed);
-            queued_after += r.targets.queued_below_98_line_fits;
-            assert!(
-                r.peak_admits_ratio <= 1.01 && r.peak_active_ratio <= 1.01,
-                "{seed}: {r:?}"
-            );
-            queued_before += run_on("steady", &before, seed)
-                .0
-                .targets
-                .queued_below_98_line_fits;
-        }
+        let (queued_after, queued_before) =
+            queued_after_and_before("steady", 64, (&after, &before), 1.01, |_, _| {});
         println!(
             "queued with room for the line: {queued_after} within the hold, {queued_before} after it"
         );
@@ -1373,19 +1388,12 @@ mod tests {
             },
             ..after
         };
-        let (mut queued_after, mut queued_before, mut sent_again) = (0, 0, 0);
-        for seed in 1..=SEEDS {
-            let (r, _) = run_on(KEY, &after, seed);
-            queued_after += r.targets.queued_below_98_line_fits;
-            sent_again += r.gossip.confirms_again;
-            assert!(
-                r.peak_admits_ratio <= 1.02 && r.peak_active_ratio <= 1.02,
-                "{seed}: {r:?}"
-            );
-            let (r, _) = run_on(KEY, &before, seed);
-            queued_before += r.targets.queued_below_98_line_fits;
-            assert_eq!(r.gossip.confirms_again, 0, "never sent again");
-        }
+        let mut sent_again = 0;
+        let (queued_after, queued_before) =
+            queued_after_and_before(KEY, SEEDS, (&after, &before), 1.02, |a, b| {
+                sent_again += a.gossip.confirms_again;
+                assert_eq!(b.gossip.confirms_again, 0, "never sent again");
+            });
         println!(
             "queued with room for the line: {queued_after} waited for as an ask, {queued_before} as a report; {sent_again} sent again"
         );
@@ -1424,17 +1432,8 @@ mod tests {
             },
             ..after
         };
-        let (mut queued_after, mut queued_before) = (0, 0);
-        for seed in 1..=SEEDS {
-            let (r, _) = run_on(KEY, &after, seed);
-            queued_after += r.targets.queued_below_98_line_fits;
-            assert!(
-                r.peak_admits_ratio <= 1.02 && r.peak_active_ratio <= 1.02,
-                "{seed}: {r:?}"
-            );
-            let (r, _) = run_on(KEY, &before, seed);
-            queued_before += r.targets.queued_below_98_line_fits;
-        }
+        let (queued_after, queued_before) =
+            queued_after_and_before(KEY, SEEDS, (&after, &before), 1.02, |_, _| {});
         println!(
             "queued with room for the line: {queued_after} sent again like the ask, {queued_before} waited for as a report"
         );
