@@ -43,6 +43,15 @@ fn start(name: &str) -> ProxiedNode {
     ProxiedNode::start(name, 1, ROOM, INTERVAL_MS)
 }
 
+/// [`start`], then idle for a few rounds: the node is promised two slots
+/// and holds visitors.
+fn idle_and_holding(name: &str) -> ProxiedNode {
+    let setup = start(name);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(setup.metric("waitroom_lease_holding"), 1.0);
+    setup
+}
+
 /// New visitors one after another, `n` of them: how many were queued and
 /// the longest any took.
 fn visitors(setup: &ProxiedNode, n: usize) -> (usize, Duration) {
@@ -83,10 +92,7 @@ fn until_reported_again(setup: &ProxiedNode, within: Duration) -> Option<(Arriva
 
 #[test]
 fn a_lost_answer_to_a_held_visitors_ask_is_asked_again_within_the_hold() {
-    let setup = start("lost-ask");
-    // Idle for a few rounds: the node is promised two slots.
-    std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(setup.metric("waitroom_lease_holding"), 1.0);
+    let setup = idle_and_holding("lost-ask");
     let asks_before = setup.metric("waitroom_lease_asks_total");
 
     setup.just_after_an_answer();
@@ -131,9 +137,7 @@ fn a_lost_answer_to_a_held_visitors_ask_is_asked_again_within_the_hold() {
 
 #[test]
 fn two_answers_lost_in_a_row_stop_the_holding_for_an_asks_wait_not_two_seconds() {
-    let setup = start("lost-twice");
-    std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(setup.metric("waitroom_lease_holding"), 1.0);
+    let setup = idle_and_holding("lost-twice");
     setup.just_after_an_answer();
     // The held visitor's ask is lost, and so is the report sent again.
     setup.proxy.lose_next(2);
@@ -177,9 +181,7 @@ fn two_answers_lost_in_a_row_stop_the_holding_for_an_asks_wait_not_two_seconds()
 
 #[test]
 fn a_held_visitor_does_not_wait_behind_a_periodic_report_whose_answer_was_lost() {
-    let setup = start("lost-periodic");
-    std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(setup.metric("waitroom_lease_holding"), 1.0);
+    let setup = idle_and_holding("lost-periodic");
     setup.just_after_an_answer();
     // Nobody comes for the interval: the next report is the periodic one,
     // and its answer is lost. Waited for as a periodic answer is, two
