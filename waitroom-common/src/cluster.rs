@@ -44,7 +44,7 @@ use crate::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::wire::{HeldLease, RoomAnswer};
+use crate::wire::{HeldLease, HeldVisitors, RoomAnswer};
 
 pub mod grants;
 pub mod promise;
@@ -276,6 +276,9 @@ struct Grantee<'a> {
     /// Its distinct visitors this minute by its previous report (a node
     /// that asks).
     previous_visitors: Vec<(RoomId, u64)>,
+    /// The visitors it holds now for this answer, per room
+    /// (`Message::HeldReport`; none for any other report).
+    held_visitors: &'a [HeldVisitors],
 }
 
 /// One grant of a merge, as a shared grant ledger takes it
@@ -826,7 +829,7 @@ impl Cluster {
     /// sums: the node's previous report is taken away and this one added,
     /// so a merge costs this report's entries, not every node's.
     pub fn apply(&mut self, report: NodeReport, now: UnixMillis) -> Vec<RoomAnswer> {
-        self.apply_as(report, now, false, None)
+        self.apply_as(report, now, false, None, &[])
     }
 
     /// [`Cluster::apply`] for a node that asks on demand when its promise
@@ -835,7 +838,7 @@ impl Cluster {
     /// for whoever asks next ([`promise`]). Out-of-cycle reports are the
     /// asking; they are merged like any other.
     pub fn apply_asking(&mut self, report: NodeReport, now: UnixMillis) -> Vec<RoomAnswer> {
-        self.apply_as(report, now, true, None)
+        self.apply_as(report, now, true, None, &[])
     }
 
     /// [`Cluster::apply`] (or, with `asks`, [`Cluster::apply_asking`]) for
@@ -857,7 +860,26 @@ impl Cluster {
         asks: bool,
         now: UnixMillis,
     ) -> Vec<RoomAnswer> {
-        self.apply_as(report, now, asks, Some(held))
+        self.apply_as(report, now, asks, Some(held), &[])
+    }
+
+    /// [`Cluster::apply_holding`] for a node that asks and says how many
+    /// visitors it holds now for this answer (`Message::HeldReport`): in
+    /// each room it is promised at least that many, within what the ledgers
+    /// leave ([`promise`]'s rule, half of what is left, bounds it as any
+    /// need). Its counts alone cannot say so when it reports again after a
+    /// lost answer: the visitors it holds were counted by the report whose
+    /// answer was lost, so none is new since, and at 1,200 nodes an idle
+    /// node is promised nothing (`cargo xtask simulate --preset hostile
+    /// --colos 300 --nodes-per-colo 4`, the steady scenario).
+    pub fn apply_held(
+        &mut self,
+        report: NodeReport,
+        held: &[HeldLease],
+        held_visitors: &[HeldVisitors],
+        now: UnixMillis,
+    ) -> Vec<RoomAnswer> {
+        self.apply_as(report, now, true, Some(held), held_visitors)
     }
 
     /// Until `until`, no node is granted more than the leases it holds (by
@@ -1065,6 +1087,7 @@ impl Cluster {
         now: UnixMillis,
         asks: bool,
         held: Option<&[HeldLease]>,
+        held_visitors: &[HeldVisitors],
     ) -> Vec<RoomAnswer> {
         let at = report.at;
         let (index, node, previous_seen, previous_visitors) = self.merge(report, now, asks);
@@ -1077,6 +1100,7 @@ impl Cluster {
                 previous_seen,
                 at,
                 previous_visitors,
+                held_visitors,
             },
             now,
         )
@@ -1161,6 +1185,7 @@ impl Cluster {
             previous_seen,
             at,
             previous_visitors,
+            held_visitors,
         } = grantee;
         let minute = now.minute();
         let learning = self.learning(now);
@@ -1250,15 +1275,24 @@ impl Cluster {
             // queued anywhere sends every new visitor to the lottery, so a
             // node running dry early would queue the whole room.
             if asks && def.room.queueing_method() == QueueingMethod::Fifo {
-                let need = self.promises.need_paced(
-                    admitted_since(leases, state.used, minute).max(visitors_since(
-                        &previous_visitors,
-                        room_report,
-                        minute,
-                    )),
-                    elapsed_since(previous_seen, at, now),
-                    promise::Pace::of(&state, room_now.new_users_per_minute(), now),
-                );
+                // The visitors it holds now need a slot each, whatever its
+                // counts say (`Cluster::apply_held`).
+                let holds_now = held_visitors
+                    .iter()
+                    .filter(|h| h.room == id)
+                    .fold(0_u64, |n, h| n.saturating_add(h.visitors));
+                let need = self
+                    .promises
+                    .need_paced(
+                        admitted_since(leases, state.used, minute).max(visitors_since(
+                            &previous_visitors,
+                            room_report,
+                            minute,
+                        )),
+                        elapsed_since(previous_seen, at, now),
+                        promise::Pace::of(&state, room_now.new_users_per_minute(), now),
+                    )
+                    .max(holds_now);
                 let free = promise::Free::new(
                     shares.colo_pool.saturating_sub(shares.colo_held_in_colo),
                     shares.pool.saturating_sub(shares.held_by_others),
@@ -2696,6 +2730,77 @@ mod tests {
         assert!(a_cap + b_cap + c_cap <= 100, "{a_cap} + {b_cap} + {c_cap}");
     }
 
+    /// At scale an idle node is promised nothing (its fair part is under a
+    /// slot). A node holding a visitor asks, its answer is lost, and it
+    /// reports again with the same counts: by them nothing is new since the
+    /// lost ask, so it is promised nothing again and the visitor queues
+    /// with 19 of the minute's 20 slots free. A held report that names the visitor is promised
+    /// a slot for it; one that claims more visitors than there are slots
+    /// gets no more than any ask, half of what is free.
+    #[test]
+    fn a_report_sent_again_for_a_held_visitor_is_promised_a_slot_for_it() {
+        let quiet = PoolCounts::default();
+        let again = |held_visitors: &[HeldVisitors]| {
+            let mut cluster = Cluster::new(vec![room(10_000, 20)], 5_000);
+            // 300 idle nodes in 60 colos: a fair part is a third of a slot,
+            // and the first to report hold what idle promises may take.
+            for n in (0..300).rev() {
+                let colo = format!("c{}", n % 60);
+                cluster.apply_asking(report_in_colo(&format!("n{n}"), &colo, T0, quiet, 1, 0), T0);
+            }
+            let t = T0.plus_millis(1_000);
+            let first = cluster.apply_asking(report_in_colo("n0", "c0", t, quiet, 1, 0), t);
+            let idle = shared_cap(&first[0].state);
+            let holding = [held(&first[0].state, t.minute())];
+            // A visitor is held: the ask counts it, and is promised a slot.
+            let t = t.plus_millis(500);
+            let ask = cluster.apply_holding(
+                report_in_colo("n0", "c0", t, quiet, 1, 1),
+                &holding,
+                true,
+                t,
+            );
+            let asked = shared_cap(&ask[0].state);
+            // Its answer is lost; 45 ms later the node reports again, still
+            // holding the visitor (and still holding the lease before).
+            let t = t.plus_millis(45);
+            let report = report_in_colo("n0", "c0", t, quiet, 1, 1);
+            let answer = if held_visitors.is_empty() {
+                cluster.apply_holding(report, &holding, true, t)
+            } else {
+                cluster.apply_held(report, &holding, held_visitors, t)
+            };
+            (idle, asked, shared_cap(&answer[0].state))
+        };
+        let one = [HeldVisitors {
+            room: RoomId::from_name("shop"),
+            visitors: 1,
+        }];
+        let (idle, asked, blind) = again(&[]);
+        assert_eq!(idle, 0, "an idle node at scale is promised nothing");
+        assert!(asked >= 1, "the ask is promised a slot: {asked}");
+        assert_eq!(
+            blind, 0,
+            "by its counts the report sent again needs nothing"
+        );
+        let (_, _, named) = again(&one);
+        assert!(named >= 1, "named, the held visitor gets a slot: {named}");
+        let (_, _, greedy) = again(&[HeldVisitors {
+            visitors: u64::MAX,
+            ..one[0]
+        }]);
+        assert!(
+            (1..=10).contains(&greedy),
+            "a claim of endless held visitors gets half of what is free at most: {greedy}"
+        );
+        // Another room's held visitors are not this room's.
+        let (_, _, elsewhere) = again(&[HeldVisitors {
+            room: RoomId::from_name("other"),
+            visitors: 5,
+        }]);
+        assert_eq!(elsewhere, 0);
+    }
+
     /// The attacker (or a runaway node): it asks every millisecond, each
     /// time claiming to have spent everything it holds. Its grants grow,
     /// but what every node holds never passes the minute's limit, and an
@@ -3107,7 +3212,7 @@ mod tests {
                         };
                         // Even nodes ask on demand (small promises), odd ones do not.
                         let asks = node % 2 == 0;
-                        let got = cluster.apply_as(report.clone(), now, asks, None);
+                        let got = cluster.apply_as(report.clone(), now, asks, None, &[]);
                         let want = reference.apply_as(report, now, asks);
                         proptest::prop_assert_eq!(got, want);
                     }

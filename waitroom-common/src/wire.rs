@@ -94,6 +94,34 @@ pub enum Message {
     /// change, and safe with nodes that predate it: a node reads one frame
     /// per stream and never sees a second.
     Note(AnswerNote),
+    /// Node → its home aggregator: a home report that asks, and says how
+    /// many visitors the node holds right now for its answer, per room
+    /// (`Cluster::apply_held`). A report sent again after a lost answer
+    /// counts no visitor new since the lost one, which had counted the held
+    /// visitor, so by its counts alone it reads as no need; at 1,200 nodes
+    /// an idle node is promised nothing, and the held visitor queued with
+    /// room to spare. Appended without a version change; an aggregator that
+    /// predates it refuses it as malformed, on which the node goes back to
+    /// [`Message::HomeReport`].
+    HeldReport(HeldReportFrame),
+}
+
+/// A home report with the visitors the node holds as it reports (see
+/// [`Message::HeldReport`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldReportFrame {
+    pub home: HomeReportFrame,
+    /// Rooms with visitors held now for an on-demand lease; a room not
+    /// named holds none.
+    pub held_visitors: Vec<HeldVisitors>,
+}
+
+/// Visitors a node holds in one room, each waiting for a slot from the
+/// answer to this report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldVisitors {
+    pub room: RoomId,
+    pub visitors: u64,
 }
 
 /// What an aggregator adds to an answer (see [`Message::Note`]).
@@ -642,6 +670,36 @@ mod tests {
         let bytes = encode(&note).unwrap();
         assert_eq!(bytes[HEADER_LEN], 6);
         assert_eq!(decode(&bytes).unwrap(), note);
+    }
+
+    /// The held report is appended too (tag 7), and round-trips: an
+    /// aggregator from before it refuses it as malformed, every earlier
+    /// frame keeps its bytes, and its home report's bytes are the home
+    /// report's own.
+    #[test]
+    fn a_held_report_is_a_home_report_appended_with_its_held_visitors() {
+        let Message::Report(frame) = sample_report() else {
+            unreachable!()
+        };
+        let home = HomeReportFrame {
+            frame,
+            asks: true,
+            held: vec![sample_held()],
+        };
+        let held = Message::HeldReport(HeldReportFrame {
+            home: home.clone(),
+            held_visitors: vec![HeldVisitors {
+                room: RoomId(3),
+                visitors: 2,
+            }],
+        });
+        let bytes = encode(&held).unwrap();
+        assert_eq!(bytes[HEADER_LEN], 7);
+        assert_eq!(decode(&bytes).unwrap(), held);
+        let plain = encode(&Message::HomeReport(home)).unwrap();
+        let body = &plain[HEADER_LEN + 1..];
+        assert_eq!(&bytes[HEADER_LEN + 1..HEADER_LEN + 1 + body.len()], body);
+        assert_eq!(&bytes[HEADER_LEN + 1 + body.len()..], [1, 3, 2]);
     }
 
     #[test]
