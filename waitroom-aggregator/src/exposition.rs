@@ -67,6 +67,11 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
             &m.holding_reports_total,
         ),
         (
+            "waitroom_aggregator_held_visitor_reports_total",
+            "Of the home reports, those that named visitors the node held for the answer.",
+            &m.held_visitor_reports_total,
+        ),
+        (
             "waitroom_aggregator_frames_refused_total",
             "Frames refused: unknown version, malformed or too large.",
             &m.frames_refused_total,

@@ -51,6 +51,9 @@ pub struct ServerMetrics {
     /// Of them, reports that said which leases the node holds
     /// (`Message::HomeReport`).
     pub holding_reports_total: AtomicU64,
+    /// Of them, reports that named visitors the node held for the answer
+    /// (`Message::HeldReport` with some visitor held).
+    pub held_visitor_reports_total: AtomicU64,
     /// Frames answered with a refusal (bad version, malformed, too large).
     pub frames_refused_total: AtomicU64,
     /// Reports refused because they name a node the connection's certificate
@@ -287,6 +290,15 @@ async fn serve_stream(
             Kind::Home {
                 held: home.held,
                 asks: home.asks,
+                held_visitors: Vec::new(),
+            },
+        ),
+        Message::HeldReport(report) => (
+            Message::Report(report.home.frame),
+            Kind::Home {
+                held: report.home.held,
+                asks: report.home.asks,
+                held_visitors: report.held_visitors,
             },
         ),
         Message::PeerReport(peer) => (Message::Report(peer.frame), Kind::Peer(peer.held)),
@@ -350,9 +362,23 @@ async fn serve_stream(
                 let rooms = match kind {
                     Kind::Asking => cluster.apply_asking(frame.report, now),
                     Kind::Plain => cluster.apply(frame.report, now),
-                    Kind::Home { held, asks } => {
+                    Kind::Home {
+                        held,
+                        asks,
+                        held_visitors,
+                    } => {
                         shared.metrics.holding_reports_total.fetch_add(1, Relaxed);
-                        cluster.apply_holding(frame.report, &held, asks, now)
+                        if held_visitors.iter().any(|h| h.visitors > 0) {
+                            shared
+                                .metrics
+                                .held_visitor_reports_total
+                                .fetch_add(1, Relaxed);
+                        }
+                        if asks {
+                            cluster.apply_held(frame.report, &held, &held_visitors, now)
+                        } else {
+                            cluster.apply_holding(frame.report, &held, false, now)
+                        }
                     }
                     Kind::Peer(held) => {
                         cluster.apply_peer(frame.report, &held, now);
@@ -408,6 +434,7 @@ async fn serve_stream(
         | Message::LeaseReport(_)
         | Message::PeerReport(_)
         | Message::HomeReport(_)
+        | Message::HeldReport(_)
         | Message::Note(_) => {
             shared.metrics.frames_refused_total.fetch_add(1, Relaxed);
             if let Some(suppressed) = shared.metrics.logs.frames.pass(shared.now_secs()) {
@@ -445,6 +472,9 @@ fn keep_own_rooms(shared: &Shared, frame: &mut wire::ReportFrame, kind: &mut Kin
     });
     if let Kind::Home { held, .. } | Kind::Peer(held) = kind {
         held.retain(|h| shard.owns(h.room));
+    }
+    if let Kind::Home { held_visitors, .. } = kind {
+        held_visitors.retain(|h| shard.owns(h.room));
     }
     if foreign.is_empty() {
         return;
@@ -515,6 +545,9 @@ enum Kind {
     Home {
         held: Vec<wire::HeldLease>,
         asks: bool,
+        /// Visitors the node holds now (`Message::HeldReport`; none for a
+        /// home report).
+        held_visitors: Vec<wire::HeldVisitors>,
     },
 }
 
