@@ -491,6 +491,20 @@ impl gossip::Reporter for CountersReporter {
             .map(|&slot| gossip::room_report(self.counters.slot(slot), now, traffic))
             .collect()
     }
+
+    fn held_visitors(&self, now: UnixMillis) -> Vec<waitroom_common::wire::HeldVisitors> {
+        self.slots
+            .iter()
+            .filter_map(|&slot| {
+                let counters = self.counters.slot(slot);
+                let visitors = gossip::held_now(counters, now);
+                (visitors > 0).then(|| waitroom_common::wire::HeldVisitors {
+                    room: counters.room().unwrap_or_default(),
+                    visitors,
+                })
+            })
+            .collect()
+    }
 }
 
 /// Gossip with the aggregator, when `[aggregator]` is configured: reports

@@ -8,8 +8,8 @@ use waitroom_common::{
     cluster::promise::{ask_timeout_ms, ask_within_hold_ms},
     share::{observed_share, own_counts, smooth_share},
     wire::{
-        self, AnswerFrame, AnswerNote, HeldLease, HomeReportFrame, Message, PeerReportFrame,
-        RefusalReason, ReportFrame,
+        self, AnswerFrame, AnswerNote, HeldLease, HeldReportFrame, HomeReportFrame, Message,
+        PeerReportFrame, RefusalReason, ReportFrame,
     },
 };
 use waitroom_runtime::{
@@ -228,10 +228,10 @@ impl Client {
         let mut tick = tokio::time::interval(self.interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut missed = 0;
-        // Home reports name the leases held; an aggregator from before them
-        // refuses them as malformed, and then this connection sends the
-        // plain ones.
-        let mut holding_reports = true;
+        // Home reports name the leases held, and held reports the visitors
+        // held too; an aggregator from before either refuses it as
+        // malformed, and then this connection sends the frame before it.
+        let mut home_frames = HomeFrames::Held;
         // When a report last went at once to confirm a lowered cap (see
         // below): at most one such report per interval.
         let mut confirmed_at: Option<u64> = None;
@@ -282,6 +282,8 @@ impl Client {
             let number = home.then(|| self.lease.begin_report());
             let mut rooms = self.reporter.report(now);
             rooms.retain(|r| self.mine(r.room));
+            let mut held_visitors = self.reporter.held_visitors(now);
+            held_visitors.retain(|h| self.mine(h.room));
             let report = NodeReport {
                 node: self.identity.node.clone(),
                 colo: self.identity.colo.clone(),
@@ -342,18 +344,27 @@ impl Client {
                     frame,
                     held: self.held(),
                 })
-            } else if holding_reports {
-                Message::HomeReport(HomeReportFrame {
+            } else if home_frames != HomeFrames::None {
+                let home = HomeReportFrame {
                     frame,
                     asks: lease_report,
                     held: held_before.clone(),
-                })
+                };
+                if lease_report && home_frames == HomeFrames::Held {
+                    Message::HeldReport(HeldReportFrame {
+                        home,
+                        held_visitors,
+                    })
+                } else {
+                    Message::HomeReport(home)
+                }
             } else if lease_report {
                 Message::LeaseReport(frame)
             } else {
                 Message::Report(frame)
             };
-            let holding_report = matches!(message, Message::HomeReport(_));
+            let holding_report = matches!(message, Message::HomeReport(_) | Message::HeldReport(_));
+            let held_report = matches!(message, Message::HeldReport(_));
             let sent = self.clock.elapsed();
             let (result, cut_short) = self
                 .answer_within(exchange(connection, *seq, &message), timeout, hold_wait)
@@ -437,13 +448,23 @@ impl Client {
                             ..
                         }
                     );
+                    if held_report && malformed {
+                        // An aggregator from before held reports: home
+                        // reports again, at once.
+                        tracing::info!(
+                            "the aggregator does not take held reports; sending home reports"
+                        );
+                        home_frames = HomeFrames::Home;
+                        tick.reset_immediately();
+                        continue;
+                    }
                     if holding_report && malformed {
                         // An aggregator from before home reports: the
                         // plain (or lease) reports again, at once.
                         tracing::info!(
                             "the aggregator does not take home reports; sending plain reports"
                         );
-                        holding_reports = false;
+                        home_frames = HomeFrames::None;
                         tick.reset_immediately();
                         continue;
                     }
@@ -630,6 +651,19 @@ impl Client {
 /// A report asking for grants in flight ([`Homes::begin_grant`]); ends it
 /// when dropped: answered, failed, timed out, or the session dropped
 /// mid-exchange.
+/// Which frame a home report goes in on a connection: the newest the
+/// aggregator takes (each older aggregator refuses the newer frames as
+/// malformed, and the connection steps back one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HomeFrames {
+    /// `Message::HeldReport` when asking (`Message::HomeReport` if not).
+    Held,
+    /// `Message::HomeReport`.
+    Home,
+    /// `Message::LeaseReport` or `Message::Report`.
+    None,
+}
+
 struct Granting<'a> {
     homes: &'a Homes,
     index: usize,
@@ -689,6 +723,7 @@ async fn exchange(
             | Message::LeaseReport(_)
             | Message::PeerReport(_)
             | Message::HomeReport(_)
+            | Message::HeldReport(_)
             | Message::Note(_),
         ) => Err(ExchangeError::Unexpected),
         // A stream reset or connection loss shows up as a read error; surface

@@ -303,6 +303,22 @@ pub trait Reporter: Send + Sync + 'static {
     fn pools(&self) -> Vec<waitroom_common::wire::PoolOpinion> {
         Vec::new()
     }
+
+    /// The visitors held now for an on-demand lease, per room with any
+    /// (`RoomCounters::hold_visitor`). No default: a wrapper that forgot
+    /// to pass it on would report nobody held.
+    fn held_visitors(&self, now: UnixMillis) -> Vec<waitroom_common::wire::HeldVisitors>;
+}
+
+/// The visitors `counters` holds now for an on-demand lease: those whose
+/// hold began this minute or the one before (a hold lasts `lease_wait_ms`,
+/// far under a minute).
+#[must_use]
+pub fn held_now(counters: &RoomCounters, now: UnixMillis) -> u64 {
+    let minute = now.minute();
+    counters
+        .held_visitors(minute)
+        .saturating_add(counters.held_visitors(minute.minus(1)))
 }
 
 impl<F> Reporter for F
@@ -311,6 +327,11 @@ where
 {
     fn report(&self, now: UnixMillis) -> Vec<RoomReport> {
         self(now)
+    }
+
+    /// A bare function of the time holds nobody.
+    fn held_visitors(&self, _now: UnixMillis) -> Vec<waitroom_common::wire::HeldVisitors> {
+        Vec::new()
     }
 }
 

@@ -155,4 +155,8 @@ impl<R: Reporter> Reporter for WithPools<R> {
     fn pools(&self) -> Vec<PoolOpinion> {
         opinions(self.upstreams.iter().map(|u| &**u))
     }
+
+    fn held_visitors(&self, now: UnixMillis) -> Vec<waitroom_common::wire::HeldVisitors> {
+        self.rooms.held_visitors(now)
+    }
 }
