@@ -91,7 +91,7 @@ use waitroom_common::{
     state::{AdmitRate, GlobalState},
     ticket::Ticket,
     time::{MILLIS_PER_MINUTE, Minute, UnixMillis},
-    wire::{HeldLease, RoomAnswer},
+    wire::{HeldLease, HeldVisitors, RoomAnswer},
 };
 
 /// The instant the simulation starts: a minute boundary (14 Nov 2023 22:14 UTC).
@@ -166,6 +166,12 @@ pub struct Conditions {
     /// (`--again-waited-full`): every report sent again is waited for as a
     /// periodic report (2 s), as the client did before.
     pub again_like_ask: bool,
+    /// A node that asks says in each report to its home how many visitors
+    /// it holds now (`Message::HeldReport`), and is promised at least that
+    /// many (`Cluster::apply_held`), as the edge's gossip client does since
+    /// session 23. Off (`--held-unnamed`): its counts alone say it, and a
+    /// report sent again after a lost ask reads as no need.
+    pub name_held_visitors: bool,
     /// Each request of a visitor goes to a random node of their colo.
     pub roaming: bool,
     /// Percent of visitors who give up once queued this long.
@@ -219,6 +225,7 @@ impl Conditions {
         ask_within_hold: true,
         confirm_like_ask: true,
         again_like_ask: true,
+        name_held_visitors: true,
         roaming: false,
         give_up_pct: 0,
         give_up_after_ms: 0,
@@ -677,6 +684,8 @@ struct Exchange {
     /// An out-of-cycle ask of the on-demand lease (beside the periodic
     /// exchange, which it neither waits for nor replaces).
     on_demand: bool,
+    /// The visitors the node held as it reported.
+    held_visitors: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -1146,6 +1155,7 @@ impl Sim {
                 answers: Vec::new(),
                 answer_ms,
                 on_demand: false,
+                held_visitors: self.nodes[i].held.len() as u64,
             },
         );
         if !report_lost {
@@ -1188,7 +1198,18 @@ impl Sim {
             &mut self.peers[home - 1]
         };
         let asks = self.topology.conditions.lease_wait_ms > 0;
-        let mut answers = aggregator.apply_holding(report, &holding, asks, now);
+        let mut answers = if asks && self.topology.conditions.name_held_visitors {
+            let held_visitors: Vec<HeldVisitors> = (exchange.held_visitors > 0)
+                .then(|| HeldVisitors {
+                    room: self.room.id(),
+                    visitors: exchange.held_visitors,
+                })
+                .into_iter()
+                .collect();
+            aggregator.apply_held(report, &holding, &held_visitors, now)
+        } else {
+            aggregator.apply_holding(report, &holding, asks, now)
+        };
         if self.topology.conditions.shared_ledger {
             let node = &exchange.report.node;
             let limit = self.room.at(now).new_users_per_minute();
@@ -1650,6 +1671,7 @@ impl Sim {
                 answers: Vec::new(),
                 answer_ms,
                 on_demand: true,
+                held_visitors: self.nodes[i].held.len() as u64,
             },
         );
         if report_lost {
