@@ -12,13 +12,13 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU8, AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed},
     },
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
-use waitroom_common::wire::{self, AnswerNote, HeldLease, Message};
+use waitroom_common::wire::{self, AnswerNote, HeldLease, Message, Refusal, RefusalReason};
 use waitroom_runtime::{frames, tls};
 
 use crate::cluster::Certs;
@@ -82,6 +82,9 @@ struct Counts {
     lost: AtomicU64,
     /// The leases named by the last home report.
     last_held: Mutex<Option<Vec<HeldLease>>>,
+    /// Held reports are refused as malformed, as by an aggregator from
+    /// before them.
+    refuse_held_reports: AtomicBool,
     /// Every report's arrival, and whether its answer was lost.
     log: Mutex<Vec<Arrival>>,
 }
@@ -96,6 +99,14 @@ pub struct Arrival {
     /// Its answer was lost (by [`AnswerProxy::lose_next`],
     /// [`AnswerProxy::lose_next_confirmation`] or [`Tail::Withheld`]).
     pub lost: bool,
+    /// It was a home report (`Message::HomeReport` or
+    /// `Message::HeldReport`).
+    pub home: bool,
+    /// It was a held report (`Message::HeldReport`), naming this many held
+    /// visitors in all; `None` for any other frame.
+    pub held_visitors: Option<u64>,
+    /// It was refused by [`AnswerProxy::refuse_held_reports`].
+    pub refused: bool,
 }
 
 /// A running proxy; it stops when dropped.
@@ -193,6 +204,12 @@ impl AnswerProxy {
         self.counts.lose_every.store(n, Relaxed);
     }
 
+    /// From now on held reports are refused as malformed, as an aggregator
+    /// from before them refuses them (`false`: relayed again).
+    pub fn refuse_held_reports(&self, refuse: bool) {
+        self.counts.refuse_held_reports.store(refuse, Relaxed);
+    }
+
     /// Every report so far, in the order they arrived.
     pub fn arrivals(&self) -> Vec<Arrival> {
         self.counts
@@ -259,8 +276,18 @@ async fn relay(
     let at = Instant::now();
     let number = counts.reports.fetch_add(1, Relaxed) + 1;
     let every = counts.lose_every.load(Relaxed);
-    let confirms = match &report {
-        Message::HomeReport(home) => {
+    let held_visitors = match &report {
+        Message::HeldReport(held) => Some(held.held_visitors.iter().map(|h| h.visitors).sum()),
+        _ => None,
+    };
+    let refused = held_visitors.is_some() && counts.refuse_held_reports.load(Relaxed);
+    let home = match &report {
+        Message::HomeReport(home) => Some(home),
+        Message::HeldReport(held) => Some(&held.home),
+        _ => None,
+    };
+    let confirms = match home {
+        Some(home) if !refused => {
             let mut last = counts
                 .last_held
                 .lock()
@@ -278,10 +305,11 @@ async fn relay(
             .is_ok()
     };
     // Decided as the report arrives: the answer to this report is lost.
-    let lose = (confirms && take(&counts.confirms_to_lose))
-        || take(&counts.to_lose)
-        || (every > 0 && number.is_multiple_of(every));
-    let withheld = lose || Tail::from_u8(tail.load(Relaxed)) == Tail::Withheld;
+    let lose = !refused
+        && ((confirms && take(&counts.confirms_to_lose))
+            || take(&counts.to_lose)
+            || (every > 0 && number.is_multiple_of(every)));
+    let withheld = !refused && (lose || Tail::from_u8(tail.load(Relaxed)) == Tail::Withheld);
     counts
         .log
         .lock()
@@ -290,7 +318,20 @@ async fn relay(
             at,
             confirms,
             lost: withheld,
+            home: home.is_some(),
+            held_visitors,
+            refused,
         });
+    if refused {
+        // As an aggregator from before held reports: an unknown variant
+        // does not decode.
+        let refusal = Message::Refused(Refusal {
+            reason: RefusalReason::Malformed,
+            detail: "the frame's payload does not decode".into(),
+        });
+        frames::write(&mut send, &refusal).await?;
+        return Ok(());
+    }
     let (mut up_send, mut up_recv) = aggregator.open_bi().await?;
     frames::write(&mut up_send, &report).await?;
     let mut replies = Vec::new();
@@ -348,7 +389,7 @@ async fn relay(
 pub struct ProxiedNode {
     _dir: crate::procs::TempDir,
     _origin: crate::procs::Proc,
-    _aggregators: Vec<crate::cluster::Aggregator>,
+    aggregators: Vec<crate::cluster::Aggregator>,
     pub proxy: AnswerProxy,
     /// What the node lists: the proxy (its first choice), then the other
     /// aggregators.
@@ -395,7 +436,7 @@ impl ProxiedNode {
         let setup = Self {
             _dir: dir,
             _origin: origin_proc,
-            _aggregators: started,
+            aggregators: started,
             proxy,
             addresses,
             edge,
@@ -437,6 +478,13 @@ impl ProxiedNode {
             crate::eventually(Duration::from_secs(5), || self.fresh_at(i, since)),
             "{what}"
         );
+    }
+
+    /// One series of the metrics of the aggregator behind the proxy (0
+    /// when absent).
+    pub fn aggregator_metric(&self, series: &str) -> f64 {
+        let text = crate::edge::get_text(&self.aggregators[0].admin_url("/metrics"));
+        crate::edge::metric(&text, series).unwrap_or(0.0)
     }
 
     /// `family{aggregator=<the proxy>}` at the node (0 when absent).

@@ -17,6 +17,11 @@
 //!   two answers lost in a row stop the holding for ~90 ms, not 2 s;
 //! - in groups of visitors on a path that loses one answer in five, none
 //!   is queued;
+//! - the ask, and the report sent again after it, name the visitor held
+//!   (`Message::HeldReport`), so the aggregator promises a slot for them
+//!   even where an idle node is promised nothing; an aggregator from before
+//!   held reports refuses them, and the node goes on with home reports and
+//!   still holds its visitors;
 //! - an aggregator that answers nothing gets no storm of reports for it:
 //!   at most two reports more per answer, the second waited for as a
 //!   periodic one; the node serves every visitor meanwhile and is fresh
@@ -132,6 +137,82 @@ fn a_lost_answer_to_a_held_visitors_ask_is_asked_again_within_the_hold() {
     );
     assert_eq!(setup.metric("waitroom_lease_asks_unanswered_total"), 1.0);
     // Not taken for a dead connection: no reconnect.
+    assert_eq!(setup.metric("waitroom_gossip_connected"), 1.0);
+    // The ask and the report sent again each named the held visitor: by
+    // its counts, the report sent again has nobody new since the lost ask,
+    // and at scale (where an idle node is promised nothing) it would be
+    // promised nothing for them.
+    let arrivals = setup.proxy.arrivals();
+    let lost = arrivals.iter().position(|a| a.lost).expect("one lost");
+    let named = |a: &Arrival| a.held_visitors.unwrap_or(0);
+    assert!(
+        named(&arrivals[lost]) >= 1 && named(&arrivals[lost + 1]) >= 1,
+        "the lost ask named {:?} held visitors, the report sent again {:?}",
+        arrivals[lost].held_visitors,
+        arrivals[lost + 1].held_visitors
+    );
+    assert!(
+        setup.aggregator_metric("waitroom_aggregator_held_visitor_reports_total") >= 2.0,
+        "the aggregator took both in as reports naming held visitors"
+    );
+}
+
+/// An aggregator from before held reports refuses them as malformed (the
+/// proxy answers for it so): the node steps back to home reports on that
+/// connection at once, not to plain ones, keeps asking and holding, and
+/// queues nobody. Stepping back to plain reports would lose the leases a
+/// home report names, which the aggregator counts while an answer may be
+/// lost.
+#[test]
+fn an_aggregator_from_before_held_reports_gets_home_reports_and_visitors_are_still_held() {
+    let setup = idle_and_holding("held-refused");
+    assert!(
+        setup
+            .proxy
+            .arrivals()
+            .iter()
+            .any(|a| a.held_visitors.is_some()),
+        "the node sends held reports to an aggregator that takes them"
+    );
+    setup.proxy.refuse_held_reports(true);
+    let holds_before = setup.metric("waitroom_lease_holds_total");
+    let since = setup.proxy.arrivals().len();
+    assert!(
+        eventually(Duration::from_secs(3), || setup
+            .proxy
+            .arrivals()
+            .iter()
+            .skip(since)
+            .any(|a| a.refused)),
+        "a held report refused"
+    );
+    let (queued, slowest) = visitors(&setup, 20);
+    // Two intervals more: periodic reports, and whatever asks there were.
+    std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS));
+    let arrivals = setup.proxy.arrivals();
+    let refused = arrivals.iter().filter(|a| a.refused).count();
+    let after = &arrivals[arrivals.iter().position(|a| a.refused).expect("refused") + 1..];
+    println!(
+        "{refused} held reports refused; then {} reports, {} of them home reports;          {queued} of 20 queued, the slowest {slowest:?}",
+        after.len(),
+        after.iter().filter(|a| a.home).count()
+    );
+    assert_eq!(refused, 1, "refused once, then not sent again");
+    assert!(
+        after.len() >= 2,
+        "{} reports after the refusal",
+        after.len()
+    );
+    assert!(
+        after.iter().all(|a| a.home && a.held_visitors.is_none()),
+        "home reports after the refusal: {after:?}"
+    );
+    assert!(
+        setup.metric("waitroom_lease_holds_total") > holds_before,
+        "visitors still held on the lease"
+    );
+    assert_eq!(setup.metric("waitroom_lease_holding"), 1.0);
+    assert_eq!(queued, 0, "far from the limits");
     assert_eq!(setup.metric("waitroom_gossip_connected"), 1.0);
 }
 
