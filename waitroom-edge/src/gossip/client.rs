@@ -448,23 +448,12 @@ impl Client {
                             ..
                         }
                     );
-                    if held_report && malformed {
-                        // An aggregator from before held reports: home
-                        // reports again, at once.
-                        tracing::info!(
-                            "the aggregator does not take held reports; sending home reports"
-                        );
-                        home_frames = HomeFrames::Home;
-                        tick.reset_immediately();
-                        continue;
-                    }
                     if holding_report && malformed {
-                        // An aggregator from before home reports: the
-                        // plain (or lease) reports again, at once.
-                        tracing::info!(
-                            "the aggregator does not take home reports; sending plain reports"
-                        );
-                        home_frames = HomeFrames::None;
+                        // An aggregator from before this frame: the frame
+                        // before it, at once.
+                        let (back, says) = HomeFrames::before(held_report);
+                        tracing::info!("{says}");
+                        home_frames = back;
                         tick.reset_immediately();
                         continue;
                     }
@@ -662,6 +651,24 @@ enum HomeFrames {
     Home,
     /// `Message::LeaseReport` or `Message::Report`.
     None,
+}
+
+impl HomeFrames {
+    /// The frames to send once a held report (`held`) or a home report was
+    /// refused as malformed, and what to log.
+    fn before(held: bool) -> (Self, &'static str) {
+        if held {
+            (
+                Self::Home,
+                "the aggregator does not take held reports; sending home reports",
+            )
+        } else {
+            (
+                Self::None,
+                "the aggregator does not take home reports; sending plain reports",
+            )
+        }
+    }
 }
 
 struct Granting<'a> {
