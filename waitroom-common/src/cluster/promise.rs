@@ -39,7 +39,12 @@
 //!   queued at 90 % of the per-minute limit in the worldwide spike
 //!   (`cargo xtask simulate`, seeds 1–8: 7.1 a run queued with room for
 //!   the whole line, 1.6 with the cap). Each node that asks then gets half
-//!   of the rest, so the last slots follow the nodes that use them;
+//!   of the rest, so the last slots follow the nodes that use them. The
+//!   visitors a node holds as it asks (`Message::HeldReport`) are not a
+//!   forecast: they came first and may take more than half, up to all of
+//!   what is free (the 7:1 burst, seeds 1–24, K = 1 / 2 / 3, queued with
+//!   room for the whole line: 1.92 / 2.12 / 2.75 a run → 1.71 / 2.04 /
+//!   2.71; at 1,200 nodes 10 → 9);
 //! - *the minute's last seconds*: the horizon is at most a sixth
 //!   ([`PACE_SHARE`]) of the time the minute's slots have left at the
 //!   room's pace (its admits this minute over the time into it, [`Pace`]).
@@ -269,8 +274,8 @@ impl Free {
     ///
     /// Never more than half of the round's free shared slots (rounded
     /// up): see "half of what is left" in the module's rule.
-    fn take_asked(self, want: u64) -> (u64, u64) {
-        let want = want.min(self.total.div_ceil(2));
+    fn take_asked(self, want: u64, held: u64) -> (u64, u64) {
+        let want = want.min(self.total.div_ceil(2).max(held));
         let (colo, anywhere) = self.take(want);
         let borrowed = want
             .saturating_sub(colo + anywhere)
@@ -306,10 +311,25 @@ impl PromisePolicy {
     /// The grants `(colo_share, anywhere)` for a node that asks on demand,
     /// given its fair grants (already within the ledgers) and `need`.
     #[must_use]
-    pub fn promise(&self, (fair_colo, fair_any): (u64, u64), free: Free, need: u64) -> (u64, u64) {
+    pub fn promise(&self, fair: (u64, u64), free: Free, need: u64) -> (u64, u64) {
+        self.promise_holding(fair, free, need, 0)
+    }
+
+    /// [`PromisePolicy::promise`] for a node that holds `held` visitors
+    /// now: it is promised at least a slot for each, within what the
+    /// ledgers leave; they may take more than half of what is left (the
+    /// rest of `need`, a forecast, may not).
+    #[must_use]
+    pub fn promise_holding(
+        &self,
+        (fair_colo, fair_any): (u64, u64),
+        free: Free,
+        need: u64,
+        held: u64,
+    ) -> (u64, u64) {
         let fair = fair_colo.saturating_add(fair_any);
         let idle = free.beyond_reserve().take(self.min_promise.min(fair));
-        let asked = free.take_asked(need);
+        let asked = free.take_asked(need.max(held), held);
         if idle.0 + idle.1 > asked.0 + asked.1 {
             idle
         } else {
@@ -413,6 +433,33 @@ mod tests {
         assert_eq!(p.promise((20, 0), plenty, 110), (100, 10));
         assert_eq!(p.promise((20, 0), plenty, 1_000), (100, 100));
         assert_eq!(p.promise((20, 0), FREE, 1_000), (60, 0));
+    }
+
+    /// Visitors held now are promised a slot each, up to all of what is
+    /// free; a forecast beyond them takes at most half of it.
+    #[test]
+    fn held_visitors_may_take_more_than_half_of_what_is_left() {
+        let p = PromisePolicy::default();
+        let free = Free::new(50, 0, 50, (100, 0, 100));
+        // 40 forecast, none held: half of the 50 free.
+        assert_eq!(p.promise_holding((50, 0), free, 40, 0), (25, 0));
+        // 40 held: all 40; a forecast of more still gets the 40 held.
+        assert_eq!(p.promise_holding((50, 0), free, 0, 40), (40, 0));
+        assert_eq!(p.promise_holding((50, 0), free, 45, 40), (40, 0));
+        // More held than free: what is free, never more.
+        assert_eq!(p.promise_holding((50, 0), free, 0, 80), (50, 0));
+        assert_eq!(p.promise_holding((50, 0), free, 0, u64::MAX), (50, 0));
+        // Few held: the forecast's half as before.
+        assert_eq!(p.promise_holding((50, 0), free, 40, 3), (25, 0));
+        // Held visitors borrow no more of other colos than a forecast does.
+        let lend = Free {
+            colo: 0,
+            anywhere: 0,
+            total: 40,
+            reserve: (0, 0, 0),
+        };
+        assert_eq!(p.promise_holding((0, 0), lend, 0, 30), (0, 20));
+        assert_eq!(p.promise((0, 0), lend, 30), (0, 20));
     }
 
     #[test]
