@@ -1,7 +1,9 @@
 //! A QUIC proxy in front of a real aggregator that reshapes what follows
 //! each answer, as a test sets it at any moment: the notes an aggregator
 //! adds after an answer (`Message::Note`), right or wrong, and a broken
-//! stream end (`tests/tests/answer_notes.rs`).
+//! stream end (`tests/tests/answer_notes.rs`); answers it loses, and held
+//! reports it refuses as an aggregator from before them would
+//! (`tests/tests/lost_asks.rs`).
 //!
 //! Nodes connect to it as to an aggregator (the cluster's aggregator
 //! certificate); it connects to the real one as the node (the node's own

@@ -637,9 +637,6 @@ impl Client {
     }
 }
 
-/// A report asking for grants in flight ([`Homes::begin_grant`]); ends it
-/// when dropped: answered, failed, timed out, or the session dropped
-/// mid-exchange.
 /// Which frame a home report goes in on a connection: the newest the
 /// aggregator takes (each older aggregator refuses the newer frames as
 /// malformed, and the connection steps back one).
@@ -671,6 +668,9 @@ impl HomeFrames {
     }
 }
 
+/// A report asking for grants in flight ([`Homes::begin_grant`]); ends it
+/// when dropped: answered, failed, timed out, or the session dropped
+/// mid-exchange.
 struct Granting<'a> {
     homes: &'a Homes,
     index: usize,
