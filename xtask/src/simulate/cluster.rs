@@ -172,6 +172,12 @@ pub struct Conditions {
     /// session 23. Off (`--held-unnamed`): its counts alone say it, and a
     /// report sent again after a lost ask reads as no need.
     pub name_held_visitors: bool,
+    /// A held visitor whose hold an answer counted and still left short of
+    /// slots is held on for one more answer within the hold, and the node
+    /// asks again at once, as the edge's `LeaseAsk::hold` does since
+    /// session 23. Off (`--hold-once`): they decide on that answer (and
+    /// are queued).
+    pub hold_again: bool,
     /// Each request of a visitor goes to a random node of their colo.
     pub roaming: bool,
     /// Percent of visitors who give up once queued this long.
@@ -226,6 +232,7 @@ impl Conditions {
         confirm_like_ask: true,
         again_like_ask: true,
         name_held_visitors: true,
+        hold_again: true,
         roaming: false,
         give_up_pct: 0,
         give_up_after_ms: 0,
@@ -480,6 +487,8 @@ pub struct GossipCounts {
     pub raised_peer_reports: u64,
     pub lease_holds: u64,
     pub lease_holds_timed_out: u64,
+    /// Held visitors held on once after an answer left them short.
+    pub lease_holds_again: u64,
     /// Largest |report time − true time| over all reports, in ms (the skew).
     pub max_report_skew_ms: u64,
     /// Answers taken in that were computed before the one the node held:
@@ -648,6 +657,9 @@ struct Node {
     /// hold began in (counted as held in the node's counters meanwhile) and
     /// when it began (only an answer to a report made since releases them).
     held: Vec<(usize, Minute, u64)>,
+    /// Held visitors an answer counted and left short, held on for one
+    /// more answer within their hold (`Conditions::hold_again`).
+    held_again: Vec<usize>,
     /// An out-of-cycle ask is outstanding until this instant (its answer,
     /// or the answer timeout when it is lost).
     asking_until: Option<u64>,
@@ -797,6 +809,7 @@ impl Sim {
                 missed: 0,
                 reconnect_attempt: 0,
                 held: Vec::new(),
+                held_again: Vec::new(),
                 asking_until: None,
                 ask_again: false,
                 degraded: false,
@@ -1005,8 +1018,13 @@ impl Sim {
                 if let Some(at) = node.held.iter().position(|&(h, _, _)| h == v) {
                     let (_, minute, _) = node.held.swap_remove(at);
                     node.counters.end_held(minute);
-                    node.degraded = true;
-                    self.gossip.lease_holds_timed_out += 1;
+                    // Held on after an answer: the aggregator answers.
+                    if let Some(k) = node.held_again.iter().position(|&h| h == v) {
+                        node.held_again.swap_remove(k);
+                    } else {
+                        node.degraded = true;
+                        self.gossip.lease_holds_timed_out += 1;
+                    }
                     self.decide_at(v, i, now_ms, false);
                 }
             }
@@ -1574,9 +1592,33 @@ impl Sim {
             at <= made_ms || !short_of_slots(&self.room, &node.state, &node.counters, now)
         });
         node.held = later;
-        for (v, minute, _) in counted {
+        let wait = self.topology.conditions.lease_wait_ms;
+        let mut asks = false;
+        for (v, minute, at) in counted {
+            let node = &mut self.nodes[i];
+            // Counted and still short: held on once, within the hold (its
+            // end is still `at + wait`), for the answer to one more ask.
+            if self.topology.conditions.hold_again
+                && now_ms < at + wait
+                && !node.held_again.contains(&v)
+                && short_of_slots(&self.room, &node.state, &node.counters, now)
+            {
+                node.held_again.push(v);
+                node.held.push((v, minute, now_ms));
+                self.gossip.lease_holds_again += 1;
+                asks = true;
+                continue;
+            }
+            node.held_again.retain(|&h| h != v);
             self.nodes[i].counters.end_held(minute);
             self.decide_at(v, i, now_ms, false);
+        }
+        if asks {
+            if self.nodes[i].asking_until.is_none_or(|t| now_ms >= t) {
+                self.ask(i, now_ms, Ask::Hold);
+            } else {
+                self.nodes[i].ask_again = true;
+            }
         }
     }
 
