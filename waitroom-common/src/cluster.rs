@@ -866,8 +866,8 @@ impl Cluster {
     /// [`Cluster::apply_holding`] for a node that asks and says how many
     /// visitors it holds now for this answer (`Message::HeldReport`): in
     /// each room it is promised at least that many, within what the ledgers
-    /// leave ([`promise`]'s rule, half of what is left, bounds it as any
-    /// need). Its counts alone cannot say so when it reports again after a
+    /// leave (held visitors may take more than half of what is left, a
+    /// forecast may not: `PromisePolicy::promise_holding`). Its counts alone cannot say so when it reports again after a
     /// lost answer: the visitors it holds were counted by the report whose
     /// answer was lost, so none is new since, and at 1,200 nodes an idle
     /// node is promised nothing (`cargo xtask simulate --preset hostile

@@ -653,13 +653,8 @@ struct Node {
     missed: u32,
     /// Reconnect attempts since the last answer (the backoff's exponent).
     reconnect_attempt: u32,
-    /// Visitors held for an on-demand lease, with the node's minute their
-    /// hold began in (counted as held in the node's counters meanwhile) and
-    /// when it began (only an answer to a report made since releases them).
-    held: Vec<(usize, Minute, u64)>,
-    /// Held visitors an answer counted and left short, held on for one
-    /// more answer within their hold (`Conditions::hold_again`).
-    held_again: Vec<usize>,
+    /// Visitors held for an on-demand lease.
+    held: Vec<HeldVisitor>,
     /// An out-of-cycle ask is outstanding until this instant (its answer,
     /// or the answer timeout when it is lost).
     asking_until: Option<u64>,
@@ -698,6 +693,21 @@ struct Exchange {
     on_demand: bool,
     /// The visitors the node held as it reported.
     held_visitors: u64,
+}
+
+/// A visitor held for an on-demand lease.
+#[derive(Clone, Copy, Debug)]
+struct HeldVisitor {
+    visitor: usize,
+    /// The node's minute the hold began in (counted as held in the node's
+    /// counters meanwhile).
+    minute: Minute,
+    /// When the hold (or its holding on) began: only an answer to a report
+    /// made since releases them.
+    since_ms: u64,
+    /// Held on after an answer counted them and left them short
+    /// (`Conditions::hold_again`); once only.
+    again: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -809,7 +819,6 @@ impl Sim {
                 missed: 0,
                 reconnect_attempt: 0,
                 held: Vec::new(),
-                held_again: Vec::new(),
                 asking_until: None,
                 ask_again: false,
                 degraded: false,
@@ -1015,13 +1024,11 @@ impl Sim {
             Event::Arrive(v) | Event::Request(v) => self.request(v, now_ms),
             Event::HoldEnd(v, i) => {
                 let node = &mut self.nodes[i];
-                if let Some(at) = node.held.iter().position(|&(h, _, _)| h == v) {
-                    let (_, minute, _) = node.held.swap_remove(at);
-                    node.counters.end_held(minute);
+                if let Some(at) = node.held.iter().position(|h| h.visitor == v) {
+                    let held = node.held.swap_remove(at);
+                    node.counters.end_held(held.minute);
                     // Held on after an answer: the aggregator answers.
-                    if let Some(k) = node.held_again.iter().position(|&h| h == v) {
-                        node.held_again.swap_remove(k);
-                    } else {
+                    if !held.again {
                         node.degraded = true;
                         self.gossip.lease_holds_timed_out += 1;
                     }
@@ -1588,37 +1595,47 @@ impl Sim {
         let now = self.node_at(i, now_ms);
         let node = &mut self.nodes[i];
         let held = std::mem::take(&mut node.held);
-        let (counted, later): (Vec<_>, Vec<_>) = held.into_iter().partition(|&(_, _, at)| {
-            at <= made_ms || !short_of_slots(&self.room, &node.state, &node.counters, now)
+        let (counted, later): (Vec<_>, Vec<_>) = held.into_iter().partition(|h| {
+            h.since_ms <= made_ms || !short_of_slots(&self.room, &node.state, &node.counters, now)
         });
         node.held = later;
         let wait = self.topology.conditions.lease_wait_ms;
         let mut asks = false;
-        for (v, minute, at) in counted {
+        for held in counted {
             let node = &mut self.nodes[i];
             // Counted and still short: held on once, within the hold (its
-            // end is still `at + wait`), for the answer to one more ask.
+            // end is still `since_ms + wait`), for the answer to one more ask.
             if self.topology.conditions.hold_again
-                && now_ms < at + wait
-                && !node.held_again.contains(&v)
+                && !held.again
+                && now_ms < held.since_ms + wait
                 && short_of_slots(&self.room, &node.state, &node.counters, now)
             {
-                node.held_again.push(v);
-                node.held.push((v, minute, now_ms));
+                node.held.push(HeldVisitor {
+                    since_ms: now_ms,
+                    again: true,
+                    ..held
+                });
                 self.gossip.lease_holds_again += 1;
                 asks = true;
                 continue;
             }
-            node.held_again.retain(|&h| h != v);
-            self.nodes[i].counters.end_held(minute);
-            self.decide_at(v, i, now_ms, false);
+            node.counters.end_held(held.minute);
+            self.decide_at(held.visitor, i, now_ms, false);
         }
         if asks {
-            if self.nodes[i].asking_until.is_none_or(|t| now_ms >= t) {
-                self.ask(i, now_ms, Ask::Hold);
-            } else {
-                self.nodes[i].ask_again = true;
-            }
+            self.ask_for_held(i, now_ms);
+        }
+    }
+
+    /// An ask for the visitors node `i` holds: now, or (one outstanding)
+    /// once its answer comes. `true` when it went now.
+    fn ask_for_held(&mut self, i: usize, now_ms: u64) -> bool {
+        if self.nodes[i].asking_until.is_none_or(|t| now_ms >= t) {
+            self.ask(i, now_ms, Ask::Hold);
+            true
+        } else {
+            self.nodes[i].ask_again = true;
+            false
         }
     }
 
@@ -1890,12 +1907,14 @@ impl Sim {
             && short_of_slots(&self.room, &node.state, &node.counters, now)
         {
             self.gossip.lease_holds += 1;
-            self.nodes[i].held.push((v, now.minute(), now_ms));
+            self.nodes[i].held.push(HeldVisitor {
+                visitor: v,
+                minute: now.minute(),
+                since_ms: now_ms,
+                again: false,
+            });
             self.nodes[i].counters.note_held(now.minute());
-            if self.nodes[i].asking_until.is_none_or(|t| now_ms >= t) {
-                self.ask(i, now_ms, Ask::Hold);
-            } else {
-                self.nodes[i].ask_again = true;
+            if !self.ask_for_held(i, now_ms) {
                 self.cut_short_for_the_hold(i, now_ms);
             }
             self.schedule(now_ms + wait, Event::HoldEnd(v, i));
