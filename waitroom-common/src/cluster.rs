@@ -174,6 +174,9 @@ struct RoomBook {
     leases: Vec<Option<Lease>>,
     /// Colo-share leases, the same way.
     colo_leases: Vec<Option<Lease>>,
+    /// The room's admits at recent instants of the minute (not in a
+    /// snapshot: a restarted aggregator measures it again within a second).
+    pace: promise::RecentPace,
 }
 
 impl RoomBook {
@@ -1214,6 +1217,7 @@ impl Cluster {
                 .history
                 .admit_rate
                 .fold_until(minute, |m| sums.admits.total_in(m));
+            let recent = memory.pace.observe(now, admitted);
             // The plan without colos: what is shared between colos and
             // Anywhere is split by the running sums below.
             // The limits in force now (a scheduled event's overrides).
@@ -1289,7 +1293,8 @@ impl Cluster {
                         minute,
                     )),
                     elapsed_since(previous_seen, at, now),
-                    promise::Pace::of(&state, room_now.new_users_per_minute(), now),
+                    promise::Pace::of(&state, room_now.new_users_per_minute(), now)
+                        .with_recent(recent),
                 );
                 let free = promise::Free::new(
                     shares.colo_pool.saturating_sub(shares.colo_held_in_colo),
@@ -3238,6 +3243,7 @@ mod tests {
                         let restored = cluster.snapshot(now);
                         (reference.reports, reference.meta) = restored.nodes.into_iter().unzip();
                         reference.memory = restored.rooms.into_iter().collect();
+                        reference.pace.clear();
                     }
                     Step::Reload { total, per_minute } => {
                         let mut new = three_rooms(total, per_minute);

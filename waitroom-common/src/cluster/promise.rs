@@ -59,6 +59,19 @@
 //!   unheld, for whoever asks first (`cargo xtask simulate`, seeds 1–24, queued with
 //!   room for the whole line: 1.25 / 2.08 / 2.29 a run with one / two /
 //!   three aggregators, 0.46 / 0.62 / 0.46 with the pace);
+//! - *a burst*: the horizon is also at most half ([`RECENT_PACE_SHARE`])
+//!   of the time the minute's slots have left at the room's *recent* pace
+//!   (its admits over the last half second to second, [`RecentPace`]).
+//!   The minute's average lags a burst that starts late in it: in the 7:1
+//!   burst the room went from 10 admits a second to 400, the minute's
+//!   average said its slots would last 27 s, and a node bursting at a
+//!   seventh of the other's rate was promised 70 slots, two seconds of its
+//!   rate, while the minute's last 281 lasted 0.7 s. Its 25–50 unspent
+//!   slots were held while the other node's visitors asked and queued
+//!   (`cargo xtask simulate`, 7:1 burst, seeds 1–72, K = 1 / 2 / 3,
+//!   queued with room for the whole line: 0.71 / 0.83 / 1.12, 2.00 / 2.29 /
+//!   2.54 and 1.88 / 2.25 / 2.54 a run on seeds 1–24, 25–48 and 49–72;
+//!   0 / 0 / 0, 0.04 / 0.33 / 0.38 and 0 / 0 / 0 with the recent pace);
 //! - what that leaves short is borrowed from the other colos' slots that
 //!   none of their nodes holds, at most half of them, as an Anywhere lease.
 //!   Colo slots follow traffic two minutes back (seed 002), so in a
@@ -95,6 +108,10 @@ pub struct PromisePolicy {
     pub min_promise: u64,
     /// How far ahead a promise covers the node's recent rate of admits.
     pub horizon_ms: u64,
+    /// Whether the horizon is also held within the time the minute's slots
+    /// last at the room's recent pace (see "a burst" in the module's rule);
+    /// off, only at its pace over the whole minute.
+    pub recent_pace: bool,
 }
 
 impl Default for PromisePolicy {
@@ -102,6 +119,7 @@ impl Default for PromisePolicy {
         Self {
             min_promise: 2,
             horizon_ms: 2_000,
+            recent_pace: true,
         }
     }
 }
@@ -181,6 +199,10 @@ pub struct Pace {
     pub per_minute: u64,
     /// How far into the minute it is.
     pub elapsed_ms: u64,
+    /// The room's admits over the last moments of the minute and how long
+    /// those moments were, `(admits, milliseconds)`, from [`RecentPace`];
+    /// `None` until it has a window.
+    pub recent: Option<(u64, u64)>,
 }
 
 impl Pace {
@@ -192,7 +214,14 @@ impl Pace {
             admitted: state.admitted_this_minute,
             per_minute,
             elapsed_ms: now.0.saturating_sub(now.minute().start().0),
+            recent: None,
         }
+    }
+
+    /// The same pace, also measured over `recent` (see [`RecentPace`]).
+    #[must_use]
+    pub fn with_recent(self, recent: Option<(u64, u64)>) -> Self {
+        Self { recent, ..self }
     }
 
     /// How long the minute's slots last at this pace, in milliseconds
@@ -205,6 +234,57 @@ impl Pace {
         let left = u128::from(self.per_minute.saturating_sub(self.admitted));
         let elapsed = u128::from(self.elapsed_ms.max(MIN_PACE_MS));
         u64::try_from(left * elapsed / u128::from(self.admitted)).unwrap_or(u64::MAX)
+    }
+
+    /// How long the minute's slots last at the recent pace, in
+    /// milliseconds (`u64::MAX` without a window or an admit in it).
+    #[must_use]
+    pub fn recent_left_ms(&self) -> u64 {
+        let left = u128::from(self.per_minute.saturating_sub(self.admitted));
+        self.recent
+            .filter(|&(admits, _)| admits > 0)
+            .map_or(u64::MAX, |(admits, ms)| {
+                u64::try_from(left * u128::from(ms) / u128::from(admits)).unwrap_or(u64::MAX)
+            })
+    }
+}
+
+/// A promise covers at most this share of the time the minute's slots have
+/// left at the room's recent pace (see [`RecentPace`]).
+pub const RECENT_PACE_SHARE: u64 = 2;
+
+/// The shortest window [`RecentPace`] measures over.
+pub const RECENT_PACE_MS: u64 = 500;
+
+/// The room's admits this minute at two recent instants, so that its pace
+/// can be measured over the last moments as well as over the whole minute:
+/// a burst that starts late in a minute spends the minute's slots many
+/// times faster than the minute's average says. The aggregator keeps one
+/// per room and notes the room's admits at every merge.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecentPace {
+    /// `(when, the room's admits this minute then)`, older first; both in
+    /// the same minute.
+    marks: [(UnixMillis, u64); 2],
+}
+
+impl RecentPace {
+    /// Notes that the room has `admitted` this minute at `now`, and returns
+    /// its admits over the last [`RECENT_PACE_MS`] to twice that, with the
+    /// window's length; `None` until a window that long in this minute.
+    /// A new minute (or a clock that went back) starts again.
+    pub fn observe(&mut self, now: UnixMillis, admitted: u64) -> Option<(u64, u64)> {
+        let newer = self.marks[1];
+        if newer.0.minute() != now.minute() || newer.0 > now {
+            self.marks = [(now, admitted); 2];
+            return None;
+        }
+        if now.0 >= newer.0.0.saturating_add(RECENT_PACE_MS) {
+            self.marks = [newer, (now, admitted)];
+        }
+        let (at, then) = self.marks[0];
+        let ms = now.0.saturating_sub(at.0);
+        (ms >= RECENT_PACE_MS).then(|| (admitted.saturating_sub(then), ms))
     }
 }
 
@@ -295,10 +375,17 @@ impl PromisePolicy {
 
     /// [`PromisePolicy::need`] over a horizon of at most a
     /// [`PACE_SHARE`]th of the time the minute's slots last at the room's
-    /// `pace`: see "the minute's last seconds" in the module's rule.
+    /// `pace` and (with [`PromisePolicy::recent_pace`]) a
+    /// [`RECENT_PACE_SHARE`]th of the time they last at its recent pace:
+    /// see "the minute's last seconds" and "a burst" in the module's rule.
     #[must_use]
     pub fn need_paced(&self, admitted: u64, elapsed_ms: u64, pace: Pace) -> u64 {
-        let horizon = self.horizon_ms.min(pace.left_ms() / PACE_SHARE);
+        let recent = if self.recent_pace {
+            pace.recent_left_ms() / RECENT_PACE_SHARE
+        } else {
+            u64::MAX
+        };
+        let horizon = self.horizon_ms.min(pace.left_ms() / PACE_SHARE).min(recent);
         Self::need_over(admitted, elapsed_ms, horizon)
     }
 
@@ -491,6 +578,7 @@ mod tests {
             admitted: 476,
             per_minute: 500,
             elapsed_ms: 14_358,
+            recent: None,
         };
         assert_eq!(late.left_ms(), 723);
         assert_eq!(p.need(4, 1_000), 8);
@@ -502,6 +590,7 @@ mod tests {
             admitted: 100,
             per_minute: 500,
             elapsed_ms: 10_000,
+            recent: None,
         };
         assert_eq!(p.need_paced(4, 1_000, early), 8);
         assert_eq!(
@@ -520,6 +609,7 @@ mod tests {
             admitted: 50,
             per_minute: 500,
             elapsed_ms: 100,
+            recent: None,
         };
         assert_eq!(first.left_ms(), 9_000);
         assert_eq!(p.need_paced(4, 1_000, first), 6);
@@ -529,6 +619,73 @@ mod tests {
             ..late
         };
         assert_eq!(p.need_paced(4, 1_000, full), 0);
+    }
+
+    #[test]
+    fn in_a_burst_a_promise_covers_half_of_the_time_left_at_the_recent_pace() {
+        let p = PromisePolicy::default();
+        // The 7:1 burst, seed 9: 219 of 500 admitted 21.135 s into the
+        // minute, most of them in the last second. At the minute's average
+        // the last 281 slots last 27 s, so a node admitting 35 a second is
+        // promised its whole horizon, 70 slots.
+        let burst = Pace {
+            admitted: 219,
+            per_minute: 500,
+            elapsed_ms: 21_135,
+            recent: None,
+        };
+        assert_eq!(burst.left_ms(), 27_118);
+        assert_eq!(p.need_paced(35, 1_000, burst), 70);
+        // The room admitted 205 in the last second: the 281 slots last
+        // 1.37 s, and the promise covers half of that, 24 slots.
+        let seen = burst.with_recent(Some((205, 1_000)));
+        assert_eq!(seen.recent_left_ms(), 1_370);
+        assert_eq!(p.need_paced(35, 1_000, seen), 24);
+        // Off, the minute's average alone.
+        let average_only = PromisePolicy {
+            recent_pace: false,
+            ..p
+        };
+        assert_eq!(average_only.need_paced(35, 1_000, seen), 70);
+        // A quiet recent pace changes nothing: the average or the horizon
+        // binds first (10 a second: the slots last 28 s).
+        assert_eq!(
+            p.need_paced(35, 1_000, burst.with_recent(Some((10, 1_000)))),
+            70
+        );
+        assert_eq!(
+            p.need_paced(35, 1_000, burst.with_recent(Some((0, 1_000)))),
+            70
+        );
+        // The limit reached: nothing, at any pace.
+        let full = Pace {
+            admitted: 500,
+            ..seen
+        };
+        assert_eq!(p.need_paced(35, 1_000, full), 0);
+    }
+
+    #[test]
+    fn the_recent_pace_is_measured_over_half_a_second_to_a_second_of_this_minute() {
+        let t0 = UnixMillis(60_000 * 1_000 + 10_000);
+        let mut pace = RecentPace::default();
+        // No window yet: the first note, and any within half a second.
+        assert_eq!(pace.observe(t0, 100), None);
+        assert_eq!(pace.observe(t0.plus_millis(300), 130), None);
+        // Half a second on: the admits since the first note.
+        assert_eq!(pace.observe(t0.plus_millis(500), 150), Some((50, 500)));
+        // The window slides: measured from the note half a second before
+        // the last mark, never over more than a second.
+        assert_eq!(pace.observe(t0.plus_millis(900), 190), Some((90, 900)));
+        assert_eq!(pace.observe(t0.plus_millis(1_000), 200), Some((50, 500)));
+        assert_eq!(pace.observe(t0.plus_millis(1_400), 260), Some((110, 900)));
+        // Admits that went down (a node forgotten) count as none.
+        assert_eq!(pace.observe(t0.plus_millis(1_450), 100), Some((0, 950)));
+        // A new minute starts again, and so does a clock that went back.
+        let next = t0.minute().plus(1).start();
+        assert_eq!(pace.observe(next.plus_millis(10), 3), None);
+        assert_eq!(pace.observe(next.plus_millis(600), 40), Some((37, 590)));
+        assert_eq!(pace.observe(next.plus_millis(100), 40), None);
     }
 
     #[test]
@@ -557,6 +714,7 @@ mod tests {
         let p = PromisePolicy {
             min_promise: 1_000,
             horizon_ms: u64::MAX,
+            ..PromisePolicy::default()
         };
         for need in [0, 1, 1_000, u64::MAX] {
             let (colo, any) = p.promise((u64::MAX, u64::MAX), FREE, need);

@@ -26,6 +26,9 @@ pub(crate) struct Recomputing {
     pub(crate) meta: Vec<NodeMeta>,
     node_timeout_ms: u64,
     promises: super::PromisePolicy,
+    /// The room's recent pace, as the running merge keeps it (a restart
+    /// forgets it: it is not in a snapshot).
+    pub(crate) pace: BTreeMap<RoomId, super::promise::RecentPace>,
 }
 
 impl Recomputing {
@@ -41,6 +44,7 @@ impl Recomputing {
             meta: Vec::new(),
             node_timeout_ms,
             promises: super::PromisePolicy::default(),
+            pace: BTreeMap::new(),
         }
     }
 
@@ -111,6 +115,11 @@ impl Recomputing {
             else {
                 continue;
             };
+            let recent = self
+                .pace
+                .entry(def.room.id())
+                .or_default()
+                .observe(now, state.admitted_this_minute);
             let colo_alone =
                 clamp_colo_share(&states, &node, &self.reports, &memory.colo_leases, minute);
             let any_alone = clamp_anywhere(&states, &node, &memory.leases, minute);
@@ -152,7 +161,8 @@ impl Recomputing {
                         minute,
                     )),
                     super::elapsed_since(previous_seen, at, now),
-                    super::promise::Pace::of(&state, def.room.at(now).new_users_per_minute(), now),
+                    super::promise::Pace::of(&state, def.room.at(now).new_users_per_minute(), now)
+                        .with_recent(recent),
                 );
                 (colo_granted, granted) =
                     self.promises.promise((colo_granted, granted), free, need);

@@ -178,6 +178,11 @@ pub struct Conditions {
     /// session 23. Off (`--hold-once`): they decide on that answer (and
     /// are queued).
     pub hold_again: bool,
+    /// The aggregator's promise to an asking node covers at most half the
+    /// time the minute's slots last at the room's recent pace
+    /// (`PromisePolicy::recent_pace`, since session 24). Off
+    /// (`--average-pace-only`): only the minute's average paces it.
+    pub recent_pace: bool,
     /// Each request of a visitor goes to a random node of their colo.
     pub roaming: bool,
     /// Percent of visitors who give up once queued this long.
@@ -233,6 +238,7 @@ impl Conditions {
         again_like_ask: true,
         name_held_visitors: true,
         hold_again: true,
+        recent_pace: true,
         roaming: false,
         give_up_pct: 0,
         give_up_after_ms: 0,
@@ -836,6 +842,7 @@ impl Sim {
             )
             .with_promises(PromisePolicy {
                 horizon_ms: topology.conditions.promise_horizon_ms,
+                recent_pace: topology.conditions.recent_pace,
                 ..PromisePolicy::default()
             })
         };
