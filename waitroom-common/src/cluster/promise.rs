@@ -66,8 +66,8 @@
 //!   burst the room went from 10 admits a second to 400, the minute's
 //!   average said its slots would last 27 s, and a node bursting at a
 //!   seventh of the other's rate was promised 70 slots, two seconds of its
-//!   rate, while the minute's last 281 lasted 0.7 s. Its 25–50 unspent
-//!   slots were held while the other node's visitors asked and queued
+//!   rate, while the minute's last 281 lasted 0.7 s. It still held 51 of
+//!   them unspent when the other node's visitors asked and were queued
 //!   (`cargo xtask simulate`, 7:1 burst, seeds 1–72, K = 1 / 2 / 3,
 //!   queued with room for the whole line: 0.71 / 0.83 / 1.12, 2.00 / 2.29 /
 //!   2.54 and 1.88 / 2.25 / 2.54 a run on seeds 1–24, 25–48 and 49–72;
