@@ -1269,10 +1269,7 @@ mod tests {
     fn nodes_that_follow_the_cluster_clock_undo_their_skew() {
         let follow = harsh(Conditions {
             skew_ms: 500,
-            lease_wait_ms: 50,
-            lease_rtt_ms: 20,
-            check_ledger: false,
-            ..Conditions::NONE
+            ..LEASED
         });
         let own = harsh(Conditions {
             follow_clock: false,
@@ -1308,10 +1305,7 @@ mod tests {
     fn a_lost_ask_is_asked_again_and_fewer_visitors_queue_behind_it() {
         let again = harsh(Conditions {
             lost_answers_pct: 10,
-            lease_wait_ms: 50,
-            lease_rtt_ms: 20,
-            check_ledger: false,
-            ..Conditions::NONE
+            ..LEASED
         });
         let wait = harsh(Conditions {
             ask_again_when_lost: false,
@@ -1377,6 +1371,25 @@ mod tests {
         (queued_after, queued_before)
     }
 
+    /// The on-demand lease as the command runs it (a 50 ms hold, asks
+    /// answered in 20 ms), without the ledger check.
+    const LEASED: Conditions = Conditions {
+        lease_wait_ms: 50,
+        lease_rtt_ms: 20,
+        check_ledger: false,
+        ..Conditions::NONE
+    };
+
+    /// `after` with the condition `flag` picks turned off; it must be on
+    /// (the default the comparison is about).
+    fn without(after: &Topology, flag: impl FnOnce(&mut Conditions) -> &mut bool) -> Topology {
+        let mut before = *after;
+        let on = flag(&mut before.conditions);
+        assert!(*on, "the condition compared is on by default");
+        *on = false;
+        before
+    }
+
     /// Steady traffic under the hostile preset: a held visitor's ask whose
     /// answer is lost is sent again within the hold
     /// (`promise::ask_within_hold_ms`, 25 ms at a 50 ms hold and 20 ms round
@@ -1388,20 +1401,9 @@ mod tests {
     #[test]
     fn a_late_ask_sent_again_within_the_hold_queues_fewer_in_steady_traffic() {
         // The hostile preset: 10 % of answers lost, random phases, skew.
-        let after = Preset::Hostile.apply(harsh(Conditions {
-            lease_wait_ms: 50,
-            lease_rtt_ms: 20,
-            check_ledger: false,
-            ..Conditions::NONE
-        }));
-        assert!(after.conditions.ask_within_hold && after.conditions.confirm_like_ask);
-        let before = Topology {
-            conditions: Conditions {
-                ask_within_hold: false,
-                ..after.conditions
-            },
-            ..after
-        };
+        let after = Preset::Hostile.apply(harsh(LEASED));
+        assert!(after.conditions.confirm_like_ask);
+        let before = without(&after, |c| &mut c.ask_within_hold);
         let (queued_after, queued_before) =
             queued_after_and_before("steady", 64, (&after, &before), 1.01, |_, _| {});
         println!(
@@ -1424,20 +1426,8 @@ mod tests {
     fn a_lost_confirmation_waited_for_as_an_ask_queues_fewer_in_a_spike() {
         const KEY: &str = "uniform-spike";
         const SEEDS: u64 = 16;
-        let after = Preset::Hostile.apply(harsh(Conditions {
-            lease_wait_ms: 50,
-            lease_rtt_ms: 20,
-            check_ledger: false,
-            ..Conditions::NONE
-        }));
-        assert!(after.conditions.confirm_like_ask);
-        let before = Topology {
-            conditions: Conditions {
-                confirm_like_ask: false,
-                ..after.conditions
-            },
-            ..after
-        };
+        let after = Preset::Hostile.apply(harsh(LEASED));
+        let before = without(&after, |c| &mut c.confirm_like_ask);
         let mut sent_again = 0;
         let (queued_after, queued_before) =
             queued_after_and_before(KEY, SEEDS, (&after, &before), 1.02, |a, b| {
@@ -1467,21 +1457,11 @@ mod tests {
         const KEY: &str = "burst-7-1";
         const SEEDS: u64 = 16;
         let mut after = Preset::Hostile.apply(harsh(Conditions {
-            lease_wait_ms: 50,
-            lease_rtt_ms: 20,
-            check_ledger: false,
             aggregators: 2,
-            ..Conditions::NONE
+            ..LEASED
         }));
         after.conditions.lost_answers_pct = 30;
-        assert!(after.conditions.again_like_ask);
-        let before = Topology {
-            conditions: Conditions {
-                again_like_ask: false,
-                ..after.conditions
-            },
-            ..after
-        };
+        let before = without(&after, |c| &mut c.again_like_ask);
         let (queued_after, queued_before) =
             queued_after_and_before(KEY, SEEDS, (&after, &before), 1.02, |_, _| {});
         println!(
@@ -1506,21 +1486,9 @@ mod tests {
         let after = Preset::Hostile.apply(Topology {
             colos: 30,
             nodes_per_colo: 4,
-            ..harsh(Conditions {
-                lease_wait_ms: 50,
-                lease_rtt_ms: 20,
-                check_ledger: false,
-                ..Conditions::NONE
-            })
+            ..harsh(LEASED)
         });
-        assert!(after.conditions.name_held_visitors);
-        let before = Topology {
-            conditions: Conditions {
-                name_held_visitors: false,
-                ..after.conditions
-            },
-            ..after
-        };
+        let before = without(&after, |c| &mut c.name_held_visitors);
         let (queued_after, queued_before) =
             queued_after_and_before("steady", 4, (&after, &before), 1.01, |_, _| {});
         println!(
@@ -1543,21 +1511,9 @@ mod tests {
         // The command's topology: four colos of two nodes.
         let after = Topology {
             colos: 4,
-            ..harsh(Conditions {
-                lease_wait_ms: 50,
-                lease_rtt_ms: 20,
-                check_ledger: false,
-                ..Conditions::NONE
-            })
+            ..harsh(LEASED)
         };
-        assert!(after.conditions.hold_again);
-        let before = Topology {
-            conditions: Conditions {
-                hold_again: false,
-                ..after.conditions
-            },
-            ..after
-        };
+        let before = without(&after, |c| &mut c.hold_again);
         let (queued_after, queued_before) =
             queued_after_and_before("burst-7-1", 32, (&after, &before), 1.01, |_, _| {});
         println!("queued with room for the line: {queued_after} held on once, {queued_before} not");
@@ -1583,21 +1539,9 @@ mod tests {
     fn promises_paced_by_the_recent_pace_queue_fewer_in_a_burst() {
         let after = Topology {
             colos: 4,
-            ..harsh(Conditions {
-                lease_wait_ms: 50,
-                lease_rtt_ms: 20,
-                check_ledger: false,
-                ..Conditions::NONE
-            })
+            ..harsh(LEASED)
         };
-        assert!(after.conditions.recent_pace);
-        let before = Topology {
-            conditions: Conditions {
-                recent_pace: false,
-                ..after.conditions
-            },
-            ..after
-        };
+        let before = without(&after, |c| &mut c.recent_pace);
         let (queued_after, queued_before) = queued_after_and_before_at(
             Size::Full,
             "burst-7-1",
@@ -1610,7 +1554,10 @@ mod tests {
             "queued with room for the line: {queued_after} paced by the recent pace too, {queued_before} by the average alone"
         );
         // 0 against 13 when written.
-        assert!(queued_before >= 5, "the burst shows the lag: {queued_before}");
+        assert!(
+            queued_before >= 5,
+            "the burst shows the lag: {queued_before}"
+        );
         assert!(
             queued_after * 2 <= queued_before,
             "{queued_after} at most half of {queued_before}"
