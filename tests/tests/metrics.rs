@@ -127,6 +127,7 @@ const AGGREGATOR_FAMILIES: &[(&str, &[&str])] = &[
     ("waitroom_aggregator_waiting", &["room"]),
     ("waitroom_aggregator_anywhere_leased", &["room"]),
     ("waitroom_aggregator_admits_per_minute", &["room"]),
+    ("waitroom_aggregator_recent_admits_per_second", &["room"]),
     ("waitroom_aggregator_nodes_reporting", &["room"]),
     ("waitroom_aggregator_active_users_limit", &["room"]),
     ("waitroom_aggregator_new_users_per_minute_limit", &["room"]),
@@ -391,6 +392,8 @@ timeout_ms = 200
                 && node.contains("\nwaitroom_gossip_last_state_timestamp_seconds ")
                 && agg.contains("\nwaitroom_aggregator_last_snapshot_timestamp_seconds ")
                 && agg.contains("waitroom_aggregator_node_report_age_seconds{")
+                // Measured half a second into each minute.
+                && agg.contains("waitroom_aggregator_recent_admits_per_second{")
         }),
         "node:\n{}\naggregator:\n{}\n{}",
         get_text(&edge.admin_url("/metrics")),

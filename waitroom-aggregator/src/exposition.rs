@@ -236,6 +236,14 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
         )?;
     }
     f.gauges(
+        "waitroom_aggregator_recent_admits_per_second",
+        "Admits a second over the last half second to second, all nodes: the pace near a minute's last slots that promises are held to (absent until measured this minute).",
+        status.rooms.iter().filter_map(|r| {
+            r.recent_admits_per_second
+                .map(|rate| ([("room", r.id.as_str())], rate))
+        }),
+    )?;
+    f.gauges(
         "waitroom_aggregator_admits_per_minute",
         "Admit rate (EWMA over complete minutes), all nodes.",
         status

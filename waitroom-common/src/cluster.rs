@@ -489,6 +489,10 @@ pub struct RoomStatus {
     pub slots_available: u64,
     pub total_waiting: u64,
     pub admits_per_minute: f64,
+    /// The room's admits a second over the last half second to second, as
+    /// promises are paced by ([`promise::RecentPace`]); `None` until the
+    /// aggregator has such a window in this minute.
+    pub recent_admits_per_second: Option<f64>,
     /// Anywhere slots leased and not yet used, by all nodes.
     pub anywhere_leased: u64,
     pub nodes_reporting: usize,
@@ -1599,6 +1603,7 @@ impl Cluster {
                         .iter()
                         .fold(0_u64, |t, &(_, n)| t.saturating_add(n)),
                     admits_per_minute: history.admit_rate.per_minute,
+                    recent_admits_per_second: memory.and_then(|m| m.pace.per_second(now)),
                     anywhere_leased,
                     nodes_reporting: reporting.len(),
                     phase,
@@ -1895,6 +1900,25 @@ mod tests {
         assert_eq!(status.rooms[0].phase, RoomPhase::NotQueueing);
         // No complete minute yet, so no admit rate to divide by.
         assert!(!status.rooms[0].wait_estimate.wait_time_known);
+    }
+
+    /// Status shows the room's recent pace, the one promises are held to:
+    /// the admits of the last half second to second, in this minute only.
+    #[test]
+    fn status_shows_the_rooms_admits_a_second_of_the_last_moments() {
+        let mut cluster = Cluster::new(vec![room(1_000, 500)], 5_000);
+        cluster.apply(report("a", "x", T0, sessions(T0, 10, 10, 10)), T0);
+        assert_eq!(cluster.status(T0).rooms[0].recent_admits_per_second, None);
+        // 40 more admits in the next 800 ms: 50 a second.
+        let t = T0.plus_millis(800);
+        cluster.apply(report("a", "x", t, sessions(t, 50, 50, 50)), t);
+        assert_eq!(
+            cluster.status(t).rooms[0].recent_admits_per_second,
+            Some(50.0)
+        );
+        // The next minute has no window until it has been measured.
+        let next = T0.minute().plus(1).start();
+        assert_eq!(cluster.status(next).rooms[0].recent_admits_per_second, None);
     }
 
     #[test]

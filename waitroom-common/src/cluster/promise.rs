@@ -266,6 +266,8 @@ pub struct RecentPace {
     /// `(when, the room's admits this minute then)`, older first; both in
     /// the same minute.
     marks: [(UnixMillis, u64); 2],
+    /// What the last note measured, and when: `(at, admits, milliseconds)`.
+    latest: Option<(UnixMillis, u64, u64)>,
 }
 
 impl RecentPace {
@@ -277,6 +279,7 @@ impl RecentPace {
         let newer = self.marks[1];
         if newer.0.minute() != now.minute() || newer.0 > now {
             self.marks = [(now, admitted); 2];
+            self.latest = None;
             return None;
         }
         if now.0 >= newer.0.0.saturating_add(RECENT_PACE_MS) {
@@ -284,7 +287,19 @@ impl RecentPace {
         }
         let (at, then) = self.marks[0];
         let ms = now.0.saturating_sub(at.0);
-        (ms >= RECENT_PACE_MS).then(|| (admitted.saturating_sub(then), ms))
+        let window = (ms >= RECENT_PACE_MS).then(|| (admitted.saturating_sub(then), ms));
+        self.latest = window.map(|(admits, ms)| (now, admits, ms));
+        window
+    }
+
+    /// The room's admits a second over the window the last note measured,
+    /// if it was made in `now`'s minute and not after `now` (for `/status`
+    /// and the metrics: the pace promises are held to).
+    #[must_use]
+    pub fn per_second(&self, now: UnixMillis) -> Option<f64> {
+        let (at, admits, ms) = self.latest?;
+        (at.minute() == now.minute() && at <= now && ms > 0)
+            .then(|| admits as f64 * 1_000.0 / ms as f64)
     }
 }
 
@@ -685,7 +700,15 @@ mod tests {
         let next = t0.minute().plus(1).start();
         assert_eq!(pace.observe(next.plus_millis(10), 3), None);
         assert_eq!(pace.observe(next.plus_millis(600), 40), Some((37, 590)));
+        // What status shows: the last window's admits a second, in its
+        // minute only.
+        assert_eq!(
+            pace.per_second(next.plus_millis(700)),
+            Some(37_000.0 / 590.0)
+        );
+        assert_eq!(pace.per_second(next.minute().plus(1).start()), None);
         assert_eq!(pace.observe(next.plus_millis(100), 40), None);
+        assert_eq!(pace.per_second(next.plus_millis(700)), None);
     }
 
     #[test]
