@@ -63,7 +63,7 @@
 //!   of the time the minute's slots have left at the room's *recent* pace
 //!   (its admits over the last half second to second, [`RecentPace`]).
 //!   The minute's average lags a burst that starts late in it: in the 7:1
-//!   burst the room went from 10 admits a second to 400, the minute's
+//!   burst the room went from under one admit a second to 400, the minute's
 //!   average said its slots would last 27 s, and a node bursting at a
 //!   seventh of the other's rate was promised 70 slots, two seconds of its
 //!   rate, while the minute's last 281 lasted 0.7 s. It still held 51 of
