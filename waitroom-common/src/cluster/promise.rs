@@ -228,24 +228,25 @@ impl Pace {
     /// (`u64::MAX` before any admit).
     #[must_use]
     pub fn left_ms(&self) -> u64 {
-        if self.admitted == 0 {
-            return u64::MAX;
-        }
-        let left = u128::from(self.per_minute.saturating_sub(self.admitted));
-        let elapsed = u128::from(self.elapsed_ms.max(MIN_PACE_MS));
-        u64::try_from(left * elapsed / u128::from(self.admitted)).unwrap_or(u64::MAX)
+        self.lasts_ms(self.admitted, self.elapsed_ms.max(MIN_PACE_MS))
     }
 
     /// How long the minute's slots last at the recent pace, in
     /// milliseconds (`u64::MAX` without a window or an admit in it).
     #[must_use]
     pub fn recent_left_ms(&self) -> u64 {
-        let left = u128::from(self.per_minute.saturating_sub(self.admitted));
         self.recent
-            .filter(|&(admits, _)| admits > 0)
-            .map_or(u64::MAX, |(admits, ms)| {
-                u64::try_from(left * u128::from(ms) / u128::from(admits)).unwrap_or(u64::MAX)
-            })
+            .map_or(u64::MAX, |(admits, ms)| self.lasts_ms(admits, ms))
+    }
+
+    /// How long the minute's slots last at `admits` every `over_ms`
+    /// (`u64::MAX` at none).
+    fn lasts_ms(&self, admits: u64, over_ms: u64) -> u64 {
+        if admits == 0 {
+            return u64::MAX;
+        }
+        let left = u128::from(self.per_minute.saturating_sub(self.admitted));
+        u64::try_from(left * u128::from(over_ms) / u128::from(admits)).unwrap_or(u64::MAX)
     }
 }
 
@@ -266,8 +267,9 @@ pub struct RecentPace {
     /// `(when, the room's admits this minute then)`, older first; both in
     /// the same minute.
     marks: [(UnixMillis, u64); 2],
-    /// What the last note measured, and when: `(at, admits, milliseconds)`.
-    latest: Option<(UnixMillis, u64, u64)>,
+    /// The last note, `(when, admits this minute then)`: the window runs
+    /// from the older mark to it.
+    last: (UnixMillis, u64),
 }
 
 impl RecentPace {
@@ -279,17 +281,19 @@ impl RecentPace {
         let newer = self.marks[1];
         if newer.0.minute() != now.minute() || newer.0 > now {
             self.marks = [(now, admitted); 2];
-            self.latest = None;
-            return None;
-        }
-        if now.0 >= newer.0.0.saturating_add(RECENT_PACE_MS) {
+        } else if now.0 >= newer.0.0.saturating_add(RECENT_PACE_MS) {
             self.marks = [newer, (now, admitted)];
         }
-        let (at, then) = self.marks[0];
-        let ms = now.0.saturating_sub(at.0);
-        let window = (ms >= RECENT_PACE_MS).then(|| (admitted.saturating_sub(then), ms));
-        self.latest = window.map(|(admits, ms)| (now, admits, ms));
-        window
+        self.last = (now, admitted);
+        self.window()
+    }
+
+    /// The room's admits from the older mark to the last note, and the
+    /// window's length; `None` while it is shorter than [`RECENT_PACE_MS`].
+    fn window(&self) -> Option<(u64, u64)> {
+        let ((from, then), (to, admitted)) = (self.marks[0], self.last);
+        let ms = to.0.saturating_sub(from.0);
+        (ms >= RECENT_PACE_MS).then(|| (admitted.saturating_sub(then), ms))
     }
 
     /// The room's admits a second over the window the last note measured,
@@ -297,9 +301,12 @@ impl RecentPace {
     /// and the metrics: the pace promises are held to).
     #[must_use]
     pub fn per_second(&self, now: UnixMillis) -> Option<f64> {
-        let (at, admits, ms) = self.latest?;
-        (at.minute() == now.minute() && at <= now && ms > 0)
-            .then(|| admits as f64 * 1_000.0 / ms as f64)
+        let at = self.last.0;
+        if at.minute() != now.minute() || at > now {
+            return None;
+        }
+        self.window()
+            .map(|(admits, ms)| admits as f64 * 1_000.0 / ms as f64)
     }
 }
 

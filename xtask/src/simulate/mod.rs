@@ -428,7 +428,7 @@ fn asked_again(t: &Topology) -> String {
         format!("waited for as a periodic answer ({full} ms)")
     };
     format!(
-        ", a held visitor's late ask sent again {hold}, a late confirmation of a lowered cap {confirm}{}{}{}",
+        ", a held visitor's late ask sent again {hold}, a late confirmation of a lowered cap {confirm}{}{}{}{}",
         if c.again_like_ask {
             ", the first report sent again waited for as the one it repeats"
         } else {
@@ -438,6 +438,11 @@ fn asked_again(t: &Topology) -> String {
             ", held visitors named in every report"
         } else {
             ""
+        },
+        if c.hold_again {
+            ""
+        } else {
+            ", a held visitor decides on the first answer that counts them"
         },
         if c.recent_pace {
             ""
@@ -1380,6 +1385,15 @@ mod tests {
         ..Conditions::NONE
     };
 
+    /// The command's topology (four colos of two nodes) with the lease as
+    /// it runs it.
+    fn command_topology() -> Topology {
+        Topology {
+            colos: 4,
+            ..harsh(LEASED)
+        }
+    }
+
     /// `after` with the condition `flag` picks turned off; it must be on
     /// (the default the comparison is about).
     fn without(after: &Topology, flag: impl FnOnce(&mut Conditions) -> &mut bool) -> Topology {
@@ -1508,11 +1522,7 @@ mod tests {
     /// hold. Four colos of two nodes, 32 seeds at the small size.
     #[test]
     fn held_visitors_held_on_once_queue_fewer_in_a_burst() {
-        // The command's topology: four colos of two nodes.
-        let after = Topology {
-            colos: 4,
-            ..harsh(LEASED)
-        };
+        let after = command_topology();
         let before = without(&after, |c| &mut c.hold_again);
         let (queued_after, queued_before) =
             queued_after_and_before("burst-7-1", 32, (&after, &before), 1.01, |_, _| {});
@@ -1537,10 +1547,7 @@ mod tests {
     /// to matter much: 28 against 32 over 32 seeds).
     #[test]
     fn promises_paced_by_the_recent_pace_queue_fewer_in_a_burst() {
-        let after = Topology {
-            colos: 4,
-            ..harsh(LEASED)
-        };
+        let after = command_topology();
         let before = without(&after, |c| &mut c.recent_pace);
         let (queued_after, queued_before) = queued_after_and_before_at(
             Size::Full,
