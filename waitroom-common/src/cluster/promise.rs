@@ -685,6 +685,14 @@ mod tests {
             ..seen
         };
         assert_eq!(p.need_paced(35, 1_000, full), 0);
+        // Absurd counts (a node lying about its admits) neither overflow
+        // nor promise more: endless admits leave no time, an endless window
+        // leaves the average in charge.
+        let lied = burst.with_recent(Some((u64::MAX, RECENT_PACE_MS)));
+        assert_eq!(p.need_paced(35, 1_000, lied), 0);
+        let endless = burst.with_recent(Some((1, u64::MAX)));
+        assert_eq!(endless.recent_left_ms(), u64::MAX);
+        assert_eq!(p.need_paced(35, 1_000, endless), 70);
     }
 
     #[test]
