@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use waitroom_common::xdp::{DistinctSources, PortCounters, XdpStats};
+use waitroom_common::xdp::{DistinctSources, MINUTE_NS, PortCounters, XdpStats};
 use waitroom_edge::xdp::{
     IpPrefix, RunStats, SynBudget, TelemetrySnapshot, XdpConfig, XdpGuard, XdpVerdict,
     enable_run_stats, spawn_telemetry,
@@ -544,6 +544,113 @@ fn test_run_distinct_sources() {
     let after = union_of_minutes(&guard.snapshot().unwrap());
     assert_eq!(before, after, "non-service traffic left the sketch alone");
     assert_within_three_standard_errors(after.estimate(), K);
+}
+
+/// A frame of an established connection (an ACK) from `src` to the service port.
+fn ack_from(src: Ipv4Addr) -> Vec<u8> {
+    let ack = frames::tcp(40000, SERVICE_PORT, frames::ACK);
+    frames::ethernet(
+        frames::ETH_P_IP,
+        None,
+        &frames::ipv4(src, Ipv4Addr::new(192, 0, 2, 1), frames::TCP, &ack),
+    )
+}
+
+/// Sends an ACK from each of `n` sources counted from `first`.
+fn acks_from(guard: &XdpGuard, first: u32, n: u32) {
+    for i in 0..n {
+        let verdict = guard
+            .test_run(&ack_from(Ipv4Addr::from(first + i)))
+            .unwrap();
+        assert_eq!(verdict, XdpVerdict::Pass);
+    }
+}
+
+/// The program records a source in the minute userspace last told it, not
+/// the clock's (it no longer reads the clock per packet): each minute's
+/// sources stay in that minute's sketch, a turn never goes backwards, and
+/// the minute before last is forgotten when its slot is reused. Minutes far
+/// ahead of the clock, so the guard's own keeper (which writes the clock's
+/// minute) cannot turn anything during the test.
+#[test]
+fn test_run_sources_count_in_the_minute_userspace_names() {
+    if !require_root() {
+        return;
+    }
+    let guard = load(&XdpConfig::new("unused", [SERVICE_PORT]));
+    let clock_minute = guard.snapshot().unwrap().clock_ns / MINUTE_NS;
+    let loaded = guard.program_minute();
+    assert!(
+        loaded == clock_minute || loaded + 1 == clock_minute,
+        "loaded with minute {loaded}, the clock's is {clock_minute}"
+    );
+
+    let m = clock_minute + 10;
+    assert!(guard.turn_minute(m).unwrap());
+    assert!(!guard.turn_minute(m - 1).unwrap(), "a turn backwards");
+    assert!(!guard.turn_minute(m).unwrap(), "the same minute again");
+    assert_eq!(guard.program_minute(), m);
+
+    acks_from(&guard, 0x6440_0000, 10);
+    let first = guard.sources_in(m).unwrap().estimate();
+    assert!((9.5..10.5).contains(&first), "minute m: {first}");
+
+    assert!(guard.turn_minute(m + 1).unwrap());
+    // Five sources of the minute before and five new ones.
+    acks_from(&guard, 0x6440_0005, 10);
+    let second = guard.sources_in(m + 1).unwrap().estimate();
+    assert!((9.5..10.5).contains(&second), "minute m + 1: {second}");
+    let first_again = guard.sources_in(m).unwrap().estimate();
+    assert!(
+        (first_again - first).abs() < 1e-9,
+        "minute m moved: {first} -> {first_again}"
+    );
+
+    assert!(guard.turn_minute(m + 2).unwrap());
+    acks_from(&guard, 0x0a00_0000, 1);
+    let third = guard.sources_in(m + 2).unwrap().estimate();
+    assert!((0.5..1.5).contains(&third), "minute m + 2: {third}");
+    assert_eq!(
+        guard.sources_in(m).unwrap().estimate(),
+        0.0,
+        "the minute before last shares its slot with this one and is reset"
+    );
+    assert!((guard.sources_in(m + 1).unwrap().estimate() - second).abs() < 1e-9);
+}
+
+/// The guard's keeper thread tells the program each new minute of the clock
+/// within milliseconds of its start, so a source seen early in a minute is
+/// in that minute's count (what the node's reports read). Waits for the
+/// clock's next minute: up to a minute.
+#[test]
+fn test_run_the_keeper_turns_the_program_minute_with_the_clock() {
+    if !require_root() {
+        return;
+    }
+    let guard = load(&XdpConfig::new("unused", [SERVICE_PORT]));
+    let clock_minute = || guard.snapshot().unwrap().clock_ns / MINUTE_NS;
+    let start = clock_minute();
+    let deadline = Instant::now() + Duration::from_secs(65);
+    while clock_minute() == start {
+        assert!(Instant::now() < deadline, "the clock's minute never turned");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let next = clock_minute();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while guard.program_minute() < next {
+        assert!(
+            Instant::now() < deadline,
+            "the program still holds minute {} two seconds into minute {next}",
+            guard.program_minute()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    acks_from(&guard, 0x6440_0000, 3);
+    let snapshot = guard.snapshot().unwrap();
+    assert_eq!(snapshot.current_minute.minute, next);
+    let now = snapshot.current_minute.estimate();
+    assert!((2.5..3.5).contains(&now), "this minute's sources: {now}");
+    assert_eq!(snapshot.previous_minute.estimate(), 0.0);
 }
 
 /// Both minutes merged: a test that straddles a minute boundary splits its

@@ -189,6 +189,14 @@ pub struct XdpSettings {
     pub deny_v4_prefixes: u32,
     /// Prefixes in [`MAP_DENY_V6`]; while 0 the program skips the lookup.
     pub deny_v6_prefixes: u32,
+    /// The current minute of `CLOCK_MONOTONIC_COARSE` (its nanoseconds ÷
+    /// [`MINUTE_NS`]), written by userspace at load and at every minute's
+    /// start: the minute whose sketch the program records sources in. A
+    /// packet does not read the clock for it — the clock helper was a
+    /// quarter of a service packet's cost — so a source seen in the
+    /// milliseconds before userspace turns the minute counts in the minute
+    /// before.
+    pub minute: u64,
 }
 
 impl XdpSettings {
@@ -228,23 +236,19 @@ pub const fn fmix64(mut k: u64) -> u64 {
     k
 }
 
-/// Hash of an IPv4 source address for the sketch.
+/// Hash of an IPv4 source address (as a number: `a.b.c.d` is
+/// `u32::from_be_bytes([a, b, c, d])`) for the sketch.
 #[inline(always)]
 #[must_use]
-pub const fn source_hash_v4(addr: [u8; 4]) -> u64 {
-    fmix64(u32::from_be_bytes(addr) as u64 ^ 0x9e37_79b9_7f4a_7c15)
+pub const fn source_hash_v4(addr: u32) -> u64 {
+    fmix64(addr as u64 ^ 0x9e37_79b9_7f4a_7c15)
 }
 
-/// Hash of an IPv6 source address for the sketch.
+/// Hash of an IPv6 source address, given as its two big-endian halves
+/// (`hi` the first eight bytes), for the sketch.
 #[inline(always)]
 #[must_use]
-pub const fn source_hash_v6(addr: [u8; 16]) -> u64 {
-    let hi = u64::from_be_bytes([
-        addr[0], addr[1], addr[2], addr[3], addr[4], addr[5], addr[6], addr[7],
-    ]);
-    let lo = u64::from_be_bytes([
-        addr[8], addr[9], addr[10], addr[11], addr[12], addr[13], addr[14], addr[15],
-    ]);
+pub const fn source_hash_v6(hi: u64, lo: u64) -> u64 {
     fmix64(fmix64(hi ^ 0x6a09_e667_f3bc_c908) ^ lo)
 }
 
@@ -431,7 +435,7 @@ mod tests {
         for k in [0u32, 1, 10, 1_000, 10_000, 100_000, 1_000_000] {
             let mut sketch = DistinctSources::new();
             for i in 0..k {
-                sketch.insert_hash(source_hash_v4((0x0a00_0000 + i).to_be_bytes()));
+                sketch.insert_hash(source_hash_v4(0x0a00_0000 + i));
             }
             let estimate = sketch.estimate();
             let k = f64::from(k);
@@ -449,7 +453,7 @@ mod tests {
         let mut b = DistinctSources::new();
         let mut both = DistinctSources::new();
         for i in 0..5_000u32 {
-            let h = source_hash_v6(u128::from(i).to_be_bytes());
+            let h = source_hash_v6(0, u64::from(i));
             if i % 2 == 0 {
                 a.insert_hash(h)
             } else {

@@ -53,30 +53,46 @@ const TCP_FLAG_ACK: u8 = 0x10;
 ///
 /// One fully initialised layout for both families: with an enum, the bytes
 /// an IPv4 source leaves undefined can end up in a register LLVM spills,
-/// and the verifier rejects reading an uninitialised register.
+/// and the verifier rejects reading an uninitialised register. The address
+/// is held as two numbers (its big-endian halves), not sixteen bytes: the
+/// program keeps a source across helper calls, and two registers spill and
+/// reload in two instructions each where sixteen bytes took sixteen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Source {
-    /// `::ffff:a.b.c.d` for IPv4.
-    pub addr: [u8; 16],
+    /// The address's first eight bytes, big-endian (0 for IPv4).
+    pub hi: u64,
+    /// The address's last eight bytes, big-endian (`0xffff_a.b.c.d` for IPv4).
+    pub lo: u64,
     /// Whether the packet was IPv4.
     pub is_v4: bool,
 }
 
 impl Source {
     #[inline(always)]
-    fn v4(a: [u8; 4]) -> Self {
+    fn from_v4(a: [u8; 4]) -> Self {
         Self {
-            addr: [
-                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a[0], a[1], a[2], a[3],
-            ],
+            hi: 0,
+            lo: 0xffff_0000_0000 | u64::from(u32::from_be_bytes(a)),
             is_v4: true,
         }
+    }
+
+    /// The IPv4 address as a number (meaningful when `is_v4`).
+    #[inline(always)]
+    pub fn v4(&self) -> u32 {
+        self.lo as u32
     }
 
     /// The IPv4 address (meaningful when `is_v4`).
     #[inline(always)]
     pub fn v4_addr(&self) -> [u8; 4] {
-        [self.addr[12], self.addr[13], self.addr[14], self.addr[15]]
+        self.v4().to_be_bytes()
+    }
+
+    /// The sixteen bytes of the address (`::ffff:a.b.c.d` for IPv4).
+    #[inline(always)]
+    pub fn addr(&self) -> [u8; 16] {
+        (u128::from(self.hi) << 64 | u128::from(self.lo)).to_be_bytes()
     }
 }
 
@@ -139,7 +155,7 @@ fn parse_ipv4<F: Headers>(frame: &F, l3: usize) -> Result<Packet, ()> {
     if ihl < IPV4_HLEN {
         return Err(());
     }
-    let source = Source::v4([ip[12], ip[13], ip[14], ip[15]]);
+    let source = Source::from_v4([ip[12], ip[13], ip[14], ip[15]]);
     // A non-first fragment carries no transport header. (Options, when the
     // IHL says there are some, are covered by the transport header's check,
     // which starts after them.)
@@ -157,13 +173,25 @@ fn parse_ipv6<F: Headers>(frame: &F, l3: usize) -> Result<Packet, ()> {
     if ip[0] >> 4 != 6 {
         return Err(());
     }
-    let mut addr = [0u8; 16];
-    addr.copy_from_slice(&ip[8..24]);
+    let half = |at: usize| {
+        u64::from_be_bytes([
+            ip[at],
+            ip[at + 1],
+            ip[at + 2],
+            ip[at + 3],
+            ip[at + 4],
+            ip[at + 5],
+            ip[at + 6],
+            ip[at + 7],
+        ])
+    };
+    let source = Source {
+        hi: half(8),
+        lo: half(16),
+        is_v4: false,
+    };
     let transport = parse_transport(frame, l3 + IPV6_HLEN, ip[6])?;
-    Ok(Packet {
-        source: Source { addr, is_v4: false },
-        transport,
-    })
+    Ok(Packet { source, transport })
 }
 
 #[inline(always)]
@@ -223,6 +251,11 @@ mod tests {
         );
         assert!(p.source.is_v4);
         assert_eq!(p.source.v4_addr(), [192, 0, 2, 7]);
+        assert_eq!(p.source.v4(), 0xc000_0207);
+        assert_eq!(
+            p.source.addr(),
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 0, 2, 7]
+        );
         let ack = parse(&SliceFrame(&tcp4(5, TCP_FLAG_SYN | TCP_FLAG_ACK, 443)))
             .unwrap()
             .unwrap();

@@ -37,9 +37,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use waitroom_common::xdp::{
-    HLL_REGISTERS, MAX_DENY_PREFIXES, MAX_SERVICE_PORTS, MINUTE_NS, PortCounters,
-    SYN_BUDGET_SOURCES, SourceSketch, SynBucket, XdpSettings, XdpStats, hll_position,
-    source_hash_v4, source_hash_v6,
+    HLL_REGISTERS, MAX_DENY_PREFIXES, MAX_SERVICE_PORTS, PortCounters, SYN_BUDGET_SOURCES,
+    SourceSketch, SynBucket, XdpSettings, XdpStats, hll_position, source_hash_v4, source_hash_v6,
 };
 
 use crate::parse::{Packet, Source, Transport};
@@ -128,18 +127,14 @@ fn try_waitroom(ctx: &XdpContext) -> Result<u32, ()> {
         return Ok(xdp_action::XDP_PASS); // a slot beyond the array: a loader bug
     };
 
-    // SAFETY: the helper reads CLOCK_MONOTONIC_COARSE; no memory is involved.
-    // Coarse (one jiffy) is plenty for minutes and SYN budgets, and saves a
-    // quarter of a service packet's cost over the precise clocks.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let hash = if source.is_v4 {
-        source_hash_v4(source.v4_addr())
+        source_hash_v4(source.v4())
     } else {
-        source_hash_v6(source.addr)
+        source_hash_v6(source.hi, source.lo)
     };
-    record_source(now, hash);
+    record_source(settings.minute, hash);
 
-    if syn && !syn_allowed(ctx, settings, now, source) {
+    if syn && !syn_allowed(ctx, settings, source) {
         // SAFETY: `port` is this CPU's copy of a per-CPU array slot, checked
         // non-null by `get_ptr_mut`; nothing else writes this CPU's copy while
         // the program runs on it (XDP does not nest), so the plain
@@ -203,14 +198,14 @@ fn denied(settings: &XdpSettings, source: Source) -> Option<&'static AtomicU64> 
         if settings.deny_v6_prefixes == 0 {
             return None;
         }
-        DENY_V6.get(Key::new(128, source.addr))
+        DENY_V6.get(Key::new(128, source.addr()))
     }
 }
 
-/// Records a source hash in the HyperLogLog sketch of the current minute.
+/// Records a source hash in the HyperLogLog sketch of `minute` (the current
+/// one, as userspace last wrote it into the settings).
 #[inline(always)]
-fn record_source(now: u64, hash: u64) {
-    let minute = now / MINUTE_NS;
+fn record_source(minute: u64, hash: u64) {
     let Some(sketch) = SOURCES.get_ptr_mut((minute & 1) as u32) else {
         return;
     };
@@ -246,13 +241,19 @@ fn record_source(now: u64, hash: u64) {
 /// `tat` advances by one interval per SYN and may lead `now` by at most the
 /// burst allowance). Always true when no budget is configured.
 #[inline(always)]
-fn syn_allowed(ctx: &XdpContext, settings: &XdpSettings, now: u64, source: Source) -> bool {
+fn syn_allowed(ctx: &XdpContext, settings: &XdpSettings, source: Source) -> bool {
     let interval = settings.syn_interval_ns;
     if interval == 0 {
         return true;
     }
+    // SAFETY: the helper reads CLOCK_MONOTONIC_COARSE; no memory is involved.
+    // Read only here, for a SYN under a budget: the clock is a quarter of a
+    // service packet's cost, and nothing else on the path needs it (the
+    // sketch's minute comes from the settings). Coarse (one jiffy) is plenty
+    // for a SYN budget and cheaper than the precise clocks.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let burst = settings.syn_burst_ns;
-    let key = source.addr;
+    let key = source.addr();
     let Some(bucket) = SYN_BUDGET.get_ptr_mut(key) else {
         // First SYN seen from this source: always within a burst of at least one.
         // A lost race with another CPU inserting the same key only costs
@@ -284,7 +285,7 @@ fn syn_allowed(ctx: &XdpContext, settings: &XdpSettings, now: u64, source: Sourc
                 if source.is_v4 {
                     warn!(ctx, "SYN budget exceeded by {:i}", source.v4_addr());
                 } else {
-                    warn!(ctx, "SYN budget exceeded by {:i}", source.addr);
+                    warn!(ctx, "SYN budget exceeded by {:i}", source.addr());
                 }
             }
             (*bucket).dropped += 1;

@@ -26,7 +26,8 @@ use std::{
     io,
     net::IpAddr,
     os::fd::OwnedFd,
-    sync::{Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard, mpsc},
+    thread::JoinHandle,
     time::Duration,
 };
 
@@ -40,9 +41,9 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 use waitroom_common::xdp::{
-    MAP_DENY_V4, MAP_DENY_V6, MAP_PORT_SLOTS, MAP_PORTS, MAP_SETTINGS, MAP_SOURCES, MAP_STATS,
-    MAX_SERVICE_PORTS, PASS_PROGRAM_NAME, PROGRAM_NAME, PortCounters, SourceSketch, XdpSettings,
-    XdpStats,
+    DistinctSources, MAP_DENY_V4, MAP_DENY_V6, MAP_PORT_SLOTS, MAP_PORTS, MAP_SETTINGS,
+    MAP_SOURCES, MAP_STATS, MAX_SERVICE_PORTS, MINUTE_NS, PASS_PROGRAM_NAME, PROGRAM_NAME,
+    PortCounters, SourceSketch, XdpSettings, XdpStats,
 };
 
 pub use self::{
@@ -231,8 +232,12 @@ pub struct XdpGuard {
     /// Denied IPv6 prefixes → packets dropped.
     deny_v6: Mutex<LpmTrie<MapData, [u8; 16], u64>>,
     /// What the program reads per packet (SYN budget, which deny lists are
-    /// in use). Lock order: `settings` before either trie.
-    settings: Mutex<Settings>,
+    /// in use, the current minute). Lock order: `settings` before either
+    /// trie. Shared with the minute keeper.
+    settings: Arc<Mutex<Settings>>,
+    /// Turns `settings.minute` at every minute's start; stopped when the
+    /// guard is dropped.
+    _minute_keeper: MinuteKeeper,
     /// Drains the program's log ring into `tracing`; `None` if the object
     /// has no log calls.
     logger: Mutex<Option<EbpfLogger<log::TracingLog>>>,
@@ -253,6 +258,84 @@ impl Settings {
             .map_err(|source| map_error(MAP_SETTINGS, "set", source))?;
         self.current = new;
         Ok(())
+    }
+
+    /// Writes `minute` as the program's current minute if it is later than
+    /// the one it holds; whether it wrote.
+    fn turn_minute(&mut self, minute: u64) -> Result<bool, XdpError> {
+        if minute <= self.current.minute {
+            return Ok(false);
+        }
+        self.write(XdpSettings {
+            minute,
+            ..self.current
+        })?;
+        Ok(true)
+    }
+}
+
+/// The thread that tells the program the minute: the program records each
+/// service packet's source in the sketch of `XdpSettings::minute` instead
+/// of reading the clock per packet (the helper cost a quarter of a service
+/// packet), so this thread writes the new minute at each minute's start of
+/// `CLOCK_MONOTONIC_COARSE`, the clock the telemetry reader divides too.
+/// A few milliseconds late at most: a source seen in between counts in the
+/// minute before, which a distinct-source estimate does not notice.
+struct MinuteKeeper {
+    /// Dropped (or sent to) to stop the thread.
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// After a minute's start, how long the keeper waits beyond it before
+/// reading the coarse clock (which advances a jiffy at a time).
+const MINUTE_KEEPER_SLACK: Duration = Duration::from_millis(2);
+
+impl MinuteKeeper {
+    fn spawn(settings: Arc<Mutex<Settings>>) -> Result<Self, XdpError> {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("waitroom-xdp-minute".to_owned())
+            .spawn(move || {
+                let mut failing = false;
+                loop {
+                    let wait = match telemetry::program_clock_ns() {
+                        Ok(now) => {
+                            match lock(&settings).turn_minute(now / MINUTE_NS) {
+                                Ok(_) => failing = false,
+                                Err(error) if !failing => {
+                                    tracing::warn!(%error, "telling the XDP program the minute");
+                                    failing = true;
+                                }
+                                Err(_) => {}
+                            }
+                            Duration::from_nanos(MINUTE_NS - now % MINUTE_NS) + MINUTE_KEEPER_SLACK
+                        }
+                        Err(_) => Duration::from_secs(1),
+                    };
+                    match stopped.recv_timeout(wait) {
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+            })
+            .map_err(|source| XdpError::Sys {
+                call: "spawning the XDP minute keeper thread",
+                source,
+            })?;
+        Ok(Self {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for MinuteKeeper {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -376,7 +459,12 @@ impl XdpGuard {
                 .map_err(|source| map_error(MAP_PORT_SLOTS, "set", source))?;
             service_ports.push((port, u32::from(slot)));
         }
-        settings.write(XdpSettings::default().with_syn_budget(config.syn_budget_pair()))?;
+        settings.write(XdpSettings {
+            minute: telemetry::program_clock_ns()? / MINUTE_NS,
+            ..XdpSettings::default().with_syn_budget(config.syn_budget_pair())
+        })?;
+        let settings = Arc::new(Mutex::new(settings));
+        let minute_keeper = MinuteKeeper::spawn(Arc::clone(&settings))?;
 
         let guard = Self {
             ebpf: Mutex::new(ebpf),
@@ -388,7 +476,8 @@ impl XdpGuard {
             sources,
             deny_v4: Mutex::new(deny_v4),
             deny_v6: Mutex::new(deny_v6),
-            settings: Mutex::new(settings),
+            settings,
+            _minute_keeper: minute_keeper,
             logger: Mutex::new(logger),
         };
         for &prefix in &config.deny {
@@ -536,6 +625,30 @@ impl XdpGuard {
     /// Reads every counter and both minutes' sketches, summing the CPUs.
     pub fn snapshot(&self) -> Result<TelemetrySnapshot, XdpError> {
         telemetry::read(self)
+    }
+
+    /// Distinct sources the program recorded in `minute` (of
+    /// `CLOCK_MONOTONIC_COARSE`), the CPUs' sketches merged; empty for a
+    /// minute the sketches no longer (or not yet) hold. The program keeps
+    /// two: the current minute and the one before.
+    pub fn sources_in(&self, minute: u64) -> Result<DistinctSources, XdpError> {
+        telemetry::sources_in(self, minute)
+    }
+
+    /// The minute the program records sources in (`XdpSettings::minute`).
+    #[must_use]
+    pub fn program_minute(&self) -> u64 {
+        lock(&self.settings).current.minute
+    }
+
+    /// Tells the program that `minute` has begun, if it is later than the
+    /// minute it holds (never backwards); whether it wrote. The guard's
+    /// own thread does this at every minute's start of
+    /// `CLOCK_MONOTONIC_COARSE`: call it only to test the program's minutes
+    /// without waiting for the clock (the clock's next minute will then not
+    /// be written until it is later than this one).
+    pub fn turn_minute(&self, minute: u64) -> Result<bool, XdpError> {
+        lock(&self.settings).turn_minute(minute)
     }
 
     /// Forwards the program's pending log records to `tracing`.

@@ -107,6 +107,17 @@ fn read_minute(
     taken_at: SystemTime,
     clock_ns: u64,
 ) -> Result<MinuteSources, XdpError> {
+    let sources = sources_in(guard, minute)?;
+    let since_start = Duration::from_nanos(clock_ns.saturating_sub(minute * MINUTE_NS));
+    Ok(MinuteSources {
+        minute,
+        started_at: taken_at.checked_sub(since_start).unwrap_or(taken_at),
+        sources,
+    })
+}
+
+/// The CPUs' sketches of `minute` merged by register maximum.
+pub(super) fn sources_in(guard: &XdpGuard, minute: u64) -> Result<DistinctSources, XdpError> {
     let slot = u32::try_from(minute & 1).unwrap_or_default();
     let per_cpu = guard
         .sources
@@ -116,16 +127,13 @@ fn read_minute(
     for sketch in per_cpu.iter().filter(|s| s.minute == minute) {
         sources.merge_registers(&sketch.registers);
     }
-    let since_start = Duration::from_nanos(clock_ns.saturating_sub(minute * MINUTE_NS));
-    Ok(MinuteSources {
-        minute,
-        started_at: taken_at.checked_sub(since_start).unwrap_or(taken_at),
-        sources,
-    })
+    Ok(sources)
 }
 
-/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the clock of `bpf_ktime_get_coarse_ns`.
-fn program_clock_ns() -> Result<u64, XdpError> {
+/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the clock of the program's
+/// minutes (`XdpSettings::minute`, which the minute keeper writes) and of
+/// `bpf_ktime_get_coarse_ns` (the SYN budget's clock).
+pub(super) fn program_clock_ns() -> Result<u64, XdpError> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
