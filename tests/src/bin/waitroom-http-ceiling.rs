@@ -1,0 +1,196 @@
+//! `waitroom-http-ceiling`: what a server on the edge's runtime can reach at
+//! best, answering every request with the same fixed bytes (issue 17).
+//!
+//! The edge's answers cost its handler's work plus the HTTP/1 machinery and
+//! the runtime under it. This binary keeps the machinery and drops the
+//! handler: every request on a connection gets the bytes of `--response`
+//! (a whole HTTP/1.1 response, head and body, e.g. the edge's own queue page
+//! captured with `curl -i`), written as they are. Two servers:
+//! - `hyper`: hyper's HTTP/1 server, as the edge runs it (one current-thread
+//!   runtime per worker, `SO_REUSEPORT`), a handler that returns the parsed
+//!   response's head and body: the ceiling of the edge's data path as built;
+//! - `bare`: no HTTP library but `httparse`: the connection's task reads into
+//!   a buffer, parses each request head, writes the response bytes, keeps
+//!   pipelined requests in order: the ceiling of a hand-written data path on
+//!   the same runtime (what issue 17's "no hyper on the hot path" could buy).
+//!
+//! Measured against nginx serving the same bytes from a file
+//! (docs/flamegraphs/ceiling.sh). Not a server for anything else: it has no
+//! timeouts, no limits beyond the head's size, no request bodies.
+use std::{net::SocketAddr, sync::Arc};
+
+use anyhow::{Context as _, Result, bail};
+use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use http_body_util::Full;
+use hyper::{Response, StatusCode, header::HeaderName, header::HeaderValue};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Server {
+    Hyper,
+    Bare,
+}
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[arg(long)]
+    listen: SocketAddr,
+    /// A file holding the whole response (status line, headers, blank
+    /// line, body); CRLF or LF line ends.
+    #[arg(long)]
+    response: std::path::PathBuf,
+    #[arg(long, value_enum)]
+    server: Server,
+    /// Worker threads, each with its own current-thread runtime and
+    /// `SO_REUSEPORT` listener (as the edge's workers).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+}
+
+/// The largest request head the bare server reads.
+const MAX_HEAD: usize = 16 * 1024;
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let raw = std::fs::read(&args.response)
+        .with_context(|| format!("reading {}", args.response.display()))?;
+    let response = Arc::new(Fixed::parse(&raw)?);
+    let mut threads = Vec::new();
+    for _ in 0..args.workers.max(1) {
+        let listener = waitroom_edge::http::bind_reuseport(args.listen, 4096)?;
+        let response = Arc::clone(&response);
+        let server = args.server;
+        threads.push(std::thread::spawn(move || -> Result<()> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                loop {
+                    let (stream, _) = listener.accept().await?;
+                    stream.set_nodelay(true)?;
+                    let response = Arc::clone(&response);
+                    tokio::spawn(async move {
+                        let _ = match server {
+                            Server::Hyper => serve_hyper(stream, response).await,
+                            Server::Bare => serve_bare(stream, response).await,
+                        };
+                    });
+                }
+            })
+        }));
+    }
+    for thread in threads {
+        match thread.join() {
+            Ok(result) => result?,
+            Err(_) => bail!("a worker panicked"),
+        }
+    }
+    Ok(())
+}
+
+/// The response, whole (for the bare server) and parsed (for hyper).
+struct Fixed {
+    whole: Bytes,
+    status: StatusCode,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    body: Bytes,
+}
+
+impl Fixed {
+    fn parse(raw: &[u8]) -> Result<Self> {
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut parsed = httparse::Response::new(&mut headers);
+        let httparse::Status::Complete(head_len) = parsed.parse(raw)? else {
+            bail!("the response's head is incomplete");
+        };
+        let status = StatusCode::from_u16(parsed.code.unwrap_or(200))?;
+        let body = Bytes::copy_from_slice(&raw[head_len..]);
+        let mut kept = Vec::new();
+        let mut whole = format!(
+            "HTTP/1.1 {} {}\r\n",
+            status.as_str(),
+            status.canonical_reason().unwrap_or("")
+        )
+        .into_bytes();
+        for h in parsed.headers.iter() {
+            let name = HeaderName::from_bytes(h.name.as_bytes())?;
+            // hyper writes these itself; the bare server writes them as
+            // they are, except the length, which must match the body.
+            if name == hyper::header::CONTENT_LENGTH || name == hyper::header::TRANSFER_ENCODING {
+                continue;
+            }
+            whole.extend_from_slice(h.name.as_bytes());
+            whole.extend_from_slice(b": ");
+            whole.extend_from_slice(h.value);
+            whole.extend_from_slice(b"\r\n");
+            if name != hyper::header::DATE && name != hyper::header::CONNECTION {
+                kept.push((name, HeaderValue::from_bytes(h.value)?));
+            }
+        }
+        whole.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
+        whole.extend_from_slice(&body);
+        Ok(Self {
+            whole: Bytes::from(whole),
+            status,
+            headers: kept,
+            body,
+        })
+    }
+}
+
+async fn serve_hyper(stream: tokio::net::TcpStream, response: Arc<Fixed>) -> Result<()> {
+    let service = hyper::service::service_fn(move |_request| {
+        let response = Arc::clone(&response);
+        async move {
+            let mut answer = Response::new(Full::new(response.body.clone()));
+            *answer.status_mut() = response.status;
+            let headers = answer.headers_mut();
+            for (name, value) in &response.headers {
+                headers.append(name.clone(), value.clone());
+            }
+            Ok::<_, std::convert::Infallible>(answer)
+        }
+    });
+    hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .await?;
+    Ok(())
+}
+
+async fn serve_bare(mut stream: tokio::net::TcpStream, response: Arc<Fixed>) -> Result<()> {
+    let mut buf = vec![0u8; MAX_HEAD];
+    let mut filled = 0;
+    let mut out = Vec::with_capacity(response.whole.len() * 4);
+    loop {
+        let n = stream.read(&mut buf[filled..]).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        filled += n;
+        // Answer every complete request head in the buffer, in order.
+        let mut start = 0;
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 64];
+            let mut request = httparse::Request::new(&mut headers);
+            match request.parse(&buf[start..filled])? {
+                httparse::Status::Complete(len) => {
+                    out.extend_from_slice(&response.whole);
+                    start += len;
+                }
+                httparse::Status::Partial => break,
+            }
+        }
+        if !out.is_empty() {
+            stream.write_all(&out).await?;
+            out.clear();
+        }
+        buf.copy_within(start..filled, 0);
+        filled -= start;
+        if filled == buf.len() {
+            bail!("a request head over {MAX_HEAD} bytes");
+        }
+    }
+}
