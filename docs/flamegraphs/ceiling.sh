@@ -7,10 +7,18 @@
 #   bare     waitroom-http-ceiling --server bare: the same without hyper
 #            (httparse and a buffer, written by hand);
 #   nginx    nginx, one process, the same bytes from a static file;
+# or, for SCENARIO a (an admitted visitor with a valid cookie, proxied to the
+# fast origin, an nginx `return 200 "ok\n"`):
+#   edge     waitroom-edge, one worker, the cookie's room open wide;
+#   hyper    waitroom-http-ceiling --server hyper-proxy: hyper's server and
+#            client, no handler, the origin connection in the visitor's task;
+#   bare     waitroom-http-ceiling --server bare-proxy: the same by hand;
+#   nginx    nginx proxy_pass with keep-alive upstreams (the bench's peer);
 # all on CPU 0, each driven in turn by wrk -t1 -c32 on CPU 1, ROUNDS rounds of
 # DUR seconds (after a 2 s warm-up each), the order rotating per round.
 #
-# usage: ceiling.sh TARGET_DIR SCENARIO   (TARGET_DIR holds the release binaries)
+# usage: ceiling.sh TARGET_DIR SCENARIO   (TARGET_DIR holds the release binaries;
+#        SCENARIO a, c or d)
 # env: DUR (default 5), ROUNDS (default 3), CALLGRIND=1 (instead: user-space
 #      instructions per request of each server, one 4 s run each).
 # Prints one line per run: server, round, req/s, CPU ns per request (utime +
@@ -20,8 +28,9 @@ set -u
 BIN=$1; SCEN=$2
 DUR=${DUR:-5}; ROUNDS=${ROUNDS:-3}
 D=$(mktemp -d /tmp/ceiling.XXXXXX)
-EP=$((20000 + $$ % 10000)); HP=$((EP+1)); BP=$((EP+2)); NP=$((EP+3))
+EP=$((20000 + $$ % 10000)); HP=$((EP+1)); BP=$((EP+2)); NP=$((EP+3)); FO=$((EP+4))
 H=(); [ "$SCEN" = d ] && H=(-H "Accept: application/json")
+URLPATH=/queue/page; [ "$SCEN" = a ] && URLPATH=/product/1
 cat > $D/edge.toml <<C
 [node]
 id = "bench"
@@ -33,19 +42,33 @@ new_tickets_per_address_per_minute = 0
 [[rooms]]
 id = "queue"
 path = "/queue"
-origin = "127.0.0.1:9"
+origin = "127.0.0.1:$FO"
 total_active_users = 1000
 new_users_per_minute = 100
 queue_all = true
+[[rooms]]
+id = "admit"
+path = "/"
+origin = "127.0.0.1:$FO"
+total_active_users = 1000000000
+new_users_per_minute = 1000000000
+session_duration = 10
+ticket_connection_budget = 0
 C
-cat > $D/nginx.conf <<C
+nginx_conf() { # name server-block
+  cat <<C
 daemon off; master_process off; worker_processes 1; user root;
-pid $D/nginx.pid; error_log $D/nginx-error.log warn;
+pid $D/$1.pid; error_log $D/$1-error.log warn;
 events { worker_connections 4096; }
 http { access_log off; keepalive_requests 10000000;
- client_body_temp_path $D/b; proxy_temp_path $D/p; fastcgi_temp_path $D/f; uwsgi_temp_path $D/u; scgi_temp_path $D/s;
- server { listen 127.0.0.1:$NP; location /queue/ { root $D/static; default_type "$( [ "$SCEN" = d ] && echo application/json || echo text/html )"; } } }
+ client_body_temp_path $D/$1-b; proxy_temp_path $D/$1-p; fastcgi_temp_path $D/$1-f; uwsgi_temp_path $D/$1-u; scgi_temp_path $D/$1-s;
+ $2 }
 C
+}
+nginx_conf fo "server { listen 127.0.0.1:$FO; location / { default_type text/plain; return 200 \"ok\\n\"; } }" > $D/fo.conf
+nginx_conf nginx "upstream fast { server 127.0.0.1:$FO; keepalive 256; }
+ server { listen 127.0.0.1:$NP; location /queue/ { root $D/static; default_type \"$( [ "$SCEN" = d ] && echo application/json || echo text/html )\"; }
+  location / { proxy_pass http://fast; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host \$host; proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for; } }" > $D/nginx.conf
 run() { # name cmd...: start on CPU 0, under callgrind if asked
   local name=$1; shift
   if [ "${CALLGRIND:-0}" = 1 ]; then
@@ -55,23 +78,33 @@ run() { # name cmd...: start on CPU 0, under callgrind if asked
   fi
   echo $!
 }
+taskset -c 0 nginx -c $D/fo.conf & FOPID=$!
 EPID=$(run edge $BIN/waitroom-edge --config $D/edge.toml)
 for i in $(seq 1 200); do curl -s -o /dev/null http://127.0.0.1:$EP/queue/page && break; sleep 0.2; done
-mkdir -p $D/static/queue
-curl -s "${H[@]}" -o $D/static/queue/page http://127.0.0.1:$EP/queue/page
-curl -s -i "${H[@]}" -o $D/response http://127.0.0.1:$EP/queue/page
-HPID=$(run hyper $BIN/waitroom-http-ceiling --server hyper --listen 127.0.0.1:$HP --response $D/response)
-BPID=$(run bare $BIN/waitroom-http-ceiling --server bare --listen 127.0.0.1:$BP --response $D/response)
+if [ "$SCEN" = a ]; then
+  COOKIE=$(curl -s -D - -o /dev/null http://127.0.0.1:$EP/ | grep -i '^set-cookie' | sed 's/^[^:]*: //; s/;.*//' | tr -d '\r')
+  H=(-H "Cookie: $COOKIE")
+  HPID=$(run hyper $BIN/waitroom-http-ceiling --server hyper-proxy --listen 127.0.0.1:$HP --origin 127.0.0.1:$FO)
+  BPID=$(run bare $BIN/waitroom-http-ceiling --server bare-proxy --listen 127.0.0.1:$BP --origin 127.0.0.1:$FO)
+else
+  mkdir -p $D/static/queue
+  curl -s "${H[@]}" -o $D/static/queue/page http://127.0.0.1:$EP/queue/page
+  curl -s -i "${H[@]}" -o $D/response http://127.0.0.1:$EP/queue/page
+  HPID=$(run hyper $BIN/waitroom-http-ceiling --server hyper --listen 127.0.0.1:$HP --response $D/response)
+  BPID=$(run bare $BIN/waitroom-http-ceiling --server bare --listen 127.0.0.1:$BP --response $D/response)
+fi
 NPID=$(run nginx nginx -c $D/nginx.conf)
 for p in $HP $BP $NP; do
-  for i in $(seq 1 100); do curl -s -o /dev/null http://127.0.0.1:$p/queue/page && break; sleep 0.2; done
+  for i in $(seq 1 100); do curl -s -o /dev/null http://127.0.0.1:$p$URLPATH && break; sleep 0.2; done
 done
-echo "response: $(head -c 200 $D/response | head -1 | tr -d '\r'), $(wc -c < $D/response) bytes (edge), $(curl -s -i "${H[@]}" http://127.0.0.1:$BP/queue/page | wc -c) (bare), $(curl -s -i "${H[@]}" http://127.0.0.1:$NP/queue/page | wc -c) (nginx)"
+for p in $EP $HP $BP $NP; do
+  echo "port $p: $(curl -s -i "${H[@]}" http://127.0.0.1:$p$URLPATH | head -1 | tr -d '\r'), $(curl -s -i "${H[@]}" http://127.0.0.1:$p$URLPATH | wc -c) bytes"
+done
 drive() { # name port pid round
-  taskset -c 1 wrk -t1 -c32 -d2s "${H[@]}" http://127.0.0.1:$2/queue/page > /dev/null
+  taskset -c 1 wrk -t1 -c32 -d2s "${H[@]}" http://127.0.0.1:$2$URLPATH > /dev/null
   if [ "${CALLGRIND:-0}" = 1 ]; then
     callgrind_control -z $3 > /dev/null
-    taskset -c 1 wrk -t1 -c32 -d4s "${H[@]}" http://127.0.0.1:$2/queue/page > $D/$1.wrk
+    taskset -c 1 wrk -t1 -c32 -d4s "${H[@]}" http://127.0.0.1:$2$URLPATH > $D/$1.wrk
     callgrind_control -d $3 > /dev/null; sleep 1
     local req=$(awk '/requests in/{print $1}' $D/$1.wrk)
     local f=$(ls -t $D/$1.cg* | head -1)
@@ -79,7 +112,7 @@ drive() { # name port pid round
     echo "$1 req=$req Ir/req=$((ir / req))"
   else
     local t0=$(awk '{print $14+$15}' /proc/$3/stat)
-    taskset -c 1 wrk -t1 -c32 -d${DUR}s "${H[@]}" http://127.0.0.1:$2/queue/page > $D/$1.wrk
+    taskset -c 1 wrk -t1 -c32 -d${DUR}s "${H[@]}" http://127.0.0.1:$2$URLPATH > $D/$1.wrk
     local t1=$(awk '{print $14+$15}' /proc/$3/stat)
     local req=$(awk '/requests in/{print $1}' $D/$1.wrk)
     echo "$1 round=$4 rps=$(awk '/Requests\/sec/{print $2}' $D/$1.wrk) cpu_ns/req=$(( (t1-t0)*10000000 / req ))"
@@ -92,5 +125,5 @@ for r in $(seq 1 $ROUNDS); do
     drive ${SERVERS[$(( (k + r - 1) % 4 ))]} $r
   done
 done
-kill $EPID $HPID $BPID $NPID 2>/dev/null; wait 2>/dev/null
+kill $EPID $HPID $BPID $NPID $FOPID 2>/dev/null; wait 2>/dev/null
 echo "dir=$D"

@@ -14,9 +14,21 @@
 //!   pipelined requests in order: the ceiling of a hand-written data path on
 //!   the same runtime (what issue 17's "no hyper on the hot path" could buy).
 //!
-//! Measured against nginx serving the same bytes from a file
-//! (docs/flamegraphs/ceiling.sh). Not a server for anything else: it has no
-//! timeouts, no limits beyond the head's size, no request bodies.
+//!
+//! And the same for the proxied path, each visitor connection with one
+//! origin connection of its own, opened at its first request:
+//! - `hyper-proxy`: hyper's server and hyper's HTTP/1 client, the origin
+//!   connection driven in the visitor connection's task (as the edge's
+//!   origin pool does), every request forwarded as it came and the origin's
+//!   response streamed back: the edge's proxy without its handler;
+//! - `bare-proxy`: `httparse` on both sides, the request's bytes written to
+//!   the origin as they came, the origin's response (`Content-Length`
+//!   bodies only) copied back byte for byte.
+//!
+//! Measured against nginx serving the same bytes from a file, or proxying
+//! to the same origin (docs/flamegraphs/ceiling.sh). Not a server for
+//! anything else: it has no timeouts, no limits beyond the head's size, no
+//! request bodies.
 use std::{net::SocketAddr, sync::Arc};
 
 use anyhow::{Context as _, Result, bail};
@@ -30,6 +42,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 enum Server {
     Hyper,
     Bare,
+    HyperProxy,
+    BareProxy,
 }
 
 #[derive(Debug, Parser)]
@@ -37,9 +51,12 @@ struct Args {
     #[arg(long)]
     listen: SocketAddr,
     /// A file holding the whole response (status line, headers, blank
-    /// line, body); CRLF or LF line ends.
-    #[arg(long)]
-    response: std::path::PathBuf,
+    /// line, body); CRLF or LF line ends. For `hyper` and `bare`.
+    #[arg(long, required_if_eq_any([("server", "hyper"), ("server", "bare")]))]
+    response: Option<std::path::PathBuf>,
+    /// The origin the proxies forward to.
+    #[arg(long, required_if_eq_any([("server", "hyper-proxy"), ("server", "bare-proxy")]))]
+    origin: Option<SocketAddr>,
     #[arg(long, value_enum)]
     server: Server,
     /// Worker threads, each with its own current-thread runtime and
@@ -53,9 +70,14 @@ const MAX_HEAD: usize = 16 * 1024;
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let raw = std::fs::read(&args.response)
-        .with_context(|| format!("reading {}", args.response.display()))?;
-    let response = Arc::new(Fixed::parse(&raw)?);
+    let response = Arc::new(match &args.response {
+        Some(path) => {
+            let raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            Some(Fixed::parse(&raw)?)
+        }
+        None => None,
+    });
+    let origin = args.origin;
     let mut threads = Vec::new();
     for _ in 0..args.workers.max(1) {
         let listener = waitroom_edge::http::bind_reuseport(args.listen, 4096)?;
@@ -72,9 +94,16 @@ fn main() -> Result<()> {
                     stream.set_nodelay(true)?;
                     let response = Arc::clone(&response);
                     tokio::spawn(async move {
-                        let _ = match server {
-                            Server::Hyper => serve_hyper(stream, response).await,
-                            Server::Bare => serve_bare(stream, response).await,
+                        let _ = match (server, response.as_ref(), origin) {
+                            (Server::Hyper, Some(_), _) => serve_hyper(stream, response).await,
+                            (Server::Bare, Some(_), _) => serve_bare(stream, response).await,
+                            (Server::HyperProxy, _, Some(origin)) => {
+                                serve_hyper_proxy(stream, origin).await
+                            }
+                            (Server::BareProxy, _, Some(origin)) => {
+                                serve_bare_proxy(stream, origin).await
+                            }
+                            _ => Ok(()),
                         };
                     });
                 }
@@ -140,10 +169,13 @@ impl Fixed {
     }
 }
 
-async fn serve_hyper(stream: tokio::net::TcpStream, response: Arc<Fixed>) -> Result<()> {
+async fn serve_hyper(stream: tokio::net::TcpStream, response: Arc<Option<Fixed>>) -> Result<()> {
     let service = hyper::service::service_fn(move |_request| {
         let response = Arc::clone(&response);
         async move {
+            let Some(response) = response.as_ref() else {
+                unreachable!("checked by the caller")
+            };
             let mut answer = Response::new(Full::new(response.body.clone()));
             *answer.status_mut() = response.status;
             let headers = answer.headers_mut();
@@ -160,7 +192,10 @@ async fn serve_hyper(stream: tokio::net::TcpStream, response: Arc<Fixed>) -> Res
     Ok(())
 }
 
-async fn serve_bare(mut stream: tokio::net::TcpStream, response: Arc<Fixed>) -> Result<()> {
+async fn serve_bare(mut stream: tokio::net::TcpStream, response: Arc<Option<Fixed>>) -> Result<()> {
+    let Some(response) = response.as_ref() else {
+        bail!("no response to serve")
+    };
     let mut buf = vec![0u8; MAX_HEAD];
     let mut filled = 0;
     let mut out = Vec::with_capacity(response.whole.len() * 4);
@@ -186,6 +221,95 @@ async fn serve_bare(mut stream: tokio::net::TcpStream, response: Arc<Fixed>) -> 
         if !out.is_empty() {
             stream.write_all(&out).await?;
             out.clear();
+        }
+        buf.copy_within(start..filled, 0);
+        filled -= start;
+        if filled == buf.len() {
+            bail!("a request head over {MAX_HEAD} bytes");
+        }
+    }
+}
+
+async fn connect(origin: SocketAddr) -> Result<tokio::net::TcpStream> {
+    let upstream = tokio::net::TcpStream::connect(origin).await?;
+    upstream.set_nodelay(true)?;
+    Ok(upstream)
+}
+
+async fn serve_hyper_proxy(stream: tokio::net::TcpStream, origin: SocketAddr) -> Result<()> {
+    let (sender, origin_conn) = hyper::client::conn::http1::handshake::<_, hyper::body::Incoming>(
+        hyper_util::rt::TokioIo::new(connect(origin).await?),
+    )
+    .await?;
+    let sender = Arc::new(tokio::sync::Mutex::new(sender));
+    let service = hyper::service::service_fn(move |request| {
+        let sender = Arc::clone(&sender);
+        async move { sender.lock().await.send_request(request).await }
+    });
+    let serve = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    // Both connections in this one task: no hand-over between tasks.
+    tokio::select! {
+        served = serve => served?,
+        driven = origin_conn => driven?,
+    }
+    Ok(())
+}
+
+async fn serve_bare_proxy(mut stream: tokio::net::TcpStream, origin: SocketAddr) -> Result<()> {
+    let mut upstream = connect(origin).await?;
+    let mut buf = vec![0u8; MAX_HEAD];
+    let mut filled = 0;
+    let mut answer = vec![0u8; 64 * 1024];
+    let mut answered = 0;
+    loop {
+        let n = stream.read(&mut buf[filled..]).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        filled += n;
+        let mut start = 0;
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 64];
+            let mut request = httparse::Request::new(&mut headers);
+            let httparse::Status::Complete(len) = request.parse(&buf[start..filled])? else {
+                break;
+            };
+            upstream.write_all(&buf[start..start + len]).await?;
+            start += len;
+            // The origin's response: its head, then Content-Length bytes.
+            let total = loop {
+                let mut headers = [httparse::EMPTY_HEADER; 64];
+                let mut response = httparse::Response::new(&mut headers);
+                if let httparse::Status::Complete(head) = response.parse(&answer[..answered])? {
+                    let length: usize = response
+                        .headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                        .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
+                        .context("an origin response without Content-Length")?;
+                    break head + length;
+                }
+                let n = upstream.read(&mut answer[answered..]).await?;
+                if n == 0 {
+                    bail!("the origin closed mid-response");
+                }
+                answered += n;
+            };
+            if total > answer.len() {
+                bail!("an origin response over {} bytes", answer.len());
+            }
+            while answered < total {
+                let n = upstream.read(&mut answer[answered..]).await?;
+                if n == 0 {
+                    bail!("the origin closed mid-body");
+                }
+                answered += n;
+            }
+            stream.write_all(&answer[..total]).await?;
+            answer.copy_within(total..answered, 0);
+            answered -= total;
         }
         buf.copy_within(start..filled, 0);
         filled -= start;
