@@ -12,13 +12,15 @@
 //! | [`MAP_SYN_BUDGET`] | LRU hash | source as IPv6 (v4-mapped) | [`SynBucket`] | kernel |
 //! | [`MAP_SETTINGS`] | array, 1 slot | `u32` 0 | [`XdpSettings`] | userspace |
 //!
-//! Time in the program is `bpf_ktime_get_coarse_ns()`, i.e.
-//! `CLOCK_MONOTONIC_COARSE` (jiffy resolution; a quarter of the cost of the
-//! precise clocks, and minutes and SYN budgets need no better), which
-//! userspace reads too. The kernel resets a sketch slot the first time it
-//! touches it in a new minute, so no userspace housekeeping is needed, and a
-//! slot whose [`SourceSketch::minute`] is stale simply holds no sources for
-//! the minute asked about.
+//! Time is `CLOCK_MONOTONIC_COARSE` on both sides (jiffy resolution, which
+//! minutes and SYN budgets need no better than). A service packet does not
+//! read it: the clock helper was half the program's own cost, so userspace
+//! writes the current minute into [`XdpSettings::minute`] at every minute's
+//! start and the program records sources in that minute's sketch. Only a
+//! SYN under a budget reads `bpf_ktime_get_coarse_ns()`. The kernel resets a
+//! sketch slot the first time it touches it in a new minute, and a slot
+//! whose [`SourceSketch::minute`] is stale simply holds no sources for the
+//! minute asked about.
 
 /// Name of the XDP program inside the object file.
 pub const PROGRAM_NAME: &str = "waitroom";

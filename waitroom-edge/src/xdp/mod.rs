@@ -26,8 +26,7 @@ use std::{
     io,
     net::IpAddr,
     os::fd::OwnedFd,
-    sync::{Arc, Mutex, MutexGuard, mpsc},
-    thread::JoinHandle,
+    sync::{Mutex, MutexGuard},
     time::Duration,
 };
 
@@ -233,11 +232,8 @@ pub struct XdpGuard {
     deny_v6: Mutex<LpmTrie<MapData, [u8; 16], u64>>,
     /// What the program reads per packet (SYN budget, which deny lists are
     /// in use, the current minute). Lock order: `settings` before either
-    /// trie. Shared with the minute keeper.
-    settings: Arc<Mutex<Settings>>,
-    /// Turns `settings.minute` at every minute's start; stopped when the
-    /// guard is dropped.
-    _minute_keeper: MinuteKeeper,
+    /// trie.
+    settings: Mutex<Settings>,
     /// Drains the program's log ring into `tracing`; `None` if the object
     /// has no log calls.
     logger: Mutex<Option<EbpfLogger<log::TracingLog>>>,
@@ -271,71 +267,6 @@ impl Settings {
             ..self.current
         })?;
         Ok(true)
-    }
-}
-
-/// The thread that tells the program the minute: the program records each
-/// service packet's source in the sketch of `XdpSettings::minute` instead
-/// of reading the clock per packet (the helper cost a quarter of a service
-/// packet), so this thread writes the new minute at each minute's start of
-/// `CLOCK_MONOTONIC_COARSE`, the clock the telemetry reader divides too.
-/// A few milliseconds late at most: a source seen in between counts in the
-/// minute before, which a distinct-source estimate does not notice.
-struct MinuteKeeper {
-    /// Dropped (or sent to) to stop the thread.
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// After a minute's start, how long the keeper waits beyond it before
-/// reading the coarse clock (which advances a jiffy at a time).
-const MINUTE_KEEPER_SLACK: Duration = Duration::from_millis(2);
-
-impl MinuteKeeper {
-    fn spawn(settings: Arc<Mutex<Settings>>) -> Result<Self, XdpError> {
-        let (stop, stopped) = mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("waitroom-xdp-minute".to_owned())
-            .spawn(move || {
-                let mut failing = false;
-                loop {
-                    let wait = match telemetry::program_clock_ns() {
-                        Ok(now) => {
-                            match lock(&settings).turn_minute(now / MINUTE_NS) {
-                                Ok(_) => failing = false,
-                                Err(error) if !failing => {
-                                    tracing::warn!(%error, "telling the XDP program the minute");
-                                    failing = true;
-                                }
-                                Err(_) => {}
-                            }
-                            Duration::from_nanos(MINUTE_NS - now % MINUTE_NS) + MINUTE_KEEPER_SLACK
-                        }
-                        Err(_) => Duration::from_secs(1),
-                    };
-                    match stopped.recv_timeout(wait) {
-                        Err(mpsc::RecvTimeoutError::Timeout) => {}
-                        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                    }
-                }
-            })
-            .map_err(|source| XdpError::Sys {
-                call: "spawning the XDP minute keeper thread",
-                source,
-            })?;
-        Ok(Self {
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for MinuteKeeper {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
@@ -463,8 +394,6 @@ impl XdpGuard {
             minute: telemetry::program_clock_ns()? / MINUTE_NS,
             ..XdpSettings::default().with_syn_budget(config.syn_budget_pair())
         })?;
-        let settings = Arc::new(Mutex::new(settings));
-        let minute_keeper = MinuteKeeper::spawn(Arc::clone(&settings))?;
 
         let guard = Self {
             ebpf: Mutex::new(ebpf),
@@ -476,8 +405,7 @@ impl XdpGuard {
             sources,
             deny_v4: Mutex::new(deny_v4),
             deny_v6: Mutex::new(deny_v6),
-            settings,
-            _minute_keeper: minute_keeper,
+            settings: Mutex::new(settings),
             logger: Mutex::new(logger),
         };
         for &prefix in &config.deny {
@@ -642,13 +570,18 @@ impl XdpGuard {
     }
 
     /// Tells the program that `minute` has begun, if it is later than the
-    /// minute it holds (never backwards); whether it wrote. The guard's
-    /// own thread does this at every minute's start of
-    /// `CLOCK_MONOTONIC_COARSE`: call it only to test the program's minutes
-    /// without waiting for the clock (the clock's next minute will then not
-    /// be written until it is later than this one).
+    /// minute it holds (never backwards); whether it wrote. The telemetry
+    /// reader ([`spawn_telemetry`]) turns the clock's minutes: call this
+    /// only to test the program's minutes without waiting for the clock
+    /// (the clock's next minute is then not written until it is later).
     pub fn turn_minute(&self, minute: u64) -> Result<bool, XdpError> {
         lock(&self.settings).turn_minute(minute)
+    }
+
+    /// Tells the program the current minute of `CLOCK_MONOTONIC_COARSE`
+    /// (see [`Self::turn_minute`]); whether it wrote.
+    pub fn turn_to_the_clock_minute(&self) -> Result<bool, XdpError> {
+        self.turn_minute(telemetry::program_clock_ns()? / MINUTE_NS)
     }
 
     /// Forwards the program's pending log records to `tracing`.

@@ -131,7 +131,7 @@ pub(super) fn sources_in(guard: &XdpGuard, minute: u64) -> Result<DistinctSource
 }
 
 /// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the clock of the program's
-/// minutes (`XdpSettings::minute`, which the minute keeper writes) and of
+/// minutes (`XdpSettings::minute`, which the telemetry reader turns) and of
 /// `bpf_ktime_get_coarse_ns` (the SYN budget's clock).
 pub(super) fn program_clock_ns() -> Result<u64, XdpError> {
     let mut ts = libc::timespec {
@@ -152,12 +152,21 @@ pub(super) fn program_clock_ns() -> Result<u64, XdpError> {
 
 /// Starts the telemetry reader on the current tokio runtime: every `every`
 /// it forwards the program's log records to `tracing` and publishes a fresh
-/// snapshot. The task ends when the last receiver is dropped.
+/// snapshot, and at every minute's start of `CLOCK_MONOTONIC_COARSE` (a
+/// couple of milliseconds after) it tells the program the new minute
+/// ([`XdpGuard::turn_to_the_clock_minute`]): the program does not read the
+/// clock per packet, it records each source in the minute it was told.
+/// The task ends when the last receiver is dropped.
 ///
-/// A failed read is logged once (at `warn`) until a read succeeds again; the
-/// receivers keep the last good snapshot meanwhile. A read is a handful of
-/// map syscalls (well under a millisecond), done inline: spawn this on the
-/// node's background runtime, not on a per-core request worker.
+/// A task on the caller's runtime, not a thread of the guard's: the node
+/// drops its capabilities before the runtime's thread starts, and a thread
+/// started at load would keep them.
+///
+/// A failed read (or minute turn) is logged once (at `warn`) until one
+/// succeeds again; the receivers keep the last good snapshot meanwhile. A
+/// read is a handful of map syscalls (well under a millisecond), done
+/// inline: spawn this on the node's background runtime, not on a per-core
+/// request worker.
 #[must_use]
 pub fn spawn_telemetry(
     guard: Arc<XdpGuard>,
@@ -168,10 +177,24 @@ pub fn spawn_telemetry(
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
+        let mut minute_failing = false;
         loop {
-            tokio::select! {
-                _ = ticks.tick() => {}
+            let minute_starts = tokio::time::sleep(until_the_next_minute());
+            let tick = tokio::select! {
+                _ = ticks.tick() => true,
+                () = minute_starts => false,
                 () = tx.closed() => break,
+            };
+            match guard.turn_to_the_clock_minute() {
+                Ok(_) => minute_failing = false,
+                Err(error) if !minute_failing => {
+                    tracing::warn!(%error, "telling the XDP program the minute");
+                    minute_failing = true;
+                }
+                Err(error) => tracing::debug!(%error, "telling the XDP program the minute"),
+            }
+            if !tick {
+                continue;
             }
             guard.flush_logs();
             match guard.snapshot() {
@@ -191,4 +214,16 @@ pub fn spawn_telemetry(
         }
     });
     rx
+}
+
+/// After a minute's start, how long the reader waits beyond it before
+/// reading the coarse clock (which advances a jiffy at a time).
+const MINUTE_SLACK: Duration = Duration::from_millis(2);
+
+/// How long until the next minute of `CLOCK_MONOTONIC_COARSE` has surely
+/// begun; a second if the clock cannot be read.
+fn until_the_next_minute() -> Duration {
+    program_clock_ns().map_or(Duration::from_secs(1), |now| {
+        Duration::from_nanos(MINUTE_NS - now % MINUTE_NS) + MINUTE_SLACK
+    })
 }
