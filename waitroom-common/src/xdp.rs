@@ -194,10 +194,9 @@ pub struct XdpSettings {
     /// The current minute of `CLOCK_MONOTONIC_COARSE` (its nanoseconds ÷
     /// [`MINUTE_NS`]), written by userspace at load and at every minute's
     /// start: the minute whose sketch the program records sources in. A
-    /// packet does not read the clock for it — the clock helper was a
-    /// quarter of a service packet's cost — so a source seen in the
-    /// milliseconds before userspace turns the minute counts in the minute
-    /// before.
+    /// packet does not read the clock for it — the clock helper was half
+    /// the program's own cost — so a source seen in the milliseconds before
+    /// userspace turns the minute counts in the minute before.
     pub minute: u64,
 }
 

@@ -247,8 +247,8 @@ fn syn_allowed(ctx: &XdpContext, settings: &XdpSettings, source: Source) -> bool
         return true;
     }
     // SAFETY: the helper reads CLOCK_MONOTONIC_COARSE; no memory is involved.
-    // Read only here, for a SYN under a budget: the clock is a quarter of a
-    // service packet's cost, and nothing else on the path needs it (the
+    // Read only here, for a SYN under a budget: the helper was half the
+    // program's own cost, and nothing else on the path needs it (the
     // sketch's minute comes from the settings). Coarse (one jiffy) is plenty
     // for a SYN budget and cheaper than the precise clocks.
     let now = unsafe { bpf_ktime_get_coarse_ns() };

@@ -68,20 +68,30 @@ struct Args {
 /// The largest request head the bare server reads.
 const MAX_HEAD: usize = 16 * 1024;
 
+/// What every connection gets: the stored response, or the origin.
+#[derive(Clone)]
+enum Job {
+    Answer(Arc<Fixed>),
+    Proxy(SocketAddr),
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
-    let response = Arc::new(match &args.response {
-        Some(path) => {
-            let raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-            Some(Fixed::parse(&raw)?)
+    let job = match args.server {
+        Server::Hyper | Server::Bare => {
+            let path = args.response.context("--response is needed")?;
+            let raw =
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            Job::Answer(Arc::new(Fixed::parse(&raw)?))
         }
-        None => None,
-    });
-    let origin = args.origin;
+        Server::HyperProxy | Server::BareProxy => {
+            Job::Proxy(args.origin.context("--origin is needed")?)
+        }
+    };
     let mut threads = Vec::new();
     for _ in 0..args.workers.max(1) {
         let listener = waitroom_edge::http::bind_reuseport(args.listen, 4096)?;
-        let response = Arc::clone(&response);
+        let job = job.clone();
         let server = args.server;
         threads.push(std::thread::spawn(move || -> Result<()> {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -92,18 +102,18 @@ fn main() -> Result<()> {
                 loop {
                     let (stream, _) = listener.accept().await?;
                     stream.set_nodelay(true)?;
-                    let response = Arc::clone(&response);
+                    let job = job.clone();
                     tokio::spawn(async move {
-                        let _ = match (server, response.as_ref(), origin) {
-                            (Server::Hyper, Some(_), _) => serve_hyper(stream, response).await,
-                            (Server::Bare, Some(_), _) => serve_bare(stream, response).await,
-                            (Server::HyperProxy, _, Some(origin)) => {
+                        let _ = match (server, job) {
+                            (Server::Hyper, Job::Answer(fixed)) => serve_hyper(stream, fixed).await,
+                            (Server::Bare, Job::Answer(fixed)) => serve_bare(stream, &fixed).await,
+                            (Server::HyperProxy, Job::Proxy(origin)) => {
                                 serve_hyper_proxy(stream, origin).await
                             }
-                            (Server::BareProxy, _, Some(origin)) => {
+                            (Server::BareProxy, Job::Proxy(origin)) => {
                                 serve_bare_proxy(stream, origin).await
                             }
-                            _ => Ok(()),
+                            _ => unreachable!("the job is made for the server"),
                         };
                     });
                 }
@@ -169,13 +179,10 @@ impl Fixed {
     }
 }
 
-async fn serve_hyper(stream: tokio::net::TcpStream, response: Arc<Option<Fixed>>) -> Result<()> {
+async fn serve_hyper(stream: tokio::net::TcpStream, response: Arc<Fixed>) -> Result<()> {
     let service = hyper::service::service_fn(move |_request| {
         let response = Arc::clone(&response);
         async move {
-            let Some(response) = response.as_ref() else {
-                unreachable!("checked by the caller")
-            };
             let mut answer = Response::new(Full::new(response.body.clone()));
             *answer.status_mut() = response.status;
             let headers = answer.headers_mut();
@@ -192,42 +199,67 @@ async fn serve_hyper(stream: tokio::net::TcpStream, response: Arc<Option<Fixed>>
     Ok(())
 }
 
-async fn serve_bare(mut stream: tokio::net::TcpStream, response: Arc<Option<Fixed>>) -> Result<()> {
-    let Some(response) = response.as_ref() else {
-        bail!("no response to serve")
-    };
-    let mut buf = vec![0u8; MAX_HEAD];
-    let mut filled = 0;
-    let mut out = Vec::with_capacity(response.whole.len() * 4);
-    loop {
-        let n = stream.read(&mut buf[filled..]).await?;
-        if n == 0 {
-            return Ok(());
+/// Request heads read from a visitor connection: a buffer of [`MAX_HEAD`],
+/// the heads parsed in order, what follows the last whole one kept.
+struct Heads {
+    buf: Vec<u8>,
+    /// Where the next head starts.
+    start: usize,
+    /// Bytes read.
+    filled: usize,
+}
+
+impl Heads {
+    fn new() -> Self {
+        Self {
+            buf: vec![0u8; MAX_HEAD],
+            start: 0,
+            filled: 0,
         }
-        filled += n;
-        // Answer every complete request head in the buffer, in order.
-        let mut start = 0;
-        loop {
-            let mut headers = [httparse::EMPTY_HEADER; 64];
-            let mut request = httparse::Request::new(&mut headers);
-            match request.parse(&buf[start..filled])? {
-                httparse::Status::Complete(len) => {
-                    out.extend_from_slice(&response.whole);
-                    start += len;
-                }
-                httparse::Status::Partial => break,
-            }
+    }
+
+    /// Reads more from `stream`, after moving what is not parsed yet to the
+    /// front; `false` at the end of the stream.
+    async fn fill(&mut self, stream: &mut tokio::net::TcpStream) -> Result<bool> {
+        self.buf.copy_within(self.start..self.filled, 0);
+        self.filled -= self.start;
+        self.start = 0;
+        if self.filled == self.buf.len() {
+            bail!("a request head over {MAX_HEAD} bytes");
+        }
+        let n = stream.read(&mut self.buf[self.filled..]).await?;
+        self.filled += n;
+        Ok(n > 0)
+    }
+
+    /// The next whole request head in the buffer, if there is one.
+    fn next(&mut self) -> Result<Option<&[u8]>> {
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        let mut request = httparse::Request::new(&mut headers);
+        let httparse::Status::Complete(len) = request.parse(&self.buf[self.start..self.filled])?
+        else {
+            return Ok(None);
+        };
+        let head = &self.buf[self.start..self.start + len];
+        self.start += len;
+        Ok(Some(head))
+    }
+}
+
+async fn serve_bare(mut stream: tokio::net::TcpStream, response: &Fixed) -> Result<()> {
+    let mut heads = Heads::new();
+    let mut out = Vec::with_capacity(response.whole.len() * 4);
+    while heads.fill(&mut stream).await? {
+        // Answer every whole request head read, in order, in one write.
+        while heads.next()?.is_some() {
+            out.extend_from_slice(&response.whole);
         }
         if !out.is_empty() {
             stream.write_all(&out).await?;
             out.clear();
         }
-        buf.copy_within(start..filled, 0);
-        filled -= start;
-        if filled == buf.len() {
-            bail!("a request head over {MAX_HEAD} bytes");
-        }
     }
+    Ok(())
 }
 
 async fn connect(origin: SocketAddr) -> Result<tokio::net::TcpStream> {
@@ -259,25 +291,12 @@ async fn serve_hyper_proxy(stream: tokio::net::TcpStream, origin: SocketAddr) ->
 
 async fn serve_bare_proxy(mut stream: tokio::net::TcpStream, origin: SocketAddr) -> Result<()> {
     let mut upstream = connect(origin).await?;
-    let mut buf = vec![0u8; MAX_HEAD];
-    let mut filled = 0;
+    let mut heads = Heads::new();
     let mut answer = vec![0u8; 64 * 1024];
     let mut answered = 0;
-    loop {
-        let n = stream.read(&mut buf[filled..]).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        filled += n;
-        let mut start = 0;
-        loop {
-            let mut headers = [httparse::EMPTY_HEADER; 64];
-            let mut request = httparse::Request::new(&mut headers);
-            let httparse::Status::Complete(len) = request.parse(&buf[start..filled])? else {
-                break;
-            };
-            upstream.write_all(&buf[start..start + len]).await?;
-            start += len;
+    while heads.fill(&mut stream).await? {
+        while let Some(head) = heads.next()? {
+            upstream.write_all(head).await?;
             // The origin's response: its head, then Content-Length bytes.
             let total = loop {
                 let mut headers = [httparse::EMPTY_HEADER; 64];
@@ -291,30 +310,26 @@ async fn serve_bare_proxy(mut stream: tokio::net::TcpStream, origin: SocketAddr)
                         .context("an origin response without Content-Length")?;
                     break head + length;
                 }
-                let n = upstream.read(&mut answer[answered..]).await?;
-                if n == 0 {
-                    bail!("the origin closed mid-response");
-                }
-                answered += n;
+                answered += read_more(&mut upstream, &mut answer[answered..]).await?;
             };
             if total > answer.len() {
                 bail!("an origin response over {} bytes", answer.len());
             }
             while answered < total {
-                let n = upstream.read(&mut answer[answered..]).await?;
-                if n == 0 {
-                    bail!("the origin closed mid-body");
-                }
-                answered += n;
+                answered += read_more(&mut upstream, &mut answer[answered..]).await?;
             }
             stream.write_all(&answer[..total]).await?;
             answer.copy_within(total..answered, 0);
             answered -= total;
         }
-        buf.copy_within(start..filled, 0);
-        filled -= start;
-        if filled == buf.len() {
-            bail!("a request head over {MAX_HEAD} bytes");
-        }
+    }
+    Ok(())
+}
+
+/// Reads what the origin sent into `into`; an error if it closed mid-response.
+async fn read_more(upstream: &mut tokio::net::TcpStream, into: &mut [u8]) -> Result<usize> {
+    match upstream.read(into).await? {
+        0 => bail!("the origin closed mid-response"),
+        n => Ok(n),
     }
 }
