@@ -166,7 +166,9 @@ fn prequeue_then_a_shuffled_start_then_the_rooms_own_limits() {
         "still the pre-queue"
     );
 
-    // The start: one a minute, in the order the tickets drew.
+    // The start: held until every pre-queued visitor checked in once (the
+    // shuffle moves a ticket when it checks in), then one a minute, in the
+    // order the tickets drew.
     node.advance_into_next_minute(1);
     let phase = event_phase(&node);
     assert!(
@@ -198,6 +200,15 @@ fn prequeue_then_a_shuffled_start_then_the_rooms_own_limits() {
                 v.admitted = true;
                 this_round.push(i);
             }
+        }
+        if round == 0 {
+            // One second after the start: those who checked in first would
+            // go ahead of those who drew earlier but had not checked in yet.
+            assert_eq!(
+                this_round,
+                Vec::<usize>::new(),
+                "round 0: nobody is admitted until the shuffle has settled"
+            );
         }
         assert!(
             this_round.len() <= 1,

@@ -316,8 +316,13 @@ fn decide_for(
         QueueingMethod::Fifo | QueueingMethod::Random => {}
     }
 
-    // 3. Refresh discipline: too early → no chance, nothing consumed, nothing moved.
+    // 3. Refresh discipline: too early → no chance, nothing consumed, nothing
+    // moved. Unless the ticket was just moved out of its count (the shuffle
+    // at an event's start, a bucket made trackable): it is counted where it
+    // now is at once, or it would wait uncounted until its next check-in,
+    // and those drawn behind it could go first.
     if visitor == Visitor::Waiting
+        && ticket.counted_waiting.is_some()
         && now.plus_millis(EARLY_CHECK_IN_TOLERANCE_MS) < ticket.next_check_in()
     {
         let estimate = estimate(room, global, ticket.bucket);
@@ -761,6 +766,10 @@ impl Place {
                 return;
             }
             if ledger.replace(&mut self.seen, to, minute) {
+                // A ledger that remembers nothing (`TicketLedger::forgetful`)
+                // leaves `seen` unknown: the next move of this request starts
+                // from here, not again from the cookie's claim.
+                self.claim = to;
                 uncount(counters, from, now);
                 if !provisional {
                     count(counters, to, now);
@@ -809,10 +818,21 @@ fn count(counters: &RoomCounters, to: Counted, now: UnixMillis) {
 /// bounded, and with exactly `mean` as its mean, from one random `u64`.
 #[must_use]
 pub fn jittered_interval(mean: u16, rng: u64) -> u16 {
-    let spread = (mean / 5).max(1);
+    let spread = jitter_spread(mean);
     let low = mean.saturating_sub(spread);
     let high = mean.saturating_add(spread);
     low + (rng % u64::from(high - low + 1)) as u16
+}
+
+/// The longest interval [`jittered_interval`] draws around `mean`.
+#[must_use]
+pub const fn longest_interval(mean: u16) -> u16 {
+    mean.saturating_add(jitter_spread(mean))
+}
+
+const fn jitter_spread(mean: u16) -> u16 {
+    let fifth = mean / 5;
+    if fifth > 1 { fifth } else { 1 }
 }
 
 #[cfg(test)]
@@ -1568,6 +1588,71 @@ shuffle_at_event_start = true
             10,
         );
         assert_eq!(d.ticket().bucket, to);
+    }
+
+    /// Right after a shuffled start nobody is admitted, slots or not, until
+    /// the pre-queue has checked in and moved to its drawn buckets; a
+    /// ticket that checks in early then is counted in its drawn bucket at
+    /// once (not left uncounted until its next check-in, while those drawn
+    /// behind it go first).
+    #[test]
+    fn a_shuffled_start_admits_nobody_until_the_draw_has_settled() {
+        let room = room_with_event();
+        let counters = RoomCounters::new_boxed(ROOM);
+        let start = at(10, 0, 30);
+        let shuffle = room.at(start).shuffle().unwrap();
+        let settles = shuffle.settles(room.refresh_interval_secs());
+        let (from, to) = (at(9, 50, 0).minute(), at(9, 59, 0).minute());
+        // Arrived last, drew first; arrived just before the start, so its
+        // next check-in is due after the start.
+        let arrived = at(10, 0, 25);
+        let rng = (1..10_000_u64)
+            .find(|&rng| shuffle.bucket(to, ticket_id(rng)) == Some(from))
+            .unwrap();
+        let d = decide(&room, &open(arrived, 10), &counters, None, arrived, rng);
+        let ticket = ticket_of(&d);
+        assert_eq!((ticket.bucket, d.is_admitted()), (to, false));
+        assert_eq!(counters.waiting(to, arrived.minute()), 1);
+        let early = start.plus_millis(1_000);
+        assert!(early.plus_millis(EARLY_CHECK_IN_TOLERANCE_MS) < ticket.next_check_in());
+        assert!(early < settles);
+
+        let d = decide(&room, &open(early, 10), &counters, Some(ticket), early, 1);
+        let Decision::Queue {
+            reason: QueueReason::QueueAll,
+            ticket: moved,
+            ..
+        } = d
+        else {
+            panic!("held while the shuffle settles, not {d:?}")
+        };
+        assert_eq!(moved.bucket, from);
+        assert_eq!(moved.counted_waiting, Some(early.minute()));
+        assert_eq!(
+            counters.waiting(from, early.minute()),
+            1,
+            "counted where it drew"
+        );
+        assert_eq!(
+            counters.waiting(to, early.minute()),
+            0,
+            "and no longer where it came"
+        );
+        // A newcomer in the hold waits too, behind the pre-queue.
+        let d = decide(&room, &open(early, 10), &counters, None, early, 2);
+        assert!(!d.is_admitted(), "{d:?}");
+        assert_eq!(counters.admits(early.minute()).total(), 0);
+
+        // Once settled the drawn ticket goes in on the slot.
+        let d = decide(
+            &room,
+            &open(settles, 10),
+            &counters,
+            Some(moved),
+            settles,
+            3,
+        );
+        assert!(d.is_admitted(), "{d:?}");
     }
 
     /// Two nodes that never talked place the same pre-queued ticket in the

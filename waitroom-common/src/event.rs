@@ -179,7 +179,29 @@ pub struct Shuffle {
     pub seed: u64,
 }
 
+/// What the gossip between nodes may still owe a node when a shuffle's
+/// hold ends: a ticket moved on another node is seen here only once that
+/// node has reported and the aggregator answered (about a second each).
+pub const SHUFFLE_GOSSIP_ALLOWANCE_MS: u64 = 3_000;
+
 impl Shuffle {
+    /// When the start's hold ends: every pre-queued visitor who keeps
+    /// checking in has done so once after the start (the longest jittered
+    /// refresh interval, see [`jittered_interval`]), and the other nodes'
+    /// moves have arrived ([`SHUFFLE_GOSSIP_ALLOWANCE_MS`]). Until then
+    /// nobody is admitted (see [`Room::at`]); a visitor who stopped checking
+    /// in (a tab in the background) still counts in their arrival bucket
+    /// until they come back.
+    ///
+    /// [`jittered_interval`]: crate::engine::jittered_interval
+    /// [`Room::at`]: crate::room::Room::at
+    #[must_use]
+    pub fn settles(&self, refresh_interval_secs: u16) -> UnixMillis {
+        let longest = crate::engine::longest_interval(refresh_interval_secs);
+        self.starts
+            .plus_millis(u64::from(longest) * 1_000 + SHUFFLE_GOSSIP_ALLOWANCE_MS)
+    }
+
     /// The bucket of a ticket of `bucket` and `id` once the event started;
     /// `None` for a ticket that was not pre-queued.
     #[must_use]
@@ -813,7 +835,29 @@ shuffle_at_event_start = true
         assert!(prequeue.queue_all(), "everyone waits in the pre-queue");
         assert_eq!(prequeue.shuffle(), None, "no shuffle before the start");
 
-        let during = room.at(at(10, 0, 0));
+        // The start: the event's limits, but nobody is admitted until the
+        // shuffle has settled (every visitor checked in once since).
+        let start = room.at(at(10, 0, 0));
+        assert_eq!(start.event().unwrap().phase, EventPhase::Active);
+        assert!(start.queue_all(), "the shuffle settles first");
+        let settles = start
+            .shuffle()
+            .unwrap()
+            .settles(room.refresh_interval_secs());
+        assert_eq!(
+            settles,
+            at(10, 0, 0).plus_millis(
+                u64::from(crate::engine::longest_interval(
+                    room.refresh_interval_secs()
+                )) * 1_000
+                    + SHUFFLE_GOSSIP_ALLOWANCE_MS
+            )
+        );
+        assert!(
+            room.at(UnixMillis(settles.0 - 1)).queue_all(),
+            "held to the end"
+        );
+        let during = room.at(settles);
         assert_eq!(during.event().unwrap().phase, EventPhase::Active);
         assert!(!during.queue_all());
         assert_eq!(
@@ -832,6 +876,26 @@ shuffle_at_event_start = true
         assert_eq!(after.total_active_users(), 100);
         assert_eq!(after.session_minutes(), 5);
         assert_eq!(after.shuffle(), Some(shuffle), "stragglers still placed");
+    }
+
+    #[test]
+    fn only_a_shuffled_start_is_held() {
+        let plain = SALE.replace("shuffle_at_event_start = true\n", "");
+        let room = table(&plain).validate().unwrap();
+        let start = room.at(at(10, 0, 0));
+        assert_eq!(start.event().unwrap().phase, EventPhase::Active);
+        assert!(!start.queue_all(), "nothing to settle without a shuffle");
+
+        // A passthrough room holds its shuffled start too, FIFO meanwhile.
+        let pass = table(&SALE.replace("\"fifo\"", "\"passthrough\""))
+            .validate()
+            .unwrap();
+        let start = pass.at(at(10, 0, 0));
+        assert!(start.queue_all());
+        assert_eq!(start.queueing_method(), QueueingMethod::Fifo);
+        let later = pass.at(at(10, 1, 0));
+        assert!(!later.queue_all());
+        assert_eq!(later.queueing_method(), QueueingMethod::Passthrough);
     }
 
     #[test]

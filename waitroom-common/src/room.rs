@@ -413,10 +413,9 @@ impl Room {
 
     /// The room as it stands at `now`: with the overrides of the event in
     /// force (a suspended event is ignored, as in Cloudflare). In the
-    /// pre-queue every visitor without a session waits (`queue_all`), and a
-    /// method that does not queue (`passthrough`, `reject`) queues FIFO
-    /// until the start, since a pre-queue admits nobody and turns nobody
-    /// away.
+    /// pre-queue, and while a shuffle at the start settles
+    /// ([`Shuffle::settles`]), every visitor without a session waits
+    /// (`queue_all`).
     #[must_use]
     pub fn at(&self, now: UnixMillis) -> Self {
         let Some(events) = &self.events else {
@@ -445,13 +444,7 @@ impl Room {
                 };
                 room.config = event.apply(&self.config);
                 if phase == EventPhase::Prequeueing {
-                    room.config.queue_all = true;
-                    if matches!(
-                        room.config.queueing_method,
-                        QueueingMethod::Passthrough | QueueingMethod::Reject
-                    ) {
-                        room.config.queueing_method = QueueingMethod::Fifo;
-                    }
+                    room.hold_everyone();
                 }
                 room.event = Some(EventNow {
                     index,
@@ -462,8 +455,35 @@ impl Room {
                 });
             }
         }
+        // Right after a shuffled start nobody is admitted until the shuffle
+        // has settled: a ticket moves to its drawn bucket only when it next
+        // checks in, and until then it is counted in its arrival bucket,
+        // where a lower draw cannot be told from a later arrival. Admitting
+        // then would let a visitor who checked in first go ahead of one who
+        // drew an earlier place but had not checked in yet.
+        if let (Some(shuffle), Some(event)) = (latest_shuffle, room.event)
+            && event.phase == EventPhase::Active
+            && event.start == shuffle.starts
+            && now < shuffle.settles(room.config.refresh_interval)
+        {
+            room.hold_everyone();
+        }
         room.shuffle = latest_shuffle;
         room
+    }
+
+    /// Every visitor without a session waits (a pre-queue, a settling
+    /// shuffle); a method that does not queue (`passthrough`, `reject`)
+    /// queues FIFO meanwhile, since a hold admits nobody and turns nobody
+    /// away.
+    fn hold_everyone(&mut self) {
+        self.config.queue_all = true;
+        if matches!(
+            self.config.queueing_method,
+            QueueingMethod::Passthrough | QueueingMethod::Reject
+        ) {
+            self.config.queueing_method = QueueingMethod::Fifo;
+        }
     }
 
     /// The event in force, in a room made by [`Room::at`].
