@@ -3,7 +3,8 @@
 //! visitor checking in; each with the node's ticket ledger and with one
 //! that remembers nothing (`.../without_ledger`), so the ledger's cost per
 //! decision reads off the pair; and the connection budget's check
-//! (`ledger/note_connection_many`), which the node makes before deciding.
+//! (`ledger/note_connection_many`), which the node makes before deciding,
+//! and for a new ticket's first connection (`ledger/note_connection_new_ticket`).
 //! `cargo bench -p waitroom-common --features std`.
 
 use std::hint::black_box;
@@ -181,5 +182,26 @@ fn connections(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench, connections);
+/// A new ticket's first connection (the node notes it as it issues the
+/// ticket): a row taken from the set's two, in a table whose rows are all
+/// held by tickets seen within the window (a flood of new visitors, 50,000
+/// a second against the default 65,536 rows).
+fn new_tickets(c: &mut Criterion) {
+    let ledger = TicketLedger::new_boxed(1 << 20, [0x1234_5678, 0x9abc_def0]);
+    let mut i = 0_u64;
+    c.bench_function("ledger/note_connection_new_ticket", |b| {
+        b.iter(|| {
+            i += 1;
+            black_box(ledger.note_connection(
+                black_box(i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1),
+                i,
+                1_700_000_000 + i / 50_000,
+                16,
+                10,
+            ))
+        })
+    });
+}
+
+criterion_group!(benches, bench, connections, new_tickets);
 criterion_main!(benches);

@@ -481,7 +481,7 @@ impl TicketLedger {
             return true;
         }
         let budget = usize::from(budget).min(CONNECTION_SLOTS);
-        let tag = self.keyed(id, 1) | 1;
+        let tag = ((self.keyed(id, 1) >> SECOND_BITS) | 1) << SECOND_BITS;
         let fingerprint = (self.keyed(connection, 2) & ((1 << (64 - SECOND_BITS)) - 1)) | 1;
         let now = now_secs & SECOND_MASK;
         let stamp = (fingerprint << SECOND_BITS) | now;
@@ -490,9 +490,21 @@ impl TicketLedger {
                 && (now.wrapping_sub(word & SECOND_MASK) & SECOND_MASK) < u64::from(window_secs)
         };
         let set = fast_range(self.keyed(id, 3), rows / ROW_WAYS) * ROW_WAYS;
-        let Some(row) = self.connection_row(set, tag, &live) else {
+        let Some((row, taken)) = self.connection_row(set, tag, now, &live) else {
             return true;
         };
+        if taken {
+            // A row just taken holds nothing live: the first slot is ours.
+            let word = self.row_word(row, 1).load(Ordering::Acquire);
+            if !live(word)
+                && self
+                    .row_word(row, 1)
+                    .compare_exchange(word, stamp, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                return true;
+            }
+        }
         for _ in 0..16 {
             let mut others = 0;
             let mut mine = None;
@@ -503,6 +515,7 @@ impl TicketLedger {
                     if live(word) {
                         // The common case, and early: a browser's own connection.
                         self.row_word(row, slot).store(stamp, Ordering::Release);
+                        self.stamp_row(row, tag, now);
                         return true;
                     }
                     mine = Some((slot, word));
@@ -529,6 +542,7 @@ impl TicketLedger {
                 .compare_exchange(word, stamp, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
+                self.stamp_row(row, tag, now);
                 return true;
             }
         }
@@ -536,44 +550,68 @@ impl TicketLedger {
         true
     }
 
-    /// The row of the set holding `tag`, or one taken over for it: a row
-    /// never used, else one with no live connection, else the one whose
-    /// newest connection is oldest. `None` only under heavy contention.
-    fn connection_row(&self, set: usize, tag: u64, live: &dyn Fn(u64) -> bool) -> Option<usize> {
+    /// The row of the set holding `tag`, or one taken over for it (then
+    /// `true`): a row never used, else one with no live connection, else
+    /// the one whose newest connection is oldest. `None` only under heavy
+    /// contention.
+    ///
+    /// A row's first word holds its ticket's tag over the second of its
+    /// newest connection ([`Self::stamp_row`]), so choosing a row reads one
+    /// word per row, and only a row taken from a ticket with live
+    /// connections is cleared: the slots of a row without any are all out
+    /// of the window already, free to the new ticket as they are.
+    fn connection_row(
+        &self,
+        set: usize,
+        tag: u64,
+        now: u64,
+        live: &dyn Fn(u64) -> bool,
+    ) -> Option<(usize, bool)> {
         for _ in 0..4 {
             let mut victim: Option<(usize, u64, u64)> = None;
             for row in set..set + ROW_WAYS {
                 let held = self.row_word(row, 0).load(Ordering::Acquire);
-                if held == tag {
-                    return Some(row);
+                if held & !SECOND_MASK == tag {
+                    return Some((row, false));
                 }
-                let newest = if held == 0 {
-                    0
+                let newest = if live(held) {
+                    1 + (held & SECOND_MASK)
                 } else {
-                    (1..ROW_WORDS)
-                        .map(|slot| self.row_word(row, slot).load(Ordering::Relaxed))
-                        .filter(|&w| live(w))
-                        .map(|w| 1 + (w & SECOND_MASK))
-                        .max()
-                        .unwrap_or(0)
+                    0
                 };
                 if victim.is_none_or(|(_, _, best)| newest < best) {
                     victim = Some((row, held, newest));
                 }
             }
-            let (row, held, _) = victim?;
+            let (row, held, newest) = victim?;
             if self
                 .row_word(row, 0)
-                .compare_exchange(held, tag, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(held, tag | now, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                for slot in 1..ROW_WORDS {
-                    self.row_word(row, slot).store(0, Ordering::Release);
+                if newest != 0 {
+                    for slot in 1..ROW_WORDS {
+                        self.row_word(row, slot).store(0, Ordering::Release);
+                    }
                 }
-                return Some(row);
+                return Some((row, true));
             }
         }
         None
+    }
+
+    /// Moves the second of `row`'s newest connection on to `now`, if the row
+    /// is still `tag`'s and its second is older. Lost to a racing update
+    /// (another connection of the ticket, or a takeover), it is left: a
+    /// second too old at worst, which only makes the row look a second
+    /// quieter when one of its set needs a row.
+    fn stamp_row(&self, row: usize, tag: u64, now: u64) {
+        let word = self.row_word(row, 0);
+        let held = word.load(Ordering::Acquire);
+        let ahead = now.wrapping_sub(held & SECOND_MASK) & SECOND_MASK;
+        if held & !SECOND_MASK == tag && ahead != 0 && ahead < 1 << (SECOND_BITS - 1) {
+            let _ = word.compare_exchange(held, tag | now, Ordering::AcqRel, Ordering::Relaxed);
+        }
     }
 }
 
@@ -760,6 +798,49 @@ mod tests {
         // Once the window has passed, new connections get their turn.
         assert!(ledger.note_connection(7, 200, t + 12, 16, 10));
         assert!(ledger.note_connection(7, 201, t + 12, 0, 10), "0: off");
+    }
+
+    /// Tickets of one set of rows: a quiet row is taken as it is (its
+    /// slots are out of the window, none counts against the new ticket),
+    /// a row with live connections only when both are, the one whose
+    /// newest connection is oldest, and cleared.
+    #[test]
+    fn connection_rows_go_to_the_ticket_whose_newest_connection_is_oldest() {
+        let ledger = TicketLedger::new_boxed(1_024, KEY);
+        let sets = ledger.rows() / ROW_WAYS;
+        let set_of = |id: u64| fast_range(ledger.keyed(id, 3), sets);
+        let ids: Vec<u64> = (1..100_000_u64)
+            .filter(|&id| set_of(id) == set_of(1))
+            .take(5)
+            .collect();
+        let [a, b, c, d, e] = ids[..] else {
+            panic!("{ids:?}")
+        };
+        let t = 5_000_000;
+        let fill = |id: u64, conns: std::ops::Range<u64>, at: u64| {
+            conns
+                .filter(|&conn| ledger.note_connection(id, conn, at, 16, 10))
+                .count()
+        };
+        assert_eq!(fill(a, 0..20, t), 16);
+        assert_eq!(fill(b, 100..120, t), 16);
+        // B's own connection again later: its row is the newer one.
+        assert!(ledger.note_connection(b, 100, t + 5, 16, 10));
+        // C needs a row while both are live: A's goes (newest at t), cleared.
+        assert_eq!(fill(c, 200..220, t + 6), 16, "a full budget of its own");
+        assert_eq!(fill(b, 300..301, t + 6), 0, "B's row untouched: still full");
+        assert!(ledger.note_connection(b, 101, t + 6, 16, 10));
+        // A lost its row: it starts afresh (the documented weakness).
+        assert_eq!(fill(a, 400..420, t + 7), 16);
+        // Long after, everything is quiet: D takes a row as it is, and the
+        // old, dead slots do not count against it.
+        assert_eq!(fill(d, 500..520, t + 30), 16);
+        assert_eq!(fill(e, 600..620, t + 30), 16);
+        assert!(
+            ledger.note_connection(d, 500, t + 31, 16, 10),
+            "D kept its row"
+        );
+        assert!(!ledger.note_connection(d, 700, t + 31, 16, 10));
     }
 
     #[test]
