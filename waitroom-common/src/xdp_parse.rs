@@ -278,6 +278,78 @@ mod tests {
         );
     }
 
+    /// Ethernet (a VLAN tag if `vlan`) + IPv6 from `src` + UDP or TCP SYN to `port`.
+    fn ip6(src: [u8; 16], vlan: bool, protocol: u8, port: u16) -> std::vec::Vec<u8> {
+        let mut f = std::vec![0u8; 12];
+        if vlan {
+            f.extend([0x81, 0x00, 0x00, 0x07]);
+        }
+        f.extend([0x86, 0xdd]);
+        let mut ip = [0u8; IPV6_HLEN];
+        ip[0] = 0x60;
+        ip[6] = protocol;
+        ip[8..24].copy_from_slice(&src);
+        ip[24..40].copy_from_slice(&[0xff; 16]);
+        f.extend(ip);
+        let mut l4 = [0u8; TCP_HLEN];
+        l4[2..4].copy_from_slice(&port.to_be_bytes());
+        l4[13] = TCP_FLAG_SYN;
+        f.extend(l4);
+        f
+    }
+
+    /// An IPv6 source's halves in the order the program's maps key on
+    /// (the deny list's prefixes are big-endian from the first byte): the
+    /// first eight bytes in `hi`, the last in `lo`, each big-endian.
+    #[test]
+    fn an_ipv6_source_is_parsed_into_its_halves() {
+        let src = [
+            0x20, 0x01, 0x0d, 0xb8, 0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x01, 0x02,
+            0x03, 0x04,
+        ];
+        for vlan in [false, true] {
+            let p = parse(&SliceFrame(&ip6(src, vlan, IPPROTO_TCP, 443)))
+                .unwrap()
+                .unwrap();
+            assert!(!p.source.is_v4);
+            assert_eq!(p.source.hi, 0x2001_0db8_1234_5678);
+            assert_eq!(p.source.lo, 0x9abc_def0_0102_0304);
+            assert_eq!(p.source.addr(), src, "the sixteen bytes back, in order");
+            assert_eq!(
+                p.transport,
+                Transport::Tcp {
+                    dst_port: 443,
+                    syn: true
+                }
+            );
+        }
+        let udp = parse(&SliceFrame(&ip6(src, false, IPPROTO_UDP, 53)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(udp.transport, Transport::Udp { dst_port: 53 });
+        // An extension header (hop-by-hop, 0): nothing to count by port.
+        let ext = parse(&SliceFrame(&ip6(src, false, 0, 53)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(ext.transport, Transport::Other);
+        // The same address as an IPv4-mapped one is not mistaken for IPv4.
+        let mapped = parse(&SliceFrame(&ip6(
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 0, 2, 7],
+            false,
+            IPPROTO_TCP,
+            443,
+        )))
+        .unwrap()
+        .unwrap();
+        assert!(!mapped.source.is_v4);
+        assert_eq!(mapped.source.addr()[12..], [192, 0, 2, 7]);
+        // Truncated: the fixed header cut short is an error, not a panic.
+        let full = ip6(src, true, IPPROTO_TCP, 443);
+        for len in 18..full.len() {
+            assert_eq!(parse(&SliceFrame(&full[..len])), Err(()), "{len} bytes");
+        }
+    }
+
     #[test]
     fn short_and_impossible_frames_are_errors_not_panics() {
         let full = tcp4(5, TCP_FLAG_SYN, 443);
