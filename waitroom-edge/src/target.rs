@@ -191,8 +191,17 @@ pub fn from_parts<'a>(host: &'a str, path: &'a str) -> Result<Target<'a>, Target
         return Err(TargetError::BadForm);
     }
     let (host, port) = split_host(host)?;
-    let unmerged = normalize_path(path)?;
-    let merged = merge_slashes(&unmerged);
+    let scan = PathScan::of(path.as_bytes());
+    let (unmerged, merged) = if scan.needs_work {
+        let unmerged = normalize_path(path)?;
+        let merged = merge_slashes(&unmerged);
+        (unmerged, merged)
+    } else if scan.double_slash {
+        (Cow::Borrowed(path), merge_slashes(&Cow::Borrowed(path)))
+    } else {
+        // The common case: one spelling already, nothing allocated.
+        (Cow::Borrowed(path), Cow::Borrowed(path))
+    };
     Ok(Target {
         host,
         port,
@@ -203,11 +212,11 @@ pub fn from_parts<'a>(host: &'a str, path: &'a str) -> Result<Target<'a>, Target
 }
 
 /// `Host` → (lower-case host without trailing dot, port).
+///
+/// Userinfo (`user@host`) has no place in a request target: `@` is neither a
+/// host character nor a digit of the port nor part of an IPv6 literal, so
+/// the checks below refuse it wherever it stands.
 fn split_host(authority: &str) -> Result<(Cow<'_, str>, Option<&str>), TargetError> {
-    // Userinfo has no place in a request target.
-    if authority.contains('@') {
-        return Err(TargetError::BadHost);
-    }
     let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
         // An IPv6 literal: `[::1]` or `[::1]:8080`.
         let (inner, after) = rest.split_once(']').ok_or(TargetError::BadHost)?;
@@ -220,8 +229,9 @@ fn split_host(authority: &str) -> Result<(Cow<'_, str>, Option<&str>), TargetErr
         }
         (&authority[..inner.len() + 2], port)
     } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
+        // A loop over a short host, not `rsplit_once`'s `memrchr` set-up.
+        match authority.bytes().rposition(|b| b == b':') {
+            Some(at) => (&authority[..at], Some(&authority[at + 1..])),
             None => (authority, None),
         }
     };
@@ -231,18 +241,80 @@ fn split_host(authority: &str) -> Result<(Cow<'_, str>, Option<&str>), TargetErr
         return Err(TargetError::BadHost);
     }
     let host = host.strip_suffix('.').unwrap_or(host);
-    let valid = host
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'[' | b']' | b':'));
-    if !valid || host.starts_with('.') || has_pair(host, *b"..") {
+    // One pass for what took four (issue 17): every byte a host character,
+    // no `..`, and whether any is upper case.
+    let (mut all, mut any, mut dot_dot, mut previous) = (HOST_CHAR, 0, false, 0);
+    for &b in host.as_bytes() {
+        let class = BYTE_CLASS[usize::from(b)];
+        all &= class;
+        any |= class;
+        dot_dot |= b == b'.' && previous == b'.';
+        previous = b;
+    }
+    if all & HOST_CHAR == 0 || host.starts_with('.') || dot_dot {
         return Err(TargetError::BadHost);
     }
-    let host = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+    let host = if any & UPPER != 0 {
         Cow::Owned(host.to_ascii_lowercase())
     } else {
         Cow::Borrowed(host)
     };
     Ok((host, port))
+}
+
+/// [`BYTE_CLASS`]: a character a host may hold (`Host` as this node accepts it).
+const HOST_CHAR: u8 = 1;
+/// [`BYTE_CLASS`]: an upper-case ASCII letter.
+const UPPER: u8 = 2;
+/// [`BYTE_CLASS`]: a byte that makes a path need decoding or refusing
+/// (`%`, a backslash, a control character).
+const PATH_WORK: u8 = 4;
+
+/// What each byte is, for the one-pass scans of a host and a path.
+static BYTE_CLASS: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        let mut class = 0;
+        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'[' | b']' | b':') {
+            class |= HOST_CHAR;
+        }
+        if c.is_ascii_uppercase() {
+            class |= UPPER;
+        }
+        if matches!(c, b'%' | b'\\') || c.is_ascii_control() {
+            class |= PATH_WORK;
+        }
+        table[b] = class;
+        b += 1;
+    }
+    table
+};
+
+/// A path's bytes read once: whether it needs decoding, refusing or dot
+/// segments removed (`%`, a backslash, a control character, a `/.`), and whether
+/// it holds `//`.
+#[derive(Debug, PartialEq, Eq)]
+struct PathScan {
+    needs_work: bool,
+    double_slash: bool,
+}
+
+impl PathScan {
+    fn of(path: &[u8]) -> Self {
+        let (mut work, mut slash_dot, mut double_slash, mut previous) = (0, false, false, 0);
+        for &b in path {
+            work |= BYTE_CLASS[usize::from(b)];
+            slash_dot |= previous == b'/' && b == b'.';
+            double_slash |= previous == b'/' && b == b'/';
+            previous = b;
+        }
+        Self {
+            needs_work: work & PATH_WORK != 0 || slash_dot,
+            double_slash,
+        }
+    }
 }
 
 /// Whether `text` holds the two bytes of `pair` side by side: what
@@ -268,15 +340,11 @@ fn hex(b: u8) -> Option<u8> {
 
 /// Decodes unreserved escapes, upper-cases the rest, refuses the ambiguous,
 /// and removes dot segments.
+///
+/// For a path [`PathScan`] says needs work; the caller keeps one that does
+/// not as it is.
 fn normalize_path(path: &str) -> Result<Cow<'_, str>, TargetError> {
     let bytes = path.as_bytes();
-    let needs_work = bytes
-        .iter()
-        .any(|&b| matches!(b, b'%' | b'\\') || b.is_ascii_control())
-        || has_pair(path, *b"/.");
-    if !needs_work {
-        return Ok(Cow::Borrowed(path));
-    }
     let mut decoded = String::with_capacity(path.len());
     let mut i = 0;
     while i < bytes.len() {
@@ -415,6 +483,98 @@ mod tests {
                     "{text:?} {pair}"
                 );
             }
+        }
+    }
+
+    /// The one-pass scan of a path says what the checks it replaced said,
+    /// on every string of up to five bytes over the bytes that matter.
+    #[test]
+    fn the_path_scan_agrees_with_the_checks_it_replaces() {
+        let alphabet = ['.', '/', 'a', 'B', '%', '\\', '\u{1}', ':', '@', '~'];
+        let mut texts = vec![String::new()];
+        let mut last = texts.clone();
+        for _ in 0..5 {
+            last = last
+                .iter()
+                .flat_map(|t| alphabet.iter().map(move |c| format!("{t}{c}")))
+                .collect();
+            texts.extend(last.iter().cloned());
+        }
+        for text in &texts {
+            let scan = PathScan::of(text.as_bytes());
+            let needs_work = text
+                .bytes()
+                .any(|b| matches!(b, b'%' | b'\\') || b.is_ascii_control())
+                || text.contains("/.");
+            assert_eq!(scan.needs_work, needs_work, "{text:?}");
+            assert_eq!(scan.double_slash, text.contains("//"), "{text:?}");
+        }
+    }
+
+    /// `split_host` as it was before its one-pass checks (session 26):
+    /// the reference the new one must agree with.
+    fn split_host_before(authority: &str) -> Result<(Cow<'_, str>, Option<&str>), TargetError> {
+        if authority.contains('@') {
+            return Err(TargetError::BadHost);
+        }
+        let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+            let (inner, after) = rest.split_once(']').ok_or(TargetError::BadHost)?;
+            let port = match after {
+                "" => None,
+                p => Some(p.strip_prefix(':').ok_or(TargetError::BadHost)?),
+            };
+            if inner.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(TargetError::BadHost);
+            }
+            (&authority[..inner.len() + 2], port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            }
+        };
+        if let Some(p) = port
+            && (p.is_empty() || p.len() > 5 || !p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(TargetError::BadHost);
+        }
+        let host = host.strip_suffix('.').unwrap_or(host);
+        let valid = host.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'[' | b']' | b':')
+        });
+        if !valid || host.starts_with('.') || host.contains("..") {
+            return Err(TargetError::BadHost);
+        }
+        Ok((Cow::Owned(host.to_ascii_lowercase()), port))
+    }
+
+    #[test]
+    fn split_host_agrees_with_its_former_self_on_every_short_authority() {
+        let alphabet = ['.', ':', '[', ']', '@', 'a', 'B', '1', '-', '%'];
+        let mut texts = vec![String::new()];
+        let mut last = texts.clone();
+        for _ in 0..5 {
+            last = last
+                .iter()
+                .flat_map(|t| alphabet.iter().map(move |c| format!("{t}{c}")))
+                .collect();
+            texts.extend(last.iter().cloned());
+        }
+        let own = |r: Result<(Cow<'_, str>, Option<&str>), TargetError>| {
+            r.map(|(h, p)| (h.into_owned(), p.map(str::to_owned)))
+                .map_err(|e| e.to_string())
+        };
+        for extra in [
+            "", "[::1]", "[::1]:80", "[::1]@x", "u@[::1]", "h.:8080", "a..:1",
+        ] {
+            texts.push(extra.to_owned());
+        }
+        for text in &texts {
+            assert_eq!(
+                own(split_host(text)),
+                own(split_host_before(text)),
+                "{text:?}"
+            );
         }
     }
 
