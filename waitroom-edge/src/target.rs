@@ -191,16 +191,17 @@ pub fn from_parts<'a>(host: &'a str, path: &'a str) -> Result<Target<'a>, Target
         return Err(TargetError::BadForm);
     }
     let (host, port) = split_host(host)?;
+    // The common case needs neither: one spelling already, nothing allocated.
     let scan = PathScan::of(path.as_bytes());
-    let (unmerged, merged) = if scan.needs_work {
-        let unmerged = normalize_path(path)?;
-        let merged = merge_slashes(&unmerged);
-        (unmerged, merged)
-    } else if scan.double_slash {
-        (Cow::Borrowed(path), merge_slashes(&Cow::Borrowed(path)))
+    let unmerged = if scan.needs_work {
+        normalize_path(path)?
     } else {
-        // The common case: one spelling already, nothing allocated.
-        (Cow::Borrowed(path), Cow::Borrowed(path))
+        Cow::Borrowed(path)
+    };
+    let merged = if scan.needs_work || scan.double_slash {
+        merge_slashes(&unmerged)
+    } else {
+        unmerged.clone()
     };
     Ok(Target {
         host,
@@ -462,19 +463,24 @@ pub fn match_key(path: &str, case_sensitive: bool) -> Cow<'_, str> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn has_pair_is_contains() {
-        let alphabet = ['.', '/', 'a', '%'];
-        let mut texts = vec![String::new()];
-        for _ in 0..5 {
-            let longer: Vec<String> = texts
+    /// Every string of up to `len` characters over `alphabet`, the empty
+    /// one included: the inputs of the exhaustive tests below.
+    fn strings_over(alphabet: &[char], len: usize) -> Vec<String> {
+        let mut all = vec![String::new()];
+        let mut last = all.clone();
+        for _ in 0..len {
+            last = last
                 .iter()
                 .flat_map(|t| alphabet.iter().map(move |c| format!("{t}{c}")))
                 .collect();
-            texts.extend(longer);
-            texts.dedup();
+            all.extend(last.iter().cloned());
         }
-        for text in &texts {
+        all
+    }
+
+    #[test]
+    fn has_pair_is_contains() {
+        for text in &strings_over(&['.', '/', 'a', '%'], 5) {
             for pair in ["..", "/.", "//", "a.", "./"] {
                 let bytes: [u8; 2] = pair.as_bytes().try_into().unwrap();
                 assert_eq!(
@@ -491,16 +497,7 @@ mod tests {
     #[test]
     fn the_path_scan_agrees_with_the_checks_it_replaces() {
         let alphabet = ['.', '/', 'a', 'B', '%', '\\', '\u{1}', ':', '@', '~'];
-        let mut texts = vec![String::new()];
-        let mut last = texts.clone();
-        for _ in 0..5 {
-            last = last
-                .iter()
-                .flat_map(|t| alphabet.iter().map(move |c| format!("{t}{c}")))
-                .collect();
-            texts.extend(last.iter().cloned());
-        }
-        for text in &texts {
+        for text in &strings_over(&alphabet, 5) {
             let scan = PathScan::of(text.as_bytes());
             let needs_work = text
                 .bytes()
@@ -550,16 +547,7 @@ mod tests {
 
     #[test]
     fn split_host_agrees_with_its_former_self_on_every_short_authority() {
-        let alphabet = ['.', ':', '[', ']', '@', 'a', 'B', '1', '-', '%'];
-        let mut texts = vec![String::new()];
-        let mut last = texts.clone();
-        for _ in 0..5 {
-            last = last
-                .iter()
-                .flat_map(|t| alphabet.iter().map(move |c| format!("{t}{c}")))
-                .collect();
-            texts.extend(last.iter().cloned());
-        }
+        let mut texts = strings_over(&['.', ':', '[', ']', '@', 'a', 'B', '1', '-', '%'], 5);
         let own = |r: Result<(Cow<'_, str>, Option<&str>), TargetError>| {
             r.map(|(h, p)| (h.into_owned(), p.map(str::to_owned)))
                 .map_err(|e| e.to_string())
