@@ -34,6 +34,8 @@
 //! - [`proxy`]: the reverse proxy to the origin.
 //! - [`origin_pool`]: each worker's HTTP/1.1 origin connections, driven in
 //!   the request's own task.
+//! - [`origin_h1`]: the exchange with a plain-HTTP origin (TLS origins and
+//!   upgrades use hyper's client).
 //! - [`upstream`]: origin pools, steering, health checks, origin TLS.
 //!
 //! Around it:
@@ -65,6 +67,7 @@ pub mod metrics;
 pub mod new_tickets;
 pub mod node;
 pub mod origin_command;
+pub mod origin_h1;
 pub mod origin_pool;
 pub mod pages;
 pub mod proxy;

@@ -37,10 +37,16 @@ use hyper::{
     body::{Body as HttpBody, Frame, Incoming, SizeHint},
     client::conn::{TrySendError, http1},
 };
+use hyper_rustls::MaybeHttpsStream;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 use tower_service::Service as _;
 use waitroom_runtime::body::{Body, BoxError};
 
-use crate::upstream::tls::{OriginConnector, OriginTls};
+use crate::{
+    origin_h1::{H1Conn, H1Error},
+    upstream::tls::{OriginConnector, OriginTls},
+};
 
 /// An origin connection's driver: hyper's connection future (with upgrades,
 /// whose type cannot be named, hence the box: one per connection, not per
@@ -84,12 +90,59 @@ impl std::hash::Hasher for PoolKeyHasher {
     }
 }
 
-type PoolMap = HashMap<PoolKey, VecDeque<Idle>, std::hash::BuildHasherDefault<PoolKeyHasher>>;
+/// Idle connections by where they go, the most recently returned last.
+struct Idles<K, C>(HashMap<K, VecDeque<Idle<C>>, std::hash::BuildHasherDefault<PoolKeyHasher>>);
+
+impl<K: std::hash::Hash + Eq, C> Default for Idles<K, C> {
+    fn default() -> Self {
+        Self(HashMap::default())
+    }
+}
+
+impl<K: std::hash::Hash + Eq, C> Idles<K, C> {
+    /// The most recently returned idle connection to `key` that `usable`
+    /// accepts; expired and refused ones met on the way are dropped.
+    fn take(&mut self, key: &K, mut usable: impl FnMut(&mut C) -> bool) -> Option<C> {
+        let queue = self.0.get_mut(key)?;
+        let now = Instant::now();
+        while let Some(Idle { mut conn, since }) = queue.pop_back() {
+            if now.duration_since(since) >= IDLE_TIMEOUT {
+                // Every older one has waited longer still.
+                queue.clear();
+                break;
+            }
+            if usable(&mut conn) {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Keeps `conn` for the next request to `key`: expired ones go, and the
+    /// oldest when there are too many.
+    fn put(&mut self, key: K, conn: C) {
+        let queue = self.0.entry(key).or_default();
+        let now = Instant::now();
+        while queue
+            .front()
+            .is_some_and(|i| now.duration_since(i.since) >= IDLE_TIMEOUT)
+        {
+            queue.pop_front();
+        }
+        if queue.len() >= MAX_IDLE_PER_ORIGIN {
+            queue.pop_front();
+        }
+        queue.push_back(Idle { conn, since: now });
+    }
+}
 
 /// One worker's connections to every origin of every room.
 pub struct OriginPool {
     connector: OriginConnector,
-    idle: parking_lot::Mutex<PoolMap>,
+    /// hyper's connections: TLS origins.
+    idle: parking_lot::Mutex<Idles<PoolKey, OriginConn>>,
+    /// [`H1Conn`]s: plain-HTTP origins.
+    idle_h1: parking_lot::Mutex<Idles<Authority, H1Conn>>,
     /// Connections opened, for tests and the bench notes (a relaxed counter
     /// this worker alone writes, moved only when a connection opens).
     opened: AtomicU64,
@@ -104,8 +157,8 @@ impl std::fmt::Debug for OriginPool {
 }
 
 /// A connection waiting in the pool.
-struct Idle {
-    conn: OriginConn,
+struct Idle<C> {
+    conn: C,
     since: Instant,
 }
 
@@ -139,6 +192,9 @@ pub enum OriginError {
     /// or oversized answer, or the visitor's request body failing).
     #[error(transparent)]
     Exchange(#[from] hyper::Error),
+    /// The same, on a plain-HTTP origin's [`H1Conn`].
+    #[error(transparent)]
+    H1(#[from] H1Error),
 }
 
 impl OriginPool {
@@ -146,7 +202,8 @@ impl OriginPool {
     pub fn new(connect_timeout: Duration, tls: &OriginTls) -> Self {
         Self {
             connector: tls.connector(connect_timeout),
-            idle: parking_lot::Mutex::new(PoolMap::default()),
+            idle: parking_lot::Mutex::new(Idles::default()),
+            idle_h1: parking_lot::Mutex::new(Idles::default()),
             opened: AtomicU64::new(0),
         }
     }
@@ -180,11 +237,49 @@ impl OriginPool {
         Box::pin(self.open(scheme, authority))
     }
 
-    async fn open(
+    /// A new [`H1Conn`] to `http://authority` (boxed, as [`Self::connect`]).
+    pub fn connect_h1<'a>(
+        &'a self,
+        authority: &'a Authority,
+    ) -> Pin<Box<dyn Future<Output = Result<H1Conn, OriginError>> + Send + 'a>> {
+        Box::pin(async move {
+            match self.dial(&Scheme::HTTP, authority).await? {
+                MaybeHttpsStream::Http(tcp) => {
+                    self.opened.fetch_add(1, Relaxed);
+                    Ok(H1Conn::new(tcp.into_inner(), authority.clone()))
+                }
+                MaybeHttpsStream::Https(_) => Err(OriginError::Connect(
+                    "a TLS stream for a plain-HTTP origin".into(),
+                )),
+            }
+        })
+    }
+
+    /// An idle [`H1Conn`] to `http://authority` still open, else a new one.
+    pub async fn checkout_h1(&self, authority: &Authority) -> Result<H1Conn, OriginError> {
+        let idle = self
+            .idle_h1
+            .lock()
+            .take(authority, |conn| conn.is_idle_and_open());
+        if let Some(mut conn) = idle {
+            conn.reused = true;
+            return Ok(conn);
+        }
+        self.connect_h1(authority).await
+    }
+
+    /// Keeps an [`H1Conn`] whose answer was read to its end.
+    pub(crate) fn check_in_h1(&self, conn: H1Conn) {
+        let key = conn.authority().clone();
+        self.idle_h1.lock().put(key, conn);
+    }
+
+    /// A TCP (and for `https`, TLS) connection to `scheme://authority`.
+    async fn dial(
         &self,
         scheme: &Scheme,
         authority: &Authority,
-    ) -> Result<OriginConn, OriginError> {
+    ) -> Result<MaybeHttpsStream<TokioIo<TcpStream>>, OriginError> {
         let uri = Uri::builder()
             .scheme(scheme.clone())
             .authority(authority.clone())
@@ -195,7 +290,15 @@ impl OriginPool {
         poll_fn(|cx| connector.poll_ready(cx))
             .await
             .map_err(OriginError::Connect)?;
-        let io = connector.call(uri).await.map_err(OriginError::Connect)?;
+        connector.call(uri).await.map_err(OriginError::Connect)
+    }
+
+    async fn open(
+        &self,
+        scheme: &Scheme,
+        authority: &Authority,
+    ) -> Result<OriginConn, OriginError> {
+        let io = self.dial(scheme, authority).await?;
         let (sender, conn) = http1::handshake(io).await?;
         self.opened.fetch_add(1, Relaxed);
         Ok(OriginConn {
@@ -212,29 +315,19 @@ impl OriginPool {
     /// The most recently returned idle connection that is still open;
     /// expired and closed ones met on the way are dropped.
     fn take_idle(&self, scheme: &Scheme, authority: &Authority) -> Option<OriginConn> {
-        let mut idle = self.idle.lock();
         // Borrowed lookup would need a second key type; the clones are two
         // reference-count increments.
         let key = PoolKey {
             scheme: scheme.clone(),
             authority: authority.clone(),
         };
-        let queue = idle.get_mut(&key)?;
-        let now = Instant::now();
-        while let Some(Idle { mut conn, since }) = queue.pop_back() {
-            if now.duration_since(since) >= IDLE_TIMEOUT {
-                // Every older one has waited longer still.
-                queue.clear();
-                break;
-            }
+        let mut conn = self.idle.lock().take(&key, |conn| {
             // One poll without a waker: a connection the origin closed (or
             // wrote to unasked) finishes here instead of failing a request.
-            if conn.poll_driver(&mut Context::from_waker(Waker::noop())) && conn.sender.is_ready() {
-                conn.reused = true;
-                return Some(conn);
-            }
-        }
-        None
+            conn.poll_driver(&mut Context::from_waker(Waker::noop())) && conn.sender.is_ready()
+        })?;
+        conn.reused = true;
+        Some(conn)
     }
 
     /// Returns a connection whose exchange completed; kept only if hyper
@@ -244,19 +337,8 @@ impl OriginPool {
         if !conn.poll_driver(cx) || !conn.sender.is_ready() {
             return;
         }
-        let mut idle = self.idle.lock();
-        let queue = idle.entry(conn.key.clone()).or_default();
-        let now = Instant::now();
-        while queue
-            .front()
-            .is_some_and(|i| now.duration_since(i.since) >= IDLE_TIMEOUT)
-        {
-            queue.pop_front();
-        }
-        if queue.len() >= MAX_IDLE_PER_ORIGIN {
-            queue.pop_front();
-        }
-        queue.push_back(Idle { conn, since: now });
+        let key = conn.key.clone();
+        self.idle.lock().put(key, conn);
     }
 }
 

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use http::{
     HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
     header,
-    uri::{Authority, PathAndQuery},
+    uri::{Authority, PathAndQuery, Scheme},
 };
 use http_body_util::{BodyExt as _, Empty};
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
@@ -34,6 +34,7 @@ use crate::upstream::{OriginChoice, Upstream, tls::OriginTls};
 use crate::{
     forwarded::{Forwarding, PROTECTED_FROM_NOMINATION, Via, rewrite_for_origin},
     metrics::{Defence, Defences},
+    origin_h1::{H1Body, H1Error},
     origin_pool::{OriginError, OriginPool, PooledBody},
 };
 
@@ -261,38 +262,59 @@ pub async fn forward(
             });
         };
         let origin = upstream.origin(choice);
-        // Origin-form: the connection already says which origin.
-        let uri = Uri::from(path_and_query.clone());
         let body = match body.take() {
             Some(b) => ClientBody(b).boxed_unsync(),
             None => Empty::new().map_err(|never| match never {}).boxed_unsync(),
         };
-        let mut req = Request::new(body);
-        *req.method_mut() = parts.method.clone();
-        *req.uri_mut() = uri;
-        *req.version_mut() = Version::HTTP_11;
-        *req.headers_mut() = if replayable && failed.is_none() {
-            parts.headers.clone()
+        let result = if upstream.pool(choice).scheme == Scheme::HTTP {
+            // The head is encoded from the visitor's headers as they are:
+            // nothing to copy for a retry.
+            let request = OutgoingH1 {
+                method: &parts.method,
+                target: &path_and_query,
+                headers: &parts.headers,
+                body,
+            };
+            send_h1(
+                client,
+                upstream,
+                choice,
+                response_timeout,
+                request,
+                to_origin.via,
+                fresh,
+            )
+            .await
         } else {
-            std::mem::take(&mut parts.headers)
+            // Origin-form: the connection already says which origin.
+            let uri = Uri::from(path_and_query.clone());
+            let mut req = Request::new(body);
+            *req.method_mut() = parts.method.clone();
+            *req.uri_mut() = uri;
+            *req.version_mut() = Version::HTTP_11;
+            *req.headers_mut() = if replayable && failed.is_none() {
+                parts.headers.clone()
+            } else {
+                std::mem::take(&mut parts.headers)
+            };
+            // A visitor without `Host` (HTTP/1.0): the origin's own name.
+            if !req.headers().contains_key(header::HOST)
+                && let Ok(host) = HeaderValue::from_str(origin.authority.as_str())
+            {
+                req.headers_mut().insert(header::HOST, host);
+            }
+            send(
+                client,
+                upstream,
+                choice,
+                response_timeout,
+                req,
+                to_origin.via,
+                fresh,
+            )
+            .await
         };
-        // A visitor without `Host` (HTTP/1.0): the origin's own name.
-        if !req.headers().contains_key(header::HOST)
-            && let Ok(host) = HeaderValue::from_str(origin.authority.as_str())
-        {
-            req.headers_mut().insert(header::HOST, host);
-        }
-        match send(
-            client,
-            upstream,
-            choice,
-            response_timeout,
-            req,
-            to_origin.via,
-            fresh,
-        )
-        .await
-        {
+        match result {
             Ok(resp) => {
                 origin.requests.fetch_add(1, Relaxed);
                 return Ok(resp);
@@ -377,22 +399,7 @@ async fn send(
             origin: origin.clone(),
             timeout: response_timeout,
         })?
-        .map_err(|source| {
-            if caused_by_client_body(&source) {
-                ProxyError::ClientBody { source }
-            } else if is_connection_failure(&source) {
-                ProxyError::Unreachable {
-                    origin: origin.clone(),
-                    source,
-                    reused,
-                }
-            } else {
-                ProxyError::Invalid {
-                    origin: origin.clone(),
-                    source,
-                }
-            }
-        })?;
+        .map_err(|source| classify(source, origin, reused))?;
     strip_hop_by_hop(&mut parts.headers);
     parts
         .headers
@@ -400,12 +407,95 @@ async fn send(
     Ok(Response::from_parts(
         parts,
         OriginBody {
-            inner: body,
+            inner: OriginStream::Hyper(body),
             upstream: Arc::clone(upstream),
             choice,
         }
         .boxed_unsync(),
     ))
+}
+
+/// A request for a plain-HTTP origin, borrowed from the visitor's.
+struct OutgoingH1<'a> {
+    method: &'a Method,
+    target: &'a PathAndQuery,
+    headers: &'a HeaderMap,
+    body: Body,
+}
+
+/// One attempt on a plain-HTTP origin ([`crate::origin_h1`]); its failures
+/// are told apart as in [`send`].
+async fn send_h1(
+    client: &OriginClient,
+    upstream: &Arc<Upstream>,
+    choice: OriginChoice,
+    response_timeout: Duration,
+    request: OutgoingH1<'_>,
+    via: &Via,
+    fresh: bool,
+) -> Result<Response<Body>, ProxyError> {
+    let origin = &upstream.origin(choice).authority;
+    let mut reused = false;
+    let exchange = async {
+        let conn = if fresh {
+            client.connect_h1(origin).await?
+        } else {
+            client.checkout_h1(origin).await?
+        };
+        reused = conn.reused;
+        let (head, mut body) = conn
+            .send(
+                request.method,
+                request.target.as_str(),
+                request.headers,
+                origin.as_str(),
+                request.body,
+            )
+            .await?;
+        body.return_to(client);
+        Ok::<_, OriginError>((head, body))
+    };
+    let (mut head, body) = tokio::time::timeout(response_timeout, exchange)
+        .await
+        .map_err(|_| ProxyError::Timeout {
+            origin: origin.clone(),
+            timeout: response_timeout,
+        })?
+        .map_err(|source| classify(source, origin, reused))?;
+    strip_hop_by_hop(&mut head.headers);
+    head.headers
+        .append(header::VIA, via.value(Version::HTTP_11));
+    let mut response = Response::new(
+        OriginBody {
+            inner: OriginStream::H1(body),
+            upstream: Arc::clone(upstream),
+            choice,
+        }
+        .boxed_unsync(),
+    );
+    *response.status_mut() = head.status;
+    *response.version_mut() = head.version;
+    *response.headers_mut() = head.headers;
+    Ok(response)
+}
+
+/// Whose fault a failed attempt was: the visitor's body, the connection, or
+/// the origin's answer.
+fn classify(source: OriginError, origin: &Authority, reused: bool) -> ProxyError {
+    if caused_by_client_body(&source) {
+        ProxyError::ClientBody { source }
+    } else if is_connection_failure(&source) {
+        ProxyError::Unreachable {
+            origin: origin.clone(),
+            source,
+            reused,
+        }
+    } else {
+        ProxyError::Invalid {
+            origin: origin.clone(),
+            source,
+        }
+    }
 }
 
 /// The visitor's request body on its way to the origin; its errors are marked
@@ -445,9 +535,23 @@ impl HttpBody for ClientBody {
 /// that fails before the head.
 #[derive(Debug)]
 struct OriginBody {
-    inner: PooledBody,
+    inner: OriginStream,
     upstream: Arc<Upstream>,
     choice: OriginChoice,
+}
+
+/// Which client reads the body.
+#[derive(Debug)]
+enum OriginStream {
+    Hyper(PooledBody),
+    H1(H1Body),
+}
+
+impl OriginBody {
+    fn connection_failed(&self, err: &dyn std::fmt::Display) {
+        tracing::debug!(origin = %self.upstream.origin(self.choice).authority, %err, "origin failed mid-response");
+        self.upstream.connection_failed(self.choice);
+    }
 }
 
 impl HttpBody for OriginBody {
@@ -459,29 +563,45 @@ impl HttpBody for OriginBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        Pin::new(&mut this.inner).poll_frame(cx).map_err(|e| {
-            if e.is_incomplete_message()
-                || std::error::Error::source(&e)
-                    .is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some())
-            {
-                tracing::debug!(origin = %this.upstream.origin(this.choice).authority, err = %e, "origin failed mid-response");
-                this.upstream.connection_failed(this.choice);
-            }
-            BoxError::from(e)
-        })
+        match &mut this.inner {
+            OriginStream::H1(body) => Pin::new(body).poll_frame(cx).map_err(|e| {
+                if e.is_connection_failure() {
+                    this.connection_failed(&e);
+                }
+                BoxError::from(e)
+            }),
+            OriginStream::Hyper(body) => Pin::new(body).poll_frame(cx).map_err(|e| {
+                if e.is_incomplete_message()
+                    || std::error::Error::source(&e)
+                        .is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some())
+                {
+                    this.connection_failed(&e);
+                }
+                BoxError::from(e)
+            }),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            OriginStream::H1(body) => body.is_end_stream(),
+            OriginStream::Hyper(body) => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            OriginStream::H1(body) => body.size_hint(),
+            OriginStream::Hyper(body) => body.size_hint(),
+        }
     }
 }
 
 /// The forward failed because the visitor's body did (anywhere in the chain).
 fn caused_by_client_body(err: &OriginError) -> bool {
+    if matches!(err, OriginError::H1(H1Error::RequestBody(_))) {
+        return true;
+    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = source {
         if e.downcast_ref::<ClientBodyError>().is_some() {
@@ -494,8 +614,10 @@ fn caused_by_client_body(err: &OriginError) -> bool {
 
 /// Connecting failed, or the connection closed or reset before an answer.
 fn is_connection_failure(err: &OriginError) -> bool {
-    let OriginError::Exchange(err) = err else {
-        return true;
+    let err = match err {
+        OriginError::Connect(_) => return true,
+        OriginError::H1(err) => return err.is_connection_failure(),
+        OriginError::Exchange(err) => err,
     };
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = source {

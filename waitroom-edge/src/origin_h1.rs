@@ -1,0 +1,907 @@
+//! A plain-HTTP/1.1 origin exchange written for the proxy alone.
+//!
+//! hyper's client, even driven in the request's own task
+//! ([`crate::origin_pool`]), hands each request to its connection through a
+//! dispatch channel, parses the answer into a fresh `HeaderMap` through its
+//! role machinery and feeds the body through a second channel; on the
+//! admitted path that was most of the difference between the edge and nginx
+//! (docs/BENCHMARKS.md, issue 17). This module does only what the proxy needs
+//! on a plain TCP connection it owns:
+//!
+//! - the request head is encoded from the visitor's (already rewritten)
+//!   headers by reference — no copy of the map — into one buffer, framed by
+//!   the body's exact length, or chunked when the length is unknown; a short
+//!   body is written with the head in one `write`;
+//! - the answer's head is parsed with `httparse` in place, its values are
+//!   slices of the bytes read (no copy), interim `1xx` answers are skipped;
+//! - the body is read from the same buffer: an answer read whole with its
+//!   head (most of them) returns its connection to the pool at once and
+//!   leaves as one frame.
+//!
+//! Framing follows RFC 9112 §6.3 strictly, since an origin answer that two
+//! parties could frame differently is how responses get smuggled: no body
+//! for `HEAD`, `204` and `304`; `Transfer-Encoding` wins over
+//! `Content-Length` and such a connection is never reused; two different
+//! lengths, a bad length or a bad chunk is an invalid answer; an answer
+//! without either ends when the origin closes. TLS origins and upgrades stay
+//! on hyper ([`crate::origin_pool`]).
+use std::{
+    io,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, Waker, ready},
+};
+
+use bytes::{Bytes, BytesMut};
+use http::{
+    HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version, header, uri::Authority,
+};
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
+use tokio::{io::AsyncWriteExt as _, net::TcpStream};
+use waitroom_runtime::body::{Body, BoxError};
+
+use crate::origin_pool::OriginPool;
+
+/// Headers an origin answer may carry (hyper's default too).
+pub const MAX_HEADERS: usize = 100;
+/// Bytes an answer's head may take before it is refused (hyper's default
+/// buffer limit, so an origin that worked before still does).
+pub const MAX_HEAD: usize = 8192 + 4096 * 100;
+/// Longest chunk-size line accepted (size, extensions, CRLF).
+const MAX_CHUNK_LINE: usize = 4096;
+/// Room made in the read buffer before each read.
+const READ_RESERVE: usize = 16 * 1024;
+/// A request body's bytes gathered before they are written.
+const WRITE_GATHER: usize = 64 * 1024;
+
+/// Why an exchange with an origin failed.
+#[derive(Debug, thiserror::Error)]
+pub enum H1Error {
+    /// The connection ended before a byte of the answer: an idle connection
+    /// the origin had closed, or an origin that drops requests.
+    #[error("the origin closed the connection without answering")]
+    ClosedBeforeAnswer,
+    /// The answer (head or body) ended before its end.
+    #[error("the origin's answer ended early")]
+    Incomplete,
+    #[error("origin connection: {0}")]
+    Io(#[from] io::Error),
+    /// Not HTTP/1.1 as RFC 9112 frames it.
+    #[error("invalid answer: {0}")]
+    Invalid(&'static str),
+    /// The visitor's request body failed or did not match its length: the
+    /// visitor's fault, not the origin's.
+    #[error("request body: {0}")]
+    RequestBody(#[source] BoxError),
+}
+
+impl H1Error {
+    /// The connection failed (as opposed to the origin answering badly or
+    /// the visitor's body failing).
+    pub fn is_connection_failure(&self) -> bool {
+        matches!(
+            self,
+            Self::ClosedBeforeAnswer | Self::Incomplete | Self::Io(_)
+        )
+    }
+}
+
+/// One HTTP/1.1 connection to a plain-HTTP origin.
+#[derive(Debug)]
+pub struct H1Conn {
+    io: TcpStream,
+    /// What was read and not yet consumed (never holds a byte of the next
+    /// answer once an answer is complete: such a connection is not reused).
+    buf: BytesMut,
+    /// The request head (and short bodies) being written; kept for its
+    /// capacity.
+    out: Vec<u8>,
+    /// Header names and where their values sit in `buf`, while a head is
+    /// turned into a `HeaderMap`; kept for its capacity.
+    spans: Vec<(HeaderName, usize, usize)>,
+    /// Where it goes (the pool's key).
+    authority: Authority,
+    /// Taken from the pool (it served an earlier request).
+    pub reused: bool,
+}
+
+/// How the request's body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RequestFraming {
+    /// Nothing after the head; `Content-Length: 0` written when `true`.
+    Empty(bool),
+    Length(u64),
+    Chunked,
+}
+
+/// How the answer's body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+    /// Until the origin closes.
+    Close,
+}
+
+/// What a parse of the buffer found.
+#[derive(Debug)]
+enum Parsed {
+    /// The final answer's head, its body's framing and whether the
+    /// connection may carry another exchange after it.
+    Final(Head, Framing, bool),
+    /// An interim (`1xx`) answer, consumed.
+    Interim,
+    /// Not all of a head yet.
+    Partial,
+}
+
+/// The answer's head.
+#[derive(Debug)]
+pub struct Head {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+}
+
+impl H1Conn {
+    /// A fresh connection to `authority`.
+    pub fn new(io: TcpStream, authority: Authority) -> Self {
+        Self {
+            io,
+            authority,
+            buf: BytesMut::new(),
+            out: Vec::new(),
+            spans: Vec::new(),
+            reused: false,
+        }
+    }
+
+    /// Whether an idle connection may take another request: the origin has
+    /// neither closed it nor written to it unasked. Costs a system call only
+    /// when the socket reads as ready (which also clears a readiness left
+    /// from the last answer, so the next wait for an answer is a real one).
+    pub fn is_idle_and_open(&mut self) -> bool {
+        // Bytes left over from the last answer would be read as the next.
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            Poll::Ready(Ok(())) => {
+                let mut probe = [0u8; 1];
+                matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+
+    /// Reads more of the answer into `buf`; `Ok(0)` when the origin closed.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < READ_RESERVE / 4 {
+            self.buf.reserve(READ_RESERVE);
+        }
+        loop {
+            ready!(self.io.poll_read_ready(cx))?;
+            match self.io.try_read_buf(&mut self.buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return Poll::Ready(other),
+            }
+        }
+    }
+
+    async fn fill(&mut self) -> io::Result<usize> {
+        std::future::poll_fn(|cx| self.poll_fill(cx)).await
+    }
+
+    /// Sends the request and reads the answer's head.
+    ///
+    /// `headers` are sent as they are but for the framing headers
+    /// (`Content-Length`, `Transfer-Encoding`), which follow `body`; `host`
+    /// is sent as `Host` when `headers` have none. Returns the head and the
+    /// body, which owns the connection until the answer has been read.
+    pub async fn send(
+        mut self,
+        method: &Method,
+        target: &str,
+        headers: &HeaderMap,
+        host: &str,
+        mut body: Body,
+    ) -> Result<(Head, H1Body), H1Error> {
+        let framing = request_framing(method, headers, &body);
+        self.out.clear();
+        encode_head(&mut self.out, method, target, headers, host, framing);
+        self.write_body(&mut body, framing).await?;
+        drop(body);
+        let (head, framing, reusable) = self.read_head(method).await?;
+        Ok((head, H1Body::new(self, framing, reusable)))
+    }
+
+    /// The pool's key.
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    /// Writes what `out` holds and the request body after it.
+    async fn write_body(
+        &mut self,
+        body: &mut Body,
+        framing: RequestFraming,
+    ) -> Result<(), H1Error> {
+        let (mut left, chunked) = match framing {
+            RequestFraming::Empty(_) => {
+                self.io.write_all(&self.out).await?;
+                return Ok(());
+            }
+            RequestFraming::Length(n) => (n, false),
+            RequestFraming::Chunked => (0, true),
+        };
+        let mut trailers_sent = false;
+        loop {
+            // What the body has ready now goes out with what is gathered;
+            // when it has nothing ready, the gathered bytes go first.
+            let polled =
+                std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *body).poll_frame(cx))).await;
+            let frame = match polled {
+                Poll::Ready(frame) => frame,
+                Poll::Pending => {
+                    self.flush_out().await?;
+                    std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+                }
+            };
+            let Some(frame) = frame else { break };
+            let frame = frame.map_err(H1Error::RequestBody)?;
+            match frame.into_data() {
+                Ok(data) => {
+                    if data.is_empty() {
+                        continue;
+                    }
+                    if chunked {
+                        write_hex_line(&mut self.out, data.len());
+                    } else {
+                        let n = data.len() as u64;
+                        if n > left {
+                            return Err(H1Error::RequestBody(
+                                "the request body is longer than its Content-Length".into(),
+                            ));
+                        }
+                        left -= n;
+                    }
+                    if data.len() >= WRITE_GATHER / 4 {
+                        self.flush_out().await?;
+                        self.io.write_all(&data).await?;
+                    } else {
+                        self.out.extend_from_slice(&data);
+                    }
+                    if chunked {
+                        self.out.extend_from_slice(b"\r\n");
+                    }
+                    if self.out.len() >= WRITE_GATHER {
+                        self.flush_out().await?;
+                    }
+                }
+                Err(frame) => {
+                    if let (true, Ok(trailers)) = (chunked, frame.into_trailers()) {
+                        self.out.extend_from_slice(b"0\r\n");
+                        encode_headers(&mut self.out, &trailers, |_| true);
+                        self.out.extend_from_slice(b"\r\n");
+                        trailers_sent = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if chunked && !trailers_sent {
+            self.out.extend_from_slice(b"0\r\n\r\n");
+        }
+        if !chunked && left > 0 {
+            return Err(H1Error::RequestBody(
+                "the request body is shorter than its Content-Length".into(),
+            ));
+        }
+        self.flush_out().await
+    }
+
+    async fn flush_out(&mut self) -> Result<(), H1Error> {
+        if !self.out.is_empty() {
+            self.io.write_all(&self.out).await?;
+            self.out.clear();
+        }
+        Ok(())
+    }
+
+    /// Reads up to the final answer's head (interim `1xx` answers skipped).
+    async fn read_head(&mut self, method: &Method) -> Result<(Head, Framing, bool), H1Error> {
+        let mut answered = false;
+        loop {
+            if !self.buf.is_empty() {
+                answered = true;
+                match self.parse_head(method)? {
+                    Parsed::Final(head, framing, reusable) => return Ok((head, framing, reusable)),
+                    // What follows it may be complete already.
+                    Parsed::Interim => continue,
+                    Parsed::Partial if self.buf.len() >= MAX_HEAD => {
+                        return Err(H1Error::Invalid("the answer's head is too large"));
+                    }
+                    Parsed::Partial => {}
+                }
+            }
+            if self.fill().await? == 0 {
+                return Err(if answered {
+                    H1Error::Incomplete
+                } else {
+                    H1Error::ClosedBeforeAnswer
+                });
+            }
+        }
+    }
+
+    /// The final answer's head if `buf` holds all of it; an interim answer
+    /// is consumed.
+    fn parse_head(&mut self, method: &Method) -> Result<Parsed, H1Error> {
+        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut slots);
+        let len = match parsed.parse(&self.buf) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(H1Error::Invalid("too many header fields"));
+            }
+            Err(_) => return Err(H1Error::Invalid("malformed head")),
+        };
+        let code = parsed.code.unwrap_or(0);
+        let status = StatusCode::from_u16(code).map_err(|_| H1Error::Invalid("bad status code"))?;
+        if status.is_informational() {
+            if status == StatusCode::SWITCHING_PROTOCOLS {
+                return Err(H1Error::Invalid("101 to a request that asked no upgrade"));
+            }
+            let _ = self.buf.split_to(len);
+            return Ok(Parsed::Interim);
+        }
+        let version = if parsed.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        let base = self.buf.as_ptr() as usize;
+        let mut length: Option<u64> = None;
+        let mut transfer_encoding = false;
+        let mut chunked = false;
+        let mut close = false;
+        let mut keep_alive = false;
+        self.spans.clear();
+        for h in parsed.headers.iter() {
+            let name = HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| H1Error::Invalid("bad header name"))?;
+            if name == header::CONTENT_LENGTH {
+                let n = parse_length(h.value).ok_or(H1Error::Invalid("bad Content-Length"))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(H1Error::Invalid("two different Content-Lengths"));
+                }
+                length = Some(n);
+            } else if name == header::TRANSFER_ENCODING {
+                transfer_encoding = true;
+                // Only the last coding decides (RFC 9112 §6.3, 4).
+                chunked = last_token(h.value).is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
+            } else if name == header::CONNECTION {
+                for token in h.value.split(|b| *b == b',') {
+                    let token = token.trim_ascii();
+                    close |= token.eq_ignore_ascii_case(b"close");
+                    keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                }
+            }
+            let start = h.value.as_ptr() as usize - base;
+            self.spans.push((name, start, start + h.value.len()));
+        }
+        let head_bytes = self.buf.split_to(len).freeze();
+        let mut headers = HeaderMap::with_capacity(self.spans.len());
+        for (name, start, end) in self.spans.drain(..) {
+            // httparse admits only HTAB, SP, VCHAR and obs-text in a value:
+            // exactly what a `HeaderValue` may hold.
+            headers.append(
+                name,
+                HeaderValue::from_maybe_shared(head_bytes.slice(start..end))
+                    .map_err(|_| H1Error::Invalid("bad header value"))?,
+            );
+        }
+        let mut reusable = if version == Version::HTTP_11 {
+            !close
+        } else {
+            keep_alive && !close
+        };
+        let framing = if *method == Method::HEAD
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            Framing::None
+        } else if transfer_encoding {
+            if length.is_some() {
+                // Both: the length is ignored, and so is the rest of what
+                // this connection may carry (RFC 9112 §6.3, 3).
+                headers.remove(header::CONTENT_LENGTH);
+                reusable = false;
+            }
+            if chunked {
+                Framing::Chunked
+            } else {
+                Framing::Close
+            }
+        } else if let Some(n) = length {
+            Framing::Length(n)
+        } else {
+            Framing::Close
+        };
+        if framing == Framing::Close {
+            reusable = false;
+        }
+        Ok(Parsed::Final(
+            Head {
+                status,
+                version,
+                headers,
+            },
+            framing,
+            reusable,
+        ))
+    }
+}
+
+/// `Content-Length`'s value: decimal digits only (no sign, no space inside).
+fn parse_length(value: &[u8]) -> Option<u64> {
+    let value = value.trim_ascii();
+    if value.is_empty() || value.len() > 19 {
+        return None;
+    }
+    value.iter().try_fold(0u64, |n, b| {
+        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
+    })
+}
+
+/// The last comma-separated token of a header value.
+fn last_token(value: &[u8]) -> Option<&[u8]> {
+    value
+        .rsplit(|b| *b == b',')
+        .map(<[u8]>::trim_ascii)
+        .find(|t| !t.is_empty())
+}
+
+fn request_framing(method: &Method, headers: &HeaderMap, body: &Body) -> RequestFraming {
+    if body.is_end_stream() {
+        let declared = headers.contains_key(header::CONTENT_LENGTH);
+        let expects_body =
+            *method == Method::POST || *method == Method::PUT || *method == Method::PATCH;
+        return RequestFraming::Empty(declared || expects_body);
+    }
+    match body.size_hint().exact() {
+        Some(n) => RequestFraming::Length(n),
+        None => RequestFraming::Chunked,
+    }
+}
+
+/// The request line and headers, framed by `framing`.
+fn encode_head(
+    out: &mut Vec<u8>,
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    host: &str,
+    framing: RequestFraming,
+) {
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    if !headers.contains_key(header::HOST) {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(host.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    encode_headers(out, headers, |name| {
+        name != header::CONTENT_LENGTH && name != header::TRANSFER_ENCODING
+    });
+    match framing {
+        RequestFraming::Empty(false) => {}
+        RequestFraming::Empty(true) => out.extend_from_slice(b"content-length: 0\r\n"),
+        RequestFraming::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        RequestFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `name: value` lines for the headers `keep` accepts.
+fn encode_headers(out: &mut Vec<u8>, headers: &HeaderMap, keep: impl Fn(&HeaderName) -> bool) {
+    for (name, value) in headers {
+        if keep(name) {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
+/// A chunk's size line.
+fn write_hex_line(out: &mut Vec<u8>, n: usize) {
+    let mut digits = [0u8; 16];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b"0123456789abcdef"[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Where a chunked body's reader is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk: bytes left.
+    Data(u64),
+    /// After a chunk's data: its CRLF.
+    DataEnd,
+    /// After the last chunk: trailer fields, then the final CRLF.
+    Trailers,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Length(u64),
+    Chunked(Chunk),
+    Close,
+    Done,
+}
+
+/// An origin answer's body, read from the connection that carries it; the
+/// end of the body hands the connection back to its pool when it may be
+/// reused.
+/// Dropped early (the visitor left), it drops (closes) the connection.
+pub struct H1Body {
+    state: State,
+    conn: Option<H1Conn>,
+    /// Read with the head: the first frame.
+    ready: Option<Bytes>,
+    reusable: bool,
+    pool: Option<Arc<OriginPool>>,
+}
+
+impl std::fmt::Debug for H1Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("H1Body")
+            .field("state", &self.state)
+            .field("reusable", &self.reusable)
+            .finish_non_exhaustive()
+    }
+}
+
+impl H1Body {
+    fn new(mut conn: H1Conn, framing: Framing, reusable: bool) -> Self {
+        let mut ready = None;
+        let state = match framing {
+            Framing::None => State::Done,
+            Framing::Length(0) => State::Done,
+            Framing::Length(n) if conn.buf.len() as u64 >= n => {
+                // The whole body came with the head.
+                ready = Some(conn.buf.split_to(n as usize).freeze());
+                State::Done
+            }
+            Framing::Length(n) => State::Length(n),
+            Framing::Chunked => State::Chunked(Chunk::Size),
+            Framing::Close => State::Close,
+        };
+        Self {
+            state,
+            conn: Some(conn),
+            ready,
+            reusable,
+            pool: None,
+        }
+    }
+
+    /// The pool the connection goes back to once the body is read (if the
+    /// answer allows it); at once if it already is.
+    pub fn return_to(&mut self, pool: &Arc<OriginPool>) {
+        self.pool = Some(Arc::clone(pool));
+        if self.state == State::Done {
+            self.finish();
+        }
+    }
+
+    /// The body has been read: the connection goes back if nothing else
+    /// came on it.
+    fn finish(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && self.reusable
+            && conn.buf.is_empty()
+            && let Some(pool) = self.pool.take()
+        {
+            pool.check_in_h1(conn);
+        }
+    }
+
+    fn fail(&mut self, err: H1Error) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
+        self.conn = None;
+        self.state = State::Done;
+        Poll::Ready(Some(Err(err)))
+    }
+
+    /// Reads more into the connection's buffer; `Ok(false)` at its end.
+    fn poll_more(&mut self, cx: &mut Context<'_>) -> Poll<Result<bool, H1Error>> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Poll::Ready(Ok(false));
+        };
+        Poll::Ready(
+            ready!(conn.poll_fill(cx))
+                .map(|n| n > 0)
+                .map_err(H1Error::Io),
+        )
+    }
+
+    fn poll_chunked(
+        &mut self,
+        cx: &mut Context<'_>,
+        at: Chunk,
+    ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
+        let mut at = at;
+        loop {
+            let Some(conn) = self.conn.as_mut() else {
+                return self.fail(H1Error::Incomplete);
+            };
+            let buf = &mut conn.buf;
+            let step = match at {
+                Chunk::Size => match buf.iter().position(|b| *b == b'\n') {
+                    Some(end) => {
+                        let line = buf.split_to(end + 1);
+                        match parse_chunk_size(&line) {
+                            Some(0) => Some(Chunk::Trailers),
+                            Some(n) => Some(Chunk::Data(n)),
+                            None => return self.fail(H1Error::Invalid("bad chunk size")),
+                        }
+                    }
+                    None if buf.len() > MAX_CHUNK_LINE => {
+                        return self.fail(H1Error::Invalid("chunk-size line too long"));
+                    }
+                    None => None,
+                },
+                Chunk::Data(left) if !buf.is_empty() => {
+                    let take = left.min(buf.len() as u64);
+                    let data = buf.split_to(take as usize).freeze();
+                    let left = left - take;
+                    self.state = State::Chunked(if left == 0 {
+                        Chunk::DataEnd
+                    } else {
+                        Chunk::Data(left)
+                    });
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Chunk::Data(_) => None,
+                Chunk::DataEnd if buf.len() >= 2 => {
+                    if &buf[..2] != b"\r\n" {
+                        return self.fail(H1Error::Invalid("chunk data not ended by CRLF"));
+                    }
+                    let _ = buf.split_to(2);
+                    Some(Chunk::Size)
+                }
+                Chunk::DataEnd => None,
+                Chunk::Trailers => {
+                    if buf.starts_with(b"\r\n") {
+                        let _ = buf.split_to(2);
+                        self.state = State::Done;
+                        self.finish();
+                        return Poll::Ready(None);
+                    }
+                    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                    match httparse::parse_headers(buf, &mut slots) {
+                        Ok(httparse::Status::Complete((len, fields))) => {
+                            let mut trailers = HeaderMap::with_capacity(fields.len());
+                            for f in fields {
+                                if let (Ok(name), Ok(value)) = (
+                                    HeaderName::from_bytes(f.name.as_bytes()),
+                                    HeaderValue::from_bytes(f.value),
+                                ) {
+                                    trailers.append(name, value);
+                                }
+                            }
+                            let _ = buf.split_to(len);
+                            self.state = State::Done;
+                            self.finish();
+                            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                        }
+                        Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD => None,
+                        _ => return self.fail(H1Error::Invalid("bad trailer fields")),
+                    }
+                }
+            };
+            match step {
+                Some(next) => {
+                    at = next;
+                    self.state = State::Chunked(at);
+                }
+                None => match ready!(self.poll_more(cx)) {
+                    Ok(true) => {}
+                    Ok(false) => return self.fail(H1Error::Incomplete),
+                    Err(err) => return self.fail(err),
+                },
+            }
+        }
+    }
+}
+
+/// A chunk-size line's size (hex digits, then optional extensions).
+fn parse_chunk_size(line: &[u8]) -> Option<u64> {
+    let line = line.strip_suffix(b"\n")?;
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 15 {
+        return None;
+    }
+    let rest = line[digits..].trim_ascii_start();
+    if !(rest.is_empty() || rest.starts_with(b";")) {
+        return None;
+    }
+    line[..digits].iter().try_fold(0u64, |n, b| {
+        let d = (*b as char).to_digit(16)?;
+        Some(n << 4 | u64::from(d))
+    })
+}
+
+impl HttpBody for H1Body {
+    type Data = Bytes;
+    type Error = H1Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
+        let this = &mut *self;
+        if let Some(data) = this.ready.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        loop {
+            match this.state {
+                State::Done => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                State::Chunked(at) => return this.poll_chunked(cx, at),
+                State::Length(left) => {
+                    let Some(conn) = this.conn.as_mut() else {
+                        return this.fail(H1Error::Incomplete);
+                    };
+                    if conn.buf.is_empty() {
+                        match ready!(this.poll_more(cx)) {
+                            Ok(true) => continue,
+                            Ok(false) => return this.fail(H1Error::Incomplete),
+                            Err(err) => return this.fail(err),
+                        }
+                    }
+                    let take = left.min(conn.buf.len() as u64);
+                    let data = conn.buf.split_to(take as usize).freeze();
+                    if take == left {
+                        this.state = State::Done;
+                        this.finish();
+                    } else {
+                        this.state = State::Length(left - take);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                State::Close => {
+                    let Some(conn) = this.conn.as_mut() else {
+                        this.state = State::Done;
+                        continue;
+                    };
+                    if !conn.buf.is_empty() {
+                        let data = conn.buf.split().freeze();
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    match ready!(this.poll_more(cx)) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            this.conn = None;
+                            this.state = State::Done;
+                        }
+                        Err(err) => return this.fail(err),
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.state == State::Done && self.ready.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let ready = self.ready.as_ref().map_or(0, |b| b.len() as u64);
+        match self.state {
+            State::Done => SizeHint::with_exact(ready),
+            State::Length(left) => SizeHint::with_exact(ready + left),
+            State::Chunked(_) | State::Close => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_are_plain_decimal() {
+        assert_eq!(parse_length(b"0"), Some(0));
+        assert_eq!(parse_length(b" 42 "), Some(42));
+        assert_eq!(
+            parse_length(b"9999999999999999999"),
+            Some(9_999_999_999_999_999_999)
+        );
+        for bad in [
+            &b""[..],
+            b"+1",
+            b"-1",
+            b"1 2",
+            b"0x10",
+            b"1,1",
+            b"99999999999999999999",
+        ] {
+            assert_eq!(
+                parse_length(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn chunk_sizes_are_hex_with_optional_extensions() {
+        assert_eq!(parse_chunk_size(b"1a\r\n"), Some(26));
+        assert_eq!(parse_chunk_size(b"FF;name=value\r\n"), Some(255));
+        assert_eq!(parse_chunk_size(b"0\r\n"), Some(0));
+        assert_eq!(parse_chunk_size(b"10 ; ext\r\n"), Some(16));
+        assert_eq!(parse_chunk_size(b"10\n"), Some(16));
+        for bad in [
+            &b"\r\n"[..],
+            b"zz\r\n",
+            b"-1\r\n",
+            b"0x10\r\n",
+            b"1 2\r\n",
+            b"1000000000000000\r\n",
+            b"10",
+        ] {
+            assert_eq!(
+                parse_chunk_size(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn hex_lines_round_trip() {
+        for n in [0usize, 1, 15, 16, 255, 4096, 65_535, 1 << 40] {
+            let mut out = Vec::new();
+            write_hex_line(&mut out, n);
+            assert_eq!(parse_chunk_size(&out), Some(n as u64), "{n}");
+            assert_eq!(out, format!("{n:x}\r\n").into_bytes());
+        }
+    }
+
+    #[test]
+    fn the_last_coding_decides_chunked() {
+        assert_eq!(last_token(b"gzip, chunked"), Some(&b"chunked"[..]));
+        assert_eq!(last_token(b"chunked, gzip"), Some(&b"gzip"[..]));
+        assert_eq!(last_token(b"chunked ,"), Some(&b"chunked"[..]));
+        assert_eq!(last_token(b""), None);
+    }
+}
