@@ -1,5 +1,11 @@
 //! A worker's HTTP/1.1 connections to origins, driven in the request's own task.
 //!
+//! Two kinds: plain-HTTP origins get [`H1Conn`]s, the proxy's own exchange
+//! ([`crate::origin_h1`]); TLS origins and upgrades (whose `101` hands the
+//! socket to a tunnel) get hyper's, described here. Both wait in the same
+//! per-worker pool under the same rules (idle timeout, the most recently
+//! returned first, checked for a close by the origin before reuse).
+//!
 //! hyper's pooled client (`hyper_util::client::legacy`) runs every origin
 //! connection as a task of its own and hands it each request through a
 //! channel: two extra task wake-ups per proxied request that nginx's one

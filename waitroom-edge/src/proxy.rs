@@ -2,7 +2,8 @@
 //!
 //! One origin connection pool per worker ([`crate::origin_pool`]: connections
 //! are reused, never shared across cores, and driven in the request's own
-//! task). Bodies stream both ways; hop-by-hop headers are removed (but
+//! task); plain-HTTP origins are spoken to by [`crate::origin_h1`], TLS
+//! origins by hyper's client. Bodies stream both ways; hop-by-hop headers are removed (but
 //! never, on a client's `Connection` nomination, a header the node sets or
 //! routes by), the forwarding headers say what the node knows of the client
 //! (see [`crate::forwarded`]) and the node's `Via` is added. The origin comes
