@@ -53,6 +53,9 @@ enum Step {
     Close(Vec<Part>),
     /// Answer the request body's length and checksum (`LEN FNV`), keep.
     Echo,
+    /// Answer as soon as the head is read, without reading the body, then
+    /// close (an origin refusing an upload it will not take).
+    Refuse(Vec<u8>),
 }
 
 fn keep(bytes: &[u8]) -> Step {
@@ -131,6 +134,16 @@ fn serve(stream: TcpStream, conn: usize, steps: &[Step], seen: &Mutex<Vec<Seen>>
     };
     for i in 0..100 {
         let Some(head) = wire.head() else { return };
+        if let Step::Refuse(answer) = &steps[i.min(steps.len() - 1)] {
+            seen.lock().unwrap().push(Seen {
+                conn,
+                head: String::from_utf8_lossy(&head).into_owned(),
+                body: Vec::new(),
+            });
+            wire.write_parts(&[(Duration::ZERO, answer.clone())]);
+            // Closed with the body unread: the kernel resets the connection.
+            return;
+        }
         let Some(body) = wire.body(&head, false) else {
             return;
         };
@@ -149,6 +162,7 @@ fn serve(stream: TcpStream, conn: usize, steps: &[Step], seen: &Mutex<Vec<Seen>>
                 wire.write_parts(parts);
                 return;
             }
+            Step::Refuse(_) => unreachable!("answered before the body"),
             Step::Echo => {
                 let text = format!("{} {:016x}", body.len(), fnv(&body));
                 let answer = format!(
@@ -1133,6 +1147,58 @@ fn a_300_kb_request_body_with_a_content_length_reaches_the_origin_byte_exact() {
         "{}",
         seen[0].head
     );
+}
+
+#[test]
+fn an_answer_the_origin_gives_before_reading_an_upload_reaches_the_visitor() {
+    let dir = TempDir::new("exchange-early-answer");
+    // Connection 0 refuses the upload after its head and closes with the
+    // body unread; the others answer plainly.
+    let origin = Origin::start(|n| {
+        if n == 0 {
+            vec![Step::Refuse(
+                b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 8\r\nConnection: close\r\n\r\ntoo big\n"
+                    .to_vec(),
+            )]
+        } else {
+            vec![keep(OK)]
+        }
+    });
+    let edge = node(&dir, origin.addr);
+    // Far more than the socket buffers between node and origin hold, so
+    // the node's write fails before the body is out. The visitor writes it
+    // from a thread of its own and reads the answer meanwhile (a node may
+    // answer, and close, before the upload is done).
+    let body = noise(12 << 20, 44);
+    let stream = TcpStream::connect(edge.http).expect("connect to the node");
+    let mut writer = stream.try_clone().expect("clone the socket");
+    writer
+        .set_write_timeout(Some(IO_TIMEOUT))
+        .expect("socket options");
+    let upload = std::thread::spawn(move || {
+        let head = format!(
+            "POST /upload HTTP/1.1\r\nHost: shop.example\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n",
+            body.len()
+        );
+        // Fails once the node stops reading: expected.
+        let _ = writer
+            .write_all(head.as_bytes())
+            .and_then(|()| writer.write_all(&body));
+    });
+    let mut wire = Wire::new(stream).expect("socket options");
+    let head = wire.head().expect("an answer head");
+    let head = String::from_utf8_lossy(&head).into_owned();
+    assert!(
+        head.starts_with("HTTP/1.1 413 "),
+        "the origin's refusal, not a 502: {head}"
+    );
+    drop(wire);
+    upload.join().expect("the upload thread ends");
+    // The origin answered: it is not marked as failing, and serves on.
+    for i in 0..3 {
+        get_ok(&client(), &edge, &format!("after the refusal, request {i}"));
+    }
 }
 
 #[test]

@@ -16,7 +16,9 @@
 //!   slices of the bytes read (no copy), interim `1xx` answers are skipped;
 //! - the body is read from the same buffer: an answer read whole with its
 //!   head (most of them) returns its connection to the pool at once and
-//!   leaves as one frame.
+//!   leaves as one frame;
+//! - an origin that answers before reading all of an upload and closes (a
+//!   `413`) has its answer passed on, not a `502` for the failed write.
 //!
 //! Framing follows RFC 9112 §6.3 strictly, since an origin answer that two
 //! parties could frame differently is how responses get smuggled: no body
@@ -212,9 +214,19 @@ impl H1Conn {
         let framing = request_framing(method, headers, &body);
         self.out.clear();
         encode_head(&mut self.out, method, target, headers, host, framing);
-        self.write_body(&mut body, framing).await?;
+        let written = self.write_body(&mut body, framing).await;
         drop(body);
-        let (head, framing, reusable) = self.read_head(method).await?;
+        let (head, framing, reusable) = match written {
+            Ok(()) => self.read_head(method).await?,
+            // An origin may answer before it has read all of the request
+            // (refusing an upload) and close: if its answer came, that is
+            // the answer, on a connection that is done.
+            Err(err @ H1Error::Io(_)) => match self.read_head(method).await {
+                Ok((head, framing, _)) => (head, framing, false),
+                Err(_) => return Err(err),
+            },
+            Err(err) => return Err(err),
+        };
         Ok((head, H1Body::new(self, framing, reusable)))
     }
 
