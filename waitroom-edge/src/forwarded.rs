@@ -312,6 +312,18 @@ pub struct Forwarding {
 ///   `X-Forwarded-Proto` is set to `<scheme>` only when it sent none, and
 ///   `X-Real-IP` is the resolved client.
 pub fn rewrite_for_origin(headers: &mut HeaderMap, f: &Forwarding) -> bool {
+    let (removed, additions) = forwarding_for_origin(headers, f);
+    additions.apply(headers);
+    removed
+}
+
+/// [`rewrite_for_origin`] with the node's headers returned instead of put
+/// in `headers` (client claims from an untrusted hop are removed from
+/// `headers` all the same): a request written by hand to the origin
+/// ([`crate::origin_h1`]) writes them after the visitor's, where four
+/// insertions into the map (and the map growing for them) cost more than
+/// the rest of the rewrite (issue 17).
+pub fn forwarding_for_origin(headers: &mut HeaderMap, f: &Forwarding) -> (bool, Additions) {
     // Which claims the request carries, from one pass over its names: a
     // hashed lookup per claim cost more than the rewrite (issue 17).
     let mut present = claims_present(headers);
@@ -333,6 +345,7 @@ pub fn rewrite_for_origin(headers: &mut HeaderMap, f: &Forwarding) -> bool {
     }
     let hop = f.hop.to_canonical();
     let own = OwnEntries::of(hop, f.client.to_canonical(), f.scheme);
+    let mut additions = Additions::default();
     // Several lines are one list, in order (RFC 9110 §5.3); a line that is
     // not text leaves only the node's own entry.
     let xff = if has(present, &X_FORWARDED_FOR) {
@@ -348,17 +361,72 @@ pub fn rewrite_for_origin(headers: &mut HeaderMap, f: &Forwarding) -> bool {
     } else {
         own.hop
     };
-    headers.insert(X_FORWARDED_FOR, xff);
-    headers.insert(X_REAL_IP, own.client);
+    additions.replaces_present = has(present, &X_FORWARDED_FOR) || has(present, &X_REAL_IP);
+    additions.push(X_FORWARDED_FOR, xff, true);
+    additions.push(X_REAL_IP, own.client, true);
     if !has(present, &X_FORWARDED_PROTO) {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(f.scheme));
+        additions.push(X_FORWARDED_PROTO, HeaderValue::from_static(f.scheme), true);
     }
     if has(present, &header::FORWARDED) {
-        headers.append(header::FORWARDED, own.element);
+        additions.push(header::FORWARDED, own.element, false);
     } else if !f.trusted {
-        headers.insert(header::FORWARDED, own.element);
+        additions.push(header::FORWARDED, own.element, true);
     }
-    removed
+    (removed, additions)
+}
+
+/// A header the node sets on a request to the origin.
+#[derive(Debug, Clone)]
+pub struct Addition {
+    pub name: HeaderName,
+    pub value: HeaderValue,
+    /// Replaces every value the request carried under the name (else it
+    /// follows them).
+    pub replace: bool,
+}
+
+/// The headers the node sets on a request to the origin, in order; at most
+/// five (the forwarding headers and `Via`), so no allocation.
+#[derive(Debug, Clone, Default)]
+pub struct Additions {
+    items: [Option<Addition>; 5],
+    len: usize,
+    /// The request carries a header that one of these replaces (else
+    /// nothing of the request's needs to be left out for them).
+    pub replaces_present: bool,
+}
+
+impl Additions {
+    /// Adds one; over five is a bug of the caller.
+    pub fn push(&mut self, name: HeaderName, value: HeaderValue, replace: bool) {
+        self.items[self.len] = Some(Addition {
+            name,
+            value,
+            replace,
+        });
+        self.len += 1;
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Addition> {
+        self.items[..self.len].iter().flatten()
+    }
+
+    /// Whether the request's own `name` headers are left out for one of these.
+    pub fn replaces(&self, name: &HeaderName) -> bool {
+        self.replaces_present && self.iter().any(|a| a.replace && a.name == *name)
+    }
+
+    /// Puts them in `headers`: each replacing one inserted, the others
+    /// appended.
+    pub fn apply(self, headers: &mut HeaderMap) {
+        for a in self.items.into_iter().flatten() {
+            if a.replace {
+                headers.insert(a.name, a.value);
+            } else {
+                headers.append(a.name, a.value);
+            }
+        }
+    }
 }
 
 /// Bit i set: the request carries `CLIENT_CLAIMS[i]`.

@@ -42,7 +42,7 @@ use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use tokio::{io::AsyncWriteExt as _, net::TcpStream};
 use waitroom_runtime::body::{Body, BoxError};
 
-use crate::origin_pool::OriginPool;
+use crate::{forwarded::Additions, origin_pool::OriginPool};
 
 /// Headers an origin answer may carry (hyper's default too).
 pub const MAX_HEADERS: usize = 100;
@@ -200,20 +200,29 @@ impl H1Conn {
     /// Sends the request and reads the answer's head.
     ///
     /// `headers` are sent as they are but for the framing headers
-    /// (`Content-Length`, `Transfer-Encoding`), which follow `body`; `host`
-    /// is sent as `Host` when `headers` have none. Returns the head and the
+    /// (`Content-Length`, `Transfer-Encoding`), which follow `body`, and
+    /// those `additions` replace; `additions` follow them; `host` is sent as
+    /// `Host` when `headers` have none. Returns the head and the
     /// body, which owns the connection until the answer has been read.
     pub async fn send(
         mut self,
         method: &Method,
         target: &str,
         headers: &HeaderMap,
+        additions: &Additions,
         host: &str,
         mut body: Body,
     ) -> Result<(Head, H1Body), H1Error> {
         let framing = request_framing(method, headers, &body);
         self.out.clear();
-        encode_head(&mut self.out, method, target, headers, host, framing);
+        encode_head(
+            &mut self.out,
+            method,
+            target,
+            (headers, additions),
+            host,
+            framing,
+        );
         let written = self.write_body(&mut body, framing).await;
         drop(body);
         let (head, framing, reusable) = match written {
@@ -502,7 +511,7 @@ fn encode_head(
     out: &mut Vec<u8>,
     method: &Method,
     target: &str,
-    headers: &HeaderMap,
+    (headers, additions): (&HeaderMap, &Additions),
     host: &str,
     framing: RequestFraming,
 ) {
@@ -516,8 +525,16 @@ fn encode_head(
         out.extend_from_slice(b"\r\n");
     }
     encode_headers(out, headers, |name| {
-        name != header::CONTENT_LENGTH && name != header::TRANSFER_ENCODING
+        name != header::CONTENT_LENGTH
+            && name != header::TRANSFER_ENCODING
+            && !additions.replaces(name)
     });
+    for a in additions.iter() {
+        out.extend_from_slice(a.name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(a.value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     match framing {
         RequestFraming::Empty(false) => {}
         RequestFraming::Empty(true) => out.extend_from_slice(b"content-length: 0\r\n"),
@@ -913,6 +930,97 @@ mod tests {
             assert_eq!(parse_chunk_size(&out), Some(n as u64), "{n}");
             assert_eq!(out, format!("{n:x}\r\n").into_bytes());
         }
+    }
+
+    /// The head's header lines, name (lower case) by name, each name's
+    /// values in the order written.
+    fn fields_of(head: &[u8]) -> std::collections::BTreeMap<String, Vec<Vec<u8>>> {
+        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut slots);
+        assert!(request.parse(head).unwrap().is_complete());
+        let mut fields = std::collections::BTreeMap::<String, Vec<Vec<u8>>>::new();
+        for h in request.headers.iter() {
+            fields
+                .entry(h.name.to_ascii_lowercase())
+                .or_default()
+                .push(h.value.to_vec());
+        }
+        fields
+    }
+
+    /// The node's headers written after the visitor's say to the origin what
+    /// the same headers put in the map say: for every mix of forwarding
+    /// claims, trusted and untrusted hops, HTTP/1.1 and HTTP/2 visitors.
+    #[test]
+    fn additions_written_by_hand_equal_the_rewritten_map() {
+        use crate::forwarded::{Forwarding, Via};
+        use crate::proxy::{prepare_for_origin, prepare_request_headers};
+        let claims: [(&str, &str); 7] = [
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-forwarded-for", "10.0.0.1, 10.0.0.2"),
+            ("x-real-ip", "203.0.113.10"),
+            ("x-forwarded-proto", "https"),
+            ("forwarded", "for=203.0.113.11;proto=https"),
+            ("x-forwarded-host", "elsewhere.example"),
+            ("via", "1.1 upstream-proxy"),
+        ];
+        let via = Via::new("n1");
+        let mut cases = 0;
+        for mask in 0u32..(1 << claims.len()) {
+            for trusted in [false, true] {
+                for version in [Version::HTTP_11, Version::HTTP_2] {
+                    let mut visitor = HeaderMap::new();
+                    visitor.insert(header::HOST, HeaderValue::from_static("shop.example"));
+                    visitor.insert(header::COOKIE, HeaderValue::from_static("a=b"));
+                    for (i, (name, value)) in claims.iter().enumerate() {
+                        if mask & (1 << i) != 0 {
+                            visitor.append(
+                                HeaderName::from_static(name),
+                                HeaderValue::from_static(value),
+                            );
+                        }
+                    }
+                    visitor.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+                    let forwarding = Forwarding {
+                        client: "198.51.100.7".parse().unwrap(),
+                        hop: "192.0.2.1".parse().unwrap(),
+                        trusted,
+                        scheme: "https",
+                    };
+                    let mut in_map = visitor.clone();
+                    let caught_a =
+                        prepare_request_headers(&mut in_map, version, None, &forwarding, &via);
+                    let mut a = Vec::new();
+                    let none = Additions::default();
+                    let framing = RequestFraming::Empty(false);
+                    encode_head(
+                        &mut a,
+                        &Method::GET,
+                        "/p",
+                        (&in_map, &none),
+                        "o:80",
+                        framing,
+                    );
+                    let mut by_hand = visitor.clone();
+                    let (caught_b, additions) =
+                        prepare_for_origin(&mut by_hand, version, None, &forwarding, &via);
+                    let mut b = Vec::new();
+                    encode_head(
+                        &mut b,
+                        &Method::GET,
+                        "/p",
+                        (&by_hand, &additions),
+                        "o:80",
+                        framing,
+                    );
+                    let what = format!("claims {mask:07b}, trusted {trusted}, {version:?}");
+                    assert_eq!(caught_a, caught_b, "{what}");
+                    assert_eq!(fields_of(&a), fields_of(&b), "{what}");
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(cases, 512);
     }
 
     #[test]

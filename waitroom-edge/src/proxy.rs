@@ -33,7 +33,7 @@ use waitroom_runtime::{
 
 use crate::upstream::{OriginChoice, Upstream, tls::OriginTls};
 use crate::{
-    forwarded::{Forwarding, PROTECTED_FROM_NOMINATION, Via, rewrite_for_origin},
+    forwarded::{Additions, Forwarding, PROTECTED_FROM_NOMINATION, Via, forwarding_for_origin},
     metrics::{Defence, Defences},
     origin_h1::{H1Body, H1Error},
     origin_pool::{OriginError, OriginPool, PooledBody},
@@ -151,6 +151,21 @@ pub fn prepare_request_headers(
     forwarding: &Forwarding,
     via: &Via,
 ) -> Caught {
+    let (caught, additions) = prepare_for_origin(headers, version, authority, forwarding, via);
+    additions.apply(headers);
+    caught
+}
+
+/// [`prepare_request_headers`] with the node's own headers (forwarding,
+/// `Via`) returned rather than put in `headers`
+/// ([`crate::forwarded::forwarding_for_origin`]).
+pub fn prepare_for_origin(
+    headers: &mut HeaderMap,
+    version: Version,
+    authority: Option<&Authority>,
+    forwarding: &Forwarding,
+    via: &Via,
+) -> (Caught, Additions) {
     let nomination_ignored = strip_hop_by_hop_except(headers, &PROTECTED_FROM_NOMINATION);
     // HTTP/2 visitors carry the host in :authority; the origin speaks HTTP/1.1.
     if !headers.contains_key(header::HOST)
@@ -159,12 +174,15 @@ pub fn prepare_request_headers(
     {
         headers.insert(header::HOST, v);
     }
-    let untrusted_removed = rewrite_for_origin(headers, forwarding);
-    headers.append(header::VIA, via.value(version));
-    Caught {
-        nomination_ignored,
-        untrusted_removed,
-    }
+    let (untrusted_removed, mut additions) = forwarding_for_origin(headers, forwarding);
+    additions.push(header::VIA, via.value(version), false);
+    (
+        Caught {
+            nomination_ignored,
+            untrusted_removed,
+        },
+        additions,
+    )
 }
 
 /// Why forwarding failed; each becomes a 502 page, but `NoHealthyOrigin` a 503.
@@ -216,7 +234,7 @@ pub async fn forward(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let caught = prepare_request_headers(
+    let (caught, additions) = prepare_for_origin(
         &mut parts.headers,
         parts.version,
         parts.uri.authority(),
@@ -274,6 +292,7 @@ pub async fn forward(
                 method: &parts.method,
                 target: &path_and_query,
                 headers: &parts.headers,
+                additions: &additions,
                 body,
             };
             send_h1(
@@ -298,6 +317,7 @@ pub async fn forward(
             } else {
                 std::mem::take(&mut parts.headers)
             };
+            additions.clone().apply(req.headers_mut());
             // A visitor without `Host` (HTTP/1.0): the origin's own name.
             if !req.headers().contains_key(header::HOST)
                 && let Ok(host) = HeaderValue::from_str(origin.authority.as_str())
@@ -421,6 +441,8 @@ struct OutgoingH1<'a> {
     method: &'a Method,
     target: &'a PathAndQuery,
     headers: &'a HeaderMap,
+    /// The node's headers, written after the visitor's.
+    additions: &'a Additions,
     body: Body,
 }
 
@@ -449,6 +471,7 @@ async fn send_h1(
                 request.method,
                 request.target.as_str(),
                 request.headers,
+                request.additions,
                 origin.as_str(),
                 request.body,
             )
