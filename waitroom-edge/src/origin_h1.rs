@@ -53,6 +53,8 @@ pub const MAX_HEAD: usize = 8192 + 4096 * 100;
 const MAX_CHUNK_LINE: usize = 4096;
 /// Room made in the read buffer before each read.
 const READ_RESERVE: usize = 16 * 1024;
+/// Buffer capacity an idle connection keeps (more is let go at check-in).
+const KEPT_CAPACITY: usize = 2 * READ_RESERVE;
 /// A request body's bytes gathered before they are written.
 const WRITE_GATHER: usize = 64 * 1024;
 
@@ -176,6 +178,17 @@ impl H1Conn {
                 let mut probe = [0u8; 1];
                 matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
             }
+        }
+    }
+
+    /// Lets go of what an upload or a large answer grew the buffers to: up
+    /// to 256 idle connections per origin wait in each worker's pool.
+    pub fn trim_buffers(&mut self) {
+        if self.out.capacity() > KEPT_CAPACITY {
+            self.out = Vec::new();
+        }
+        if self.buf.capacity() > KEPT_CAPACITY {
+            self.buf = BytesMut::new();
         }
     }
 

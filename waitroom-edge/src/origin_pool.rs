@@ -329,7 +329,8 @@ impl OriginPool {
     }
 
     /// Keeps an [`H1Conn`] whose answer was read to its end.
-    pub(crate) fn check_in_h1(&self, conn: H1Conn) {
+    pub(crate) fn check_in_h1(&self, mut conn: H1Conn) {
+        conn.trim_buffers();
         self.idle_h1.lock().put(conn, H1Conn::authority);
     }
 
