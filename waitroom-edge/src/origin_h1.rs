@@ -543,10 +543,7 @@ fn encode_head(
             && !additions.replaces(name)
     });
     for a in additions.iter() {
-        out.extend_from_slice(a.name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(a.value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        header_line(out, &a.name, &a.value);
     }
     match framing {
         RequestFraming::Empty(false) => {}
@@ -565,29 +562,24 @@ fn encode_head(
 fn encode_headers(out: &mut Vec<u8>, headers: &HeaderMap, keep: impl Fn(&HeaderName) -> bool) {
     for (name, value) in headers {
         if keep(name) {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            header_line(out, name, value);
         }
     }
 }
 
+/// One `name: value` line.
+fn header_line(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
 /// A chunk's size line.
 fn write_hex_line(out: &mut Vec<u8>, n: usize) {
-    let mut digits = [0u8; 16];
-    let mut i = digits.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        digits[i] = b"0123456789abcdef"[n & 0xf];
-        n >>= 4;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
-    out.extend_from_slice(b"\r\n");
+    use std::io::Write as _;
+    // Writing to a `Vec` cannot fail.
+    let _ = write!(out, "{n:x}\r\n");
 }
 
 /// Where a chunked body's reader is.

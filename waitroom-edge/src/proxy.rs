@@ -414,17 +414,9 @@ async fn send(
         body.finish_if_empty().await;
         Ok::<_, OriginError>((parts, body))
     };
-    let (mut parts, body) = tokio::time::timeout(response_timeout, exchange)
-        .await
-        .map_err(|_| ProxyError::Timeout {
-            origin: origin.clone(),
-            timeout: response_timeout,
-        })?
-        .map_err(|source| classify(source, origin, reused))?;
-    strip_hop_by_hop(&mut parts.headers);
-    parts
-        .headers
-        .append(header::VIA, via.value(Version::HTTP_11));
+    let outcome = tokio::time::timeout(response_timeout, exchange).await;
+    let (mut parts, body) = settle(outcome, origin, response_timeout, reused)?;
+    answer_headers_for_visitor(&mut parts.headers, via);
     Ok(Response::from_parts(
         parts,
         OriginBody {
@@ -479,16 +471,9 @@ async fn send_h1(
         body.return_to(client);
         Ok::<_, OriginError>((head, body))
     };
-    let (mut head, body) = tokio::time::timeout(response_timeout, exchange)
-        .await
-        .map_err(|_| ProxyError::Timeout {
-            origin: origin.clone(),
-            timeout: response_timeout,
-        })?
-        .map_err(|source| classify(source, origin, reused))?;
-    strip_hop_by_hop(&mut head.headers);
-    head.headers
-        .append(header::VIA, via.value(Version::HTTP_11));
+    let outcome = tokio::time::timeout(response_timeout, exchange).await;
+    let (mut head, body) = settle(outcome, origin, response_timeout, reused)?;
+    answer_headers_for_visitor(&mut head.headers, via);
     let mut response = Response::new(
         OriginBody {
             inner: OriginStream::H1(body),
@@ -501,6 +486,29 @@ async fn send_h1(
     *response.version_mut() = head.version;
     *response.headers_mut() = head.headers;
     Ok(response)
+}
+
+/// An attempt's outcome within `response_timeout`: the answer's head, or
+/// why there is none ([`classify`]).
+fn settle<T>(
+    outcome: Result<Result<T, OriginError>, tokio::time::error::Elapsed>,
+    origin: &Authority,
+    response_timeout: Duration,
+    reused: bool,
+) -> Result<T, ProxyError> {
+    outcome
+        .map_err(|_| ProxyError::Timeout {
+            origin: origin.clone(),
+            timeout: response_timeout,
+        })?
+        .map_err(|source| classify(source, origin, reused))
+}
+
+/// The origin's answer headers as the visitor gets them: hop-by-hop ones
+/// removed, the node's `Via` appended.
+fn answer_headers_for_visitor(headers: &mut HeaderMap, via: &Via) {
+    strip_hop_by_hop(headers);
+    headers.append(header::VIA, via.value(Version::HTTP_11));
 }
 
 /// Whose fault a failed attempt was: the visitor's body, the connection, or
