@@ -751,6 +751,49 @@ fn interim_100_and_103_answers_before_the_final_one_are_passed_over() {
     assert_eq!(origin.accepted(), 1, "interim answers keep the connection");
 }
 
+/// An origin that streams `103 Early Hints` without end (one every 10 ms
+/// for 4 s, past the room's 3 s `origin_timeout_ms`) is refused as an invalid
+/// answer once it passes the bound of interim answers: a `502` saying the
+/// origin could not be reached, where without the bound the node parsed
+/// until the timeout (`origin_timeout`). Exactly `MAX_INTERIM` interim
+/// answers before the final one pass; one more is refused, and the
+/// connection is not used again.
+#[test]
+fn an_origin_that_sends_interim_answers_without_end_is_refused_before_its_timeout() {
+    use waitroom_edge::origin_h1::MAX_INTERIM;
+    const EARLY: &[u8] = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n";
+    let dir = TempDir::new("exchange-endless-interim");
+    let origin = Origin::start(|conn| match conn {
+        0 => vec![Step::Close(
+            (0..400)
+                .map(|_| (Duration::from_millis(10), EARLY.to_vec()))
+                .collect(),
+        )],
+        1 => vec![
+            keep(&[EARLY.repeat(MAX_INTERIM), OK.to_vec()].concat()),
+            keep(&[EARLY.repeat(MAX_INTERIM + 1), OK.to_vec()].concat()),
+            keep(REUSED),
+        ],
+        _ => vec![keep(OK)],
+    });
+    let edge = node(&dir, origin.addr);
+    let agent = client();
+    let v = get(&agent, &edge);
+    assert_eq!(v.status, 502, "{v:?}");
+    assert!(v.text().contains("origin_unreachable"), "{v:?}");
+    assert!(!v.text().contains("origin_timeout"), "{v:?}");
+    get_ok(&agent, &edge, "as many interim answers as the bound allows");
+    let v = get(&agent, &edge);
+    assert_eq!(v.status, 502, "one interim answer over the bound: {v:?}");
+    assert!(v.text().contains("origin_unreachable"), "{v:?}");
+    get_ok(&agent, &edge, "after the refused answers");
+    assert_eq!(
+        origin.accepted(),
+        3,
+        "a refused answer's connection is closed"
+    );
+}
+
 #[test]
 fn no_content_and_not_modified_answers_have_no_body_and_keep_the_connection() {
     // A 304's Content-Length is the length the representation would have:

@@ -49,6 +49,12 @@ pub const MAX_HEADERS: usize = 100;
 /// Bytes an answer's head may take before it is refused (hyper's default
 /// buffer limit, so an origin that worked before still does).
 pub const MAX_HEAD: usize = 8192 + 4096 * 100;
+/// Interim (`1xx`) answers passed over before the final one; more, and the
+/// answer is refused. A real origin sends one `100 Continue` and a few `103
+/// Early Hints` at most; one that streams them without end would otherwise
+/// keep the node parsing until `origin_timeout_ms`. The interim heads also
+/// count towards [`MAX_HEAD`] with the final one.
+pub const MAX_INTERIM: usize = 16;
 /// Longest chunk-size line accepted (size, extensions, CRLF).
 const MAX_CHUNK_LINE: usize = 4096;
 /// Room made in the read buffer before each read.
@@ -348,14 +354,25 @@ impl H1Conn {
     /// Reads up to the final answer's head (interim `1xx` answers skipped).
     async fn read_head(&mut self, method: &Method) -> Result<(Head, Framing, bool), H1Error> {
         let mut answered = false;
+        let mut interims = 0;
+        // Bytes of the interim heads passed over.
+        let mut passed = 0;
         loop {
             if !self.buf.is_empty() {
                 answered = true;
+                let before = self.buf.len();
                 match self.parse_head(method)? {
                     Parsed::Final(head, framing, reusable) => return Ok((head, framing, reusable)),
-                    // What follows it may be complete already.
-                    Parsed::Interim => continue,
-                    Parsed::Partial if self.buf.len() >= MAX_HEAD => {
+                    Parsed::Interim => {
+                        interims += 1;
+                        passed += before - self.buf.len();
+                        if interims > MAX_INTERIM || passed >= MAX_HEAD {
+                            return Err(H1Error::Invalid("too many interim (1xx) answers"));
+                        }
+                        // What follows it may be complete already.
+                        continue;
+                    }
+                    Parsed::Partial if passed + self.buf.len() >= MAX_HEAD => {
                         return Err(H1Error::Invalid("the answer's head is too large"));
                     }
                     Parsed::Partial => {}
