@@ -5,6 +5,13 @@ use std::path::PathBuf;
 use clap::{CommandFactory as _, Parser, Subcommand};
 use waitroom_runtime::systemd::EX_CONFIG;
 
+/// mimalloc instead of glibc's malloc: a request makes about ten small
+/// allocations (header values, the cookie, hyper's timer), each freed by the
+/// same worker thread, which mimalloc's per-thread free lists serve in a few
+/// dozen instructions (docs/BENCHMARKS.md, "The allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     version,
