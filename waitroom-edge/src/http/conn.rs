@@ -51,6 +51,14 @@ pub struct ConnState {
     in_flight: AtomicU32,
     /// When the last request finished (or the connection was accepted).
     last_active_ms: AtomicU64,
+    /// Bytes arrived with no request in flight: the next request's head has
+    /// begun, and it has the header deadline on top of the keep-alive one
+    /// (nginx: `keepalive_timeout` to the first byte, then
+    /// `client_header_timeout`). Cleared when that head is complete.
+    head_begun: AtomicBool,
+    /// An HTTP/2 connection: its frames between requests (pings, window
+    /// updates) are no request head, so no read marks [`Self::head_begun`].
+    multiplexed: AtomicBool,
     /// When the current write started to block; 0: not blocked.
     write_blocked_ms: AtomicU64,
     /// Asked to close by [`Registry::evict_oldest_idle`].
@@ -68,6 +76,8 @@ impl ConnState {
             first_request: AtomicBool::new(false),
             in_flight: AtomicU32::new(0),
             last_active_ms: AtomicU64::new(now),
+            head_begun: AtomicBool::new(false),
+            multiplexed: AtomicBool::new(false),
             write_blocked_ms: AtomicU64::new(0),
             evict: AtomicBool::new(false),
             wake: Notify::new(),
@@ -81,13 +91,22 @@ impl ConnState {
     /// When the task should look again: the earliest deadline that could be due.
     pub fn next_check(&self, s: &Settings, now: Instant) -> Instant {
         if !self.first_request.load(Relaxed) {
-            return self.at(self.accepted_ms) + s.header_read_timeout;
+            let accepted = self.at(self.accepted_ms);
+            let header = accepted + s.header_read_timeout;
+            // A first request may come and go before the header deadline;
+            // its keep-alive deadline is no earlier than this.
+            let soonest_idle = accepted + s.keepalive_timeout;
+            return if soonest_idle > now {
+                header.min(soonest_idle)
+            } else {
+                header
+            };
         }
         // Nothing due yet may become due (a request ends, a write blocks and
         // wakes us): look again at least once per keep-alive period.
         let mut next = now + s.keepalive_timeout;
         if self.in_flight.load(Relaxed) == 0 {
-            next = next.min(self.at(self.last_active_ms.load(Relaxed)) + s.keepalive_timeout);
+            next = next.min(self.idle_deadline(s));
         }
         let blocked = self.write_blocked_ms.load(Relaxed);
         if blocked != 0 {
@@ -106,11 +125,38 @@ impl ConnState {
         if blocked != 0 && now >= self.at(blocked) + s.send_timeout {
             return Some(CloseReason::SendTimeout);
         }
-        let idle_since = self.at(self.last_active_ms.load(Relaxed));
-        if self.in_flight.load(Relaxed) == 0 && now >= idle_since + s.keepalive_timeout {
-            return Some(CloseReason::IdleTimeout);
+        if self.in_flight.load(Relaxed) == 0 && now >= self.idle_deadline(s) {
+            return Some(if self.head_begun.load(Relaxed) {
+                CloseReason::HeaderTimeout
+            } else {
+                CloseReason::IdleTimeout
+            });
         }
         None
+    }
+
+    /// With no request in flight: the keep-alive deadline after the last
+    /// request, or, once the next head has begun, that plus the header
+    /// deadline for the rest of it.
+    fn idle_deadline(&self, s: &Settings) -> Instant {
+        let idle = self.at(self.last_active_ms.load(Relaxed)) + s.keepalive_timeout;
+        if self.head_begun.load(Relaxed) {
+            idle + s.header_read_timeout
+        } else {
+            idle
+        }
+    }
+
+    /// Bytes were read from the client: with no request in flight they begin
+    /// the next request's head (a later request on a kept-alive connection;
+    /// the first one is under the header deadline from accept anyway).
+    fn note_read(&self) {
+        if self.in_flight.load(Relaxed) == 0
+            && !self.head_begun.load(Relaxed)
+            && !self.multiplexed.load(Relaxed)
+        {
+            self.head_begun.store(true, Relaxed);
+        }
     }
 
     /// True once a request head was complete on this connection.
@@ -384,8 +430,12 @@ pub struct InFlight(Arc<ConnState>);
 
 impl InFlight {
     /// Called when hyper hands over a request: its head is complete.
-    pub fn start(state: &Arc<ConnState>) -> Self {
+    pub fn start(state: &Arc<ConnState>, version: http::Version) -> Self {
         state.first_request.store(true, Relaxed);
+        if version == http::Version::HTTP_2 {
+            state.multiplexed.store(true, Relaxed);
+        }
+        state.head_begun.store(false, Relaxed);
         state.in_flight.fetch_add(1, Relaxed);
         Self(Arc::clone(state))
     }
@@ -471,7 +521,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
             buf.put_slice(&self.prefix.split_to(n));
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.state.note_read();
+        }
+        r
     }
 }
 
@@ -616,7 +671,7 @@ mod tests {
             Some(CloseReason::HeaderTimeout)
         );
         // Once a request came, only the keep-alive and send deadlines apply.
-        let req = InFlight::start(&conn.state);
+        let req = InFlight::start(&conn.state, http::Version::HTTP_11);
         assert_eq!(
             conn.state.overdue(&s, accepted + Duration::from_secs(60)),
             None
@@ -631,11 +686,85 @@ mod tests {
     }
 
     #[test]
+    fn a_later_head_has_the_keepalive_deadline_to_its_first_byte_then_the_header_deadline() {
+        let s = settings();
+        let registry = Arc::new(Registry::default());
+        let conn = registry.register();
+        let state = &conn.state;
+        // Bytes of the first head, then the request: nothing begun after it.
+        state.note_read();
+        drop(InFlight::start(state, http::Version::HTTP_11));
+        let idle = state.at(state.last_active_ms.load(Relaxed));
+        assert_eq!(state.next_check(&s, idle), idle + s.keepalive_timeout);
+        // The next head's first byte: the header deadline is added.
+        state.note_read();
+        let both = idle + s.keepalive_timeout + s.header_read_timeout;
+        // (Looked at again within a keep-alive period in any case.)
+        assert_eq!(state.next_check(&s, idle), idle + s.keepalive_timeout);
+        assert_eq!(state.overdue(&s, idle + s.keepalive_timeout), None);
+        assert_eq!(state.next_check(&s, idle + s.keepalive_timeout), both);
+        assert_eq!(state.overdue(&s, both), Some(CloseReason::HeaderTimeout));
+        // Complete: it is a request, and the next idle wait starts plain.
+        drop(InFlight::start(state, http::Version::HTTP_11));
+        let idle = state.at(state.last_active_ms.load(Relaxed));
+        assert_eq!(
+            state.overdue(&s, idle + s.keepalive_timeout),
+            Some(CloseReason::IdleTimeout)
+        );
+        // Bytes read while a request is in flight (its body, a pipelined
+        // head) begin nothing.
+        let req = InFlight::start(state, http::Version::HTTP_11);
+        state.note_read();
+        drop(req);
+        let idle = state.at(state.last_active_ms.load(Relaxed));
+        assert_eq!(state.next_check(&s, idle), idle + s.keepalive_timeout);
+    }
+
+    #[test]
+    fn http2_frames_between_requests_begin_no_head() {
+        let s = settings();
+        let registry = Arc::new(Registry::default());
+        let conn = registry.register();
+        let state = &conn.state;
+        drop(InFlight::start(state, http::Version::HTTP_2));
+        state.note_read();
+        let idle = state.at(state.last_active_ms.load(Relaxed));
+        assert_eq!(state.next_check(&s, idle), idle + s.keepalive_timeout);
+        assert_eq!(
+            state.overdue(&s, idle + s.keepalive_timeout),
+            Some(CloseReason::IdleTimeout)
+        );
+    }
+
+    #[test]
+    fn before_a_first_request_the_task_also_wakes_when_one_could_have_gone_idle() {
+        // Keep-alive shorter than the header deadline: a first request that
+        // comes and goes at once is idle-overdue at accept + keep-alive, and
+        // the task must not sleep to the header deadline.
+        let mut s = settings();
+        s.keepalive_timeout = Duration::from_millis(600);
+        s.header_read_timeout = Duration::from_millis(2000);
+        let registry = Arc::new(Registry::default());
+        let conn = registry.register();
+        let accepted = conn.state.at(conn.state.accepted_ms);
+        assert_eq!(
+            conn.state.next_check(&s, accepted),
+            accepted + s.keepalive_timeout
+        );
+        // Past that point with still no request: the header deadline, no spin.
+        let later = accepted + Duration::from_millis(700);
+        assert_eq!(
+            conn.state.next_check(&s, later),
+            accepted + s.header_read_timeout
+        );
+    }
+
+    #[test]
     fn a_blocked_write_is_a_send_timeout_even_mid_request() {
         let s = settings();
         let registry = Arc::new(Registry::default());
         let conn = registry.register();
-        let _req = InFlight::start(&conn.state);
+        let _req = InFlight::start(&conn.state, http::Version::HTTP_11);
         conn.state.note_write(true);
         let blocked = conn.state.at(conn.state.write_blocked_ms.load(Relaxed));
         assert_eq!(conn.state.next_check(&s, blocked), blocked + s.send_timeout);
@@ -657,7 +786,7 @@ mod tests {
         oldest.state.last_active_ms.store(5, Relaxed);
         busy.state.last_active_ms.store(1, Relaxed);
         newer.state.last_active_ms.store(9, Relaxed);
-        let _req = InFlight::start(&busy.state);
+        let _req = InFlight::start(&busy.state, http::Version::HTTP_11);
         busy.state.last_active_ms.store(1, Relaxed);
         assert!(registry.evict_oldest_idle());
         assert!(oldest.state.evicted());

@@ -383,7 +383,7 @@ async fn accept_loop(
                 let node = Arc::clone(&node);
                 let state = Arc::clone(&state);
                 service_fn(move |req| {
-                    let in_flight = conn::InFlight::start(&state);
+                    let in_flight = conn::InFlight::start(&state, req.version());
                     let node = Arc::clone(&node);
                     let worker = Arc::clone(&worker);
                     async move {
@@ -595,12 +595,14 @@ fn connection_builder(settings: &Settings) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
+        // No timer of hyper's per request head: `ConnState` keeps every
+        // deadline of a connection, the first head's from accept and a later
+        // head's from the end of the previous answer (keep-alive, plus the
+        // header deadline once its first byte came, as nginx). hyper's
+        // boxed a sleep, registered and cancelled it for every request
+        // (~660 instructions of a queue-page request's 21,000).
         .timer(TokioTimer::new())
-        // hyper's timer runs from the end of one response to the next complete
-        // head: the keep-alive wait plus the header deadline, which is what
-        // nginx gives a later request on a kept-alive connection (the first
-        // request is under `ConnState`'s deadline from accept).
-        .header_read_timeout(settings.keepalive_timeout + settings.header_read_timeout)
+        .header_read_timeout(None)
         .max_buf_size(settings.max_header_bytes.max(8192))
         .max_headers(settings.max_headers)
         .keep_alive(true);
