@@ -69,6 +69,19 @@ fn closed(m: &str, reason: &str) -> f64 {
     .unwrap_or_else(|| panic!("no close counter for {reason}:\n{m}"))
 }
 
+/// The node's metrics once `n` connections were closed for `reason`, or
+/// after 3 s: a client sees a close a moment before the node's connection
+/// task counts it, so a test waits for the count (bounded) and never races it.
+fn metrics_once_closed(edge: &Edge, reason: &str, n: f64) -> String {
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut m = metrics(edge);
+    while closed(&m, reason) < n && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+        m = metrics(edge);
+    }
+    m
+}
+
 /// A blocking connection to `to` from the loopback address `from`.
 fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
@@ -493,14 +506,7 @@ fn idle_connections_close_after_the_keepalive_timeout_http1_and_http2() {
         h2_ended < Duration::from_millis(KEEPALIVE_MS + 1500),
         "HTTP/2 idle connection closed after {h2_ended:?}"
     );
-    // The client sees the end a moment before the node's connection task
-    // counts it: wait for the count (bounded), do not race it.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let mut m = metrics(&edge);
-    while closed(&m, "idle_timeout") < 2.0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        m = metrics(&edge);
-    }
+    let m = metrics_once_closed(&edge, "idle_timeout", 2.0);
     assert_eq!(closed(&m, "idle_timeout"), 2.0, "{m}");
 }
 
@@ -602,12 +608,7 @@ fn a_kept_alive_connections_next_head_has_the_keepalive_then_the_header_deadline
             && closed_after < deadline + Duration::from_millis(1000),
         "closed {closed_after:?} after the first answer (deadline {deadline:?})"
     );
-    let until = Instant::now() + Duration::from_secs(3);
-    let mut m = metrics(&edge);
-    while closed(&m, "header_timeout") < 1.0 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-        m = metrics(&edge);
-    }
+    let m = metrics_once_closed(&edge, "header_timeout", 1.0);
     assert_eq!(closed(&m, "header_timeout"), 1.0, "{m}");
     // The first connection, left open after its second answer, went idle.
     assert_eq!(closed(&m, "idle_timeout"), 1.0, "{m}");
