@@ -6,7 +6,7 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 use waitroom_runtime::systemd::EX_CONFIG;
 
 /// mimalloc instead of glibc's malloc: a request makes about ten small
-/// allocations (header values, the cookie, hyper's timer), each freed by the
+/// allocations (header values, the cookie, the page's body), each freed by the
 /// same worker thread, which mimalloc's per-thread free lists serve in a few
 /// dozen instructions (docs/BENCHMARKS.md, "The allocator").
 #[global_allocator]
