@@ -598,7 +598,7 @@ fn connection_builder(settings: &Settings) -> auto::Builder<TokioExecutor> {
         // No timer of hyper's per request head: `ConnState` keeps every
         // deadline of a connection, the first head's from accept and a later
         // head's from the end of the previous answer (keep-alive, plus the
-        // header deadline once its first byte came, as nginx). hyper's
+        // header deadline once its first byte came, as nginx). hyper's timer
         // boxed a sleep, registered and cancelled it for every request
         // (~660 instructions of a queue-page request's 21,000).
         .timer(TokioTimer::new())
