@@ -504,6 +504,75 @@ fn test_run_syn_budget_drops_the_excess_of_one_source() {
     assert_eq!(guard.test_run(&frame(flooder, frames::SYN)).unwrap(), Pass);
 }
 
+/// A crowd of SYNs from more distinct (spoofed) sources than the old table of
+/// sources held, sent between an abuser's SYNs: every one of the crowd's
+/// passes (each is its source's first, within any budget, though the crowd
+/// shares every bucket with others), and the abuser stays held to what its
+/// rate earned meanwhile — the crowd's charges neither free nor crowd out
+/// its buckets. (The kernel's LRU table passed this too: it kept the
+/// abuser's busy entry. What it paid was an insert per crowd SYN.)
+#[test]
+fn test_run_a_crowd_of_new_sources_neither_frees_an_abuser_nor_is_dropped() {
+    if !require_root() {
+        return;
+    }
+    let mut config = XdpConfig::new("unused", [SERVICE_PORT]);
+    const BURST: u32 = 10;
+    config.syn_budget = Some(SynBudget {
+        rate_per_sec: 1,
+        burst: BURST,
+    });
+    let guard = load(&config);
+    let dst = Ipv4Addr::new(192, 0, 2, 1);
+    let syn = |src: Ipv4Addr| {
+        frames::ethernet(
+            frames::ETH_P_IP,
+            None,
+            &frames::ipv4(
+                src,
+                dst,
+                frames::TCP,
+                &frames::tcp(40000, SERVICE_PORT, frames::SYN),
+            ),
+        )
+    };
+    let abuser = syn(Ipv4Addr::new(203, 0, 113, 66));
+    let started = Instant::now();
+    let first: Vec<XdpVerdict> = (0..BURST + 2)
+        .map(|_| guard.test_run(&abuser).unwrap())
+        .collect();
+    // 150,000 sources: more than one row of buckets, so most share one.
+    const CROWD: u32 = 150_000;
+    let mut crowd_dropped = 0;
+    for i in 0..CROWD {
+        let src = Ipv4Addr::from(0x6440_0000 + i);
+        if guard.test_run(&syn(src)).unwrap() == XdpVerdict::Drop {
+            crowd_dropped += 1;
+        }
+    }
+    let again = (0..BURST)
+        .filter(|_| guard.test_run(&abuser).unwrap() == XdpVerdict::Pass)
+        .count();
+    let elapsed = started.elapsed();
+
+    use XdpVerdict::{Drop, Pass};
+    let mut expected = vec![Pass; BURST as usize];
+    expected.extend([Drop, Drop]);
+    assert_eq!(first, expected, "the abuser's burst, then drops");
+    assert_eq!(crowd_dropped, 0, "a new source's first SYN always fits");
+    // At 1 SYN a second the abuser earned one SYN per second since.
+    let earned = elapsed.as_secs_f64().ceil() as usize;
+    assert!(
+        again <= earned && earned < BURST as usize,
+        "the abuser passed {again} SYNs after the crowd, {earned} earned in {elapsed:?}"
+    );
+    let snapshot = guard.snapshot().unwrap();
+    assert_eq!(
+        snapshot.ports[&SERVICE_PORT].syn_budget_dropped,
+        2 + (BURST as u64 - again as u64)
+    );
+}
+
 #[test]
 fn test_run_distinct_sources() {
     if !require_root() {

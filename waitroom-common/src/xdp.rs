@@ -9,7 +9,7 @@
 //! | [`MAP_PORTS`] | per-CPU array, 1 + [`MAX_SERVICE_PORTS`] slots | port slot | [`PortCounters`] | kernel |
 //! | [`MAP_SOURCES`] | per-CPU array, 2 slots | `minute % 2` | [`SourceSketch`] | kernel |
 //! | [`MAP_DENY_V4`] / [`MAP_DENY_V6`] | LPM trie | prefix | `u64` packets dropped | userspace inserts, kernel counts |
-//! | [`MAP_SYN_BUDGET`] | LRU hash | source as IPv6 (v4-mapped) | [`SynBucket`] | kernel |
+//! | [`MAP_SYN_BUDGET`] | array, 2 × [`SYN_BUDGET_ROW`] slots | a source's bucket in each row ([`syn_budget_buckets`]) | [`SynBucket`] | kernel |
 //! | [`MAP_SETTINGS`] | array, 1 slot | `u32` 0 | [`XdpSettings`] | userspace |
 //!
 //! Time is `CLOCK_MONOTONIC_COARSE` on both sides (jiffy resolution, which
@@ -45,7 +45,9 @@ pub const MAP_SOURCES: &str = "SOURCES";
 pub const MAP_DENY_V4: &str = "DENY_V4";
 /// LPM trie of denied IPv6 prefixes (`[u8; 16]` keys), value = packets dropped.
 pub const MAP_DENY_V6: &str = "DENY_V6";
-/// LRU hash of per-source SYN budgets ([`SynBucket`]).
+/// Array of the SYN budget's buckets ([`SynBucket`]): two rows of
+/// [`SYN_BUDGET_ROW`], a source's SYN charged to one bucket in each (see
+/// [`syn_budget_charge`]).
 pub const MAP_SYN_BUDGET: &str = "SYN_BUDGET";
 /// Array of one [`XdpSettings`], written by userspace.
 pub const MAP_SETTINGS: &str = "SETTINGS";
@@ -54,8 +56,17 @@ pub const MAP_SETTINGS: &str = "SETTINGS";
 pub const MAX_SERVICE_PORTS: u32 = 64;
 /// How many prefixes each deny trie can hold.
 pub const MAX_DENY_PREFIXES: u32 = 65_536;
-/// How many sources the SYN budget tracks before the least recently used is evicted.
-pub const SYN_BUDGET_SOURCES: u32 = 131_072;
+/// Buckets in each of the SYN budget's two rows (a power of two; 4 MiB of
+/// [`SynBucket`]s in all). The buckets never fill up or get evicted: sources
+/// share them, and a source is held to its budget whatever shares its
+/// buckets. One is wrongly limited only while *both* of its buckets are
+/// loaded by other sources, which takes on the order of
+/// `SYN_BUDGET_ROW × burst` SYNs from distinct sources within a burst's time
+/// (a spoofed flood; one or a few abusers cannot: two given sources share
+/// both buckets with a chance of one in 131,072²).
+pub const SYN_BUDGET_ROW: u32 = 131_072;
+/// Slots of [`MAP_SYN_BUDGET`]: two rows.
+pub const SYN_BUDGET_BUCKETS: u32 = 2 * SYN_BUDGET_ROW;
 
 /// Nanoseconds in the minute the sketches are kept by.
 pub const MINUTE_NS: u64 = 60_000_000_000;
@@ -164,17 +175,99 @@ impl Default for SourceSketch {
     }
 }
 
-/// Per-source state of the SYN budget: a token bucket kept in its GCRA form,
-/// so that one timestamp is the whole state and no division runs per packet.
+/// One bucket of the SYN budget: a token bucket kept in its GCRA form, so
+/// that one timestamp is the whole state and no division runs per packet.
+/// Shared by the sources that hash to it ([`syn_budget_charge`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SynBucket {
     /// Theoretical arrival time (monotonic ns) of the next SYN at the
-    /// configured rate; a SYN is allowed while it would not push this more
-    /// than the burst allowance ahead of now.
+    /// configured rate, at least that of every source charged here; a SYN is
+    /// allowed while it would not push this more than the burst allowance
+    /// ahead of now.
     pub tat_ns: u64,
-    /// SYNs from this source dropped so far (approximate: CPUs race on it).
+    /// SYNs dropped since the bucket last ran empty of charges (approximate:
+    /// CPUs race on it). The program logs a source's first drop while one of
+    /// its buckets still reads 0, so an abuser is named once per episode.
     pub dropped: u64,
+}
+
+/// A source's two buckets in [`MAP_SYN_BUDGET`], one in each row, from its
+/// address hash ([`source_hash_v4`] / [`source_hash_v6`]) and the node's
+/// secret `seed` ([`XdpSettings::syn_seed`], drawn at every load), so that
+/// which addresses share a bucket cannot be worked out from outside.
+#[inline(always)]
+#[must_use]
+pub const fn syn_budget_buckets(hash: u64, seed: u64) -> (u32, u32) {
+    let h = fmix64(hash ^ seed);
+    let mask = SYN_BUDGET_ROW as u64 - 1;
+    (
+        (h & mask) as u32,
+        SYN_BUDGET_ROW + ((h >> 32) & mask) as u32,
+    )
+}
+
+/// What [`syn_budget_charge`] did with a SYN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynVerdict {
+    /// Within the budget: passed, and charged to both buckets.
+    Pass,
+    /// Over it: dropped. `first` while one of the source's buckets had no
+    /// drop yet since it last ran empty: the program names the source then.
+    Drop { first: bool },
+}
+
+/// Charges one SYN at `now` to its source's two buckets `a` and `b` (distinct
+/// slots, one in each row): the SYN budget's whole decision, which the
+/// program runs on the map's slots.
+///
+/// A count-min sketch of GCRA token buckets with conservative update: the
+/// SYN is judged by the less loaded of the two buckets, and if it passes,
+/// each bucket behind the new time is raised to it (none is lowered). A
+/// bucket's time is thus never below the one the source would have with a
+/// bucket of its own, so a source never gets more than `burst` plus
+/// `rate × t` SYNs through, whoever shares its buckets; alone in either one it
+/// is judged exactly as by a bucket of its own. Sharing can only err towards
+/// dropping, and only while both buckets are loaded by others. Nothing is
+/// ever inserted or evicted: a SYN costs two array slots, where a hash table
+/// of sources paid an insert (about 0.4 µs) for every source it had not
+/// seen — that is, for every SYN of a spoofed flood.
+#[inline(always)]
+pub fn syn_budget_charge(
+    a: &mut SynBucket,
+    b: &mut SynBucket,
+    now: u64,
+    interval: u64,
+    burst: u64,
+) -> SynVerdict {
+    let least = if a.tat_ns < b.tat_ns {
+        a.tat_ns
+    } else {
+        b.tat_ns
+    };
+    let tat = if least > now { least } else { now };
+    let next = tat.saturating_add(interval);
+    if next - now > burst {
+        let first = a.dropped == 0 || b.dropped == 0;
+        a.dropped = a.dropped.wrapping_add(1);
+        b.dropped = b.dropped.wrapping_add(1);
+        return SynVerdict::Drop { first };
+    }
+    raise(a, now, next);
+    raise(b, now, next);
+    SynVerdict::Pass
+}
+
+/// Raises `bucket` to `next` if it is behind; a bucket that had run empty
+/// of charges (its time not after `now`) starts counting drops afresh.
+#[inline(always)]
+fn raise(bucket: &mut SynBucket, now: u64, next: u64) {
+    if bucket.tat_ns <= now {
+        bucket.dropped = 0;
+    }
+    if bucket.tat_ns < next {
+        bucket.tat_ns = next;
+    }
 }
 
 /// Runtime settings of the program, written by userspace.
@@ -198,6 +291,10 @@ pub struct XdpSettings {
     /// the program's own cost — so a source seen in the milliseconds before
     /// userspace turns the minute counts in the minute before.
     pub minute: u64,
+    /// Secret mixed into a source's hash to pick its SYN budget buckets
+    /// ([`syn_budget_buckets`]), drawn at random by the loader, so that
+    /// nobody outside can pick addresses that share a victim's buckets.
+    pub syn_seed: u64,
 }
 
 impl XdpSettings {
@@ -394,8 +491,8 @@ mod sketch {
 mod pod {
     // SAFETY (all impls below): the types are `#[repr(C)]`, made only of
     // integers and `u8` arrays laid out without padding (`SourceSketch` is
-    // 8 + 4096 bytes, a multiple of its 8-byte alignment; `XdpSettings` ends
-    // in two `u32`s that fill 8 bytes), and every bit pattern is a valid value.
+    // 8 + 4096 bytes, a multiple of its 8-byte alignment; `XdpSettings` has
+    // its two `u32`s side by side, filling 8 bytes between `u64`s), and every bit pattern is a valid value.
     // SAFETY: see above.
     unsafe impl aya::Pod for super::XdpStats {}
     // SAFETY: see above.
@@ -464,6 +561,195 @@ mod tests {
         }
         a.merge_registers(b.registers());
         assert_eq!(a, both);
+    }
+
+    /// A GCRA bucket of the source's own: what the sketch must match for a
+    /// source alone in its buckets, and bound for any source.
+    fn own_bucket(tat: &mut u64, now: u64, interval: u64, burst: u64) -> bool {
+        let next = (*tat).max(now) + interval;
+        if next - now > burst {
+            return false;
+        }
+        *tat = next;
+        true
+    }
+
+    /// Charges one SYN to buckets `i` and `j` (`i` < `j`) of `table`, as
+    /// the program does to the map's slots.
+    fn sketch_syn(
+        table: &mut [SynBucket],
+        (i, j): (usize, usize),
+        now: u64,
+        interval: u64,
+        burst: u64,
+    ) -> bool {
+        let (low, high) = table.split_at_mut(j);
+        syn_budget_charge(&mut low[i], &mut high[0], now, interval, burst) == SynVerdict::Pass
+    }
+
+    const INTERVAL: u64 = 1_000;
+    const BURST: u64 = 3 * INTERVAL;
+
+    proptest::proptest! {
+        /// Alone in its buckets a source is judged exactly as by a bucket of
+        /// its own: the same SYNs pass, the same are dropped.
+        #[test]
+        fn a_source_alone_is_judged_as_by_its_own_bucket(
+            gaps in proptest::collection::vec(0u64..2_500, 1..200),
+            interval in 1u64..2_000,
+            burst_syns in 1u64..6,
+        ) {
+            let burst = interval * burst_syns;
+            let (mut own, mut table, mut now) = (0, [SynBucket::default(); 2], 1_000_000);
+            for gap in gaps {
+                now += gap;
+                let alone = own_bucket(&mut own, now, interval, burst);
+                proptest::prop_assert_eq!(sketch_syn(&mut table, (0, 1), now, interval, burst), alone);
+            }
+        }
+
+        /// However sources share buckets (rows of three here, so nearly every
+        /// pair shares one), no source gets more through than its own bucket
+        /// would have let through: the SYNs that passed, replayed against a
+        /// bucket of its own, all pass.
+        #[test]
+        fn no_source_passes_more_than_its_budget_whoever_shares_its_buckets(
+            buckets in proptest::collection::vec((0usize..3, 3usize..6), 2..10),
+            syns in proptest::collection::vec((0usize..10, 0u64..1_500), 1..400),
+        ) {
+            let mut table = [SynBucket::default(); 6];
+            let mut passed: Vec<Vec<u64>> = vec![Vec::new(); buckets.len()];
+            let mut now = 1_000_000;
+            for (source, gap) in syns {
+                let source = source % buckets.len();
+                now += gap;
+                if sketch_syn(&mut table, buckets[source], now, INTERVAL, BURST) {
+                    passed[source].push(now);
+                }
+            }
+            for (source, times) in passed.iter().enumerate() {
+                let mut own = 0;
+                for &t in times {
+                    proptest::prop_assert!(
+                        own_bucket(&mut own, t, INTERVAL, BURST),
+                        "source {} passed a SYN at {} beyond its budget", source, t
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_abuser_sharing_one_bucket_leaves_a_polite_source_its_budget() {
+        // Rows of two: the flooder uses buckets (0, 2); the polite source
+        // shares 0, not 2.
+        let (flooder, neighbour) = ((0, 2), (0, 3));
+        let mut table = [SynBucket::default(); 4];
+        let now = 1_000_000;
+        let flood: Vec<bool> = (0..10)
+            .map(|_| sketch_syn(&mut table, flooder, now, INTERVAL, BURST))
+            .collect();
+        assert_eq!(
+            flood.iter().filter(|&&p| p).count(),
+            3,
+            "the burst, then drops"
+        );
+        let polite: Vec<bool> = (0..3)
+            .map(|_| sketch_syn(&mut table, neighbour, now, INTERVAL, BURST))
+            .collect();
+        assert_eq!(polite, [true; 3], "its other bucket is its own");
+        assert!(
+            !sketch_syn(&mut table, neighbour, now, INTERVAL, BURST),
+            "and its burst is 3"
+        );
+        // The flooder is still held: its own bucket 2 is spent, and bucket 0
+        // now carries the polite source's charges too.
+        assert!(!sketch_syn(
+            &mut table,
+            flooder,
+            now + INTERVAL / 2,
+            INTERVAL,
+            BURST
+        ));
+        assert!(
+            sketch_syn(&mut table, flooder, now + INTERVAL, INTERVAL, BURST),
+            "refilled"
+        );
+    }
+
+    #[test]
+    fn a_source_is_wrongly_limited_only_when_both_its_buckets_are_loaded() {
+        // Rows of three: buckets 0–2 and 3–5.
+        let mut table = [SynBucket::default(); 6];
+        let now = 1_000_000;
+        // Two abusers load buckets 0 and 4; the victim hashes to both.
+        for _ in 0..10 {
+            sketch_syn(&mut table, (0, 3), now, INTERVAL, BURST);
+            sketch_syn(&mut table, (1, 4), now, INTERVAL, BURST);
+        }
+        assert!(
+            !sketch_syn(&mut table, (0, 4), now, INTERVAL, BURST),
+            "both loaded: held"
+        );
+        assert!(
+            sketch_syn(&mut table, (0, 5), now, INTERVAL, BURST),
+            "one free: passes"
+        );
+    }
+
+    #[test]
+    fn an_abuser_is_named_once_per_episode() {
+        let (mut a, mut b) = (SynBucket::default(), SynBucket::default());
+        let now = 1_000_000;
+        let mut charge = |at| syn_budget_charge(&mut a, &mut b, at, INTERVAL, BURST);
+        let verdicts: Vec<SynVerdict> = (0..6).map(|_| charge(now)).collect();
+        use SynVerdict::{Drop, Pass};
+        assert_eq!(
+            verdicts,
+            [
+                Pass,
+                Pass,
+                Pass,
+                Drop { first: true },
+                Drop { first: false },
+                Drop { first: false }
+            ]
+        );
+        // Quiet long enough for the buckets to run empty: a new episode.
+        let later = now + 10 * BURST;
+        assert_eq!(charge(later), Pass);
+        assert_eq!(charge(later), Pass);
+        assert_eq!(charge(later), Pass);
+        assert_eq!(charge(later), Drop { first: true });
+    }
+
+    #[test]
+    fn a_sources_buckets_lie_one_in_each_row_spread_and_move_with_the_seed() {
+        let mut moved = 0;
+        for i in 0..10_000u32 {
+            let hash = source_hash_v4(0x0a00_0000 + i);
+            let (a, b) = syn_budget_buckets(hash, 0x1234);
+            assert!(a < SYN_BUDGET_ROW, "first row");
+            assert!(
+                (SYN_BUDGET_ROW..SYN_BUDGET_BUCKETS).contains(&b),
+                "second row"
+            );
+            let (c, d) = syn_budget_buckets(hash, 0x5678);
+            moved += u32::from(a != c && b != d);
+        }
+        assert!(
+            moved > 9_990,
+            "another seed, other buckets: {moved} of 10,000 moved"
+        );
+        // Neighbouring addresses do not crowd into neighbouring buckets.
+        let rows: std::collections::HashSet<u32> = (0..1_000u32)
+            .map(|i| syn_budget_buckets(source_hash_v4(0x0a00_0000 + i), 7).0)
+            .collect();
+        assert!(
+            rows.len() > 990,
+            "1,000 neighbours in {} buckets",
+            rows.len()
+        );
     }
 
     #[test]

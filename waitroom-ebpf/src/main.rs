@@ -9,7 +9,8 @@
 //!    drop per CPU and per prefix;
 //! 4. for TCP/UDP to a service port (the keys of `PORTS`): records the source
 //!    in this minute's HyperLogLog sketch, applies the per-source SYN budget
-//!    to SYNs (dropping the excess), and counts packets, bytes and SYNs.
+//!    to SYNs (dropping the excess; a sketch of token buckets, so a new
+//!    source inserts nothing), and counts packets, bytes and SYNs.
 //!
 //! Map layouts live in `waitroom_common::xdp`.
 // Only the BPF build is a real program; on the host (`cargo check
@@ -29,16 +30,17 @@ mod parse;
 use core::sync::atomic::AtomicU64;
 
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST, xdp_action},
+    bindings::xdp_action,
     helpers::bpf_ktime_get_coarse_ns,
     macros::{map, xdp},
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+    maps::{Array, LpmTrie, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
 use aya_log_ebpf::warn;
 use waitroom_common::xdp::{
-    HLL_REGISTERS, MAX_DENY_PREFIXES, MAX_SERVICE_PORTS, PortCounters, SYN_BUDGET_SOURCES,
-    SourceSketch, SynBucket, XdpSettings, XdpStats, hll_position, source_hash_v4, source_hash_v6,
+    HLL_REGISTERS, MAX_DENY_PREFIXES, MAX_SERVICE_PORTS, PortCounters, SYN_BUDGET_BUCKETS,
+    SourceSketch, SynBucket, SynVerdict, XdpSettings, XdpStats, hll_position, source_hash_v4,
+    source_hash_v6, syn_budget_buckets, syn_budget_charge,
 };
 
 use crate::parse::{Packet, Source, Transport};
@@ -63,9 +65,10 @@ static DENY_V4: LpmTrie<[u8; 4], AtomicU64> = LpmTrie::with_max_entries(MAX_DENY
 #[map(name = "DENY_V6")]
 static DENY_V6: LpmTrie<[u8; 16], AtomicU64> = LpmTrie::with_max_entries(MAX_DENY_PREFIXES, 0);
 
+/// Two rows of buckets shared by all CPUs; a source is charged to one in
+/// each (`waitroom_common::xdp::syn_budget_charge`).
 #[map(name = "SYN_BUDGET")]
-static SYN_BUDGET: LruHashMap<[u8; 16], SynBucket> =
-    LruHashMap::with_max_entries(SYN_BUDGET_SOURCES, 0);
+static SYN_BUDGET: Array<SynBucket> = Array::with_max_entries(SYN_BUDGET_BUCKETS, 0);
 
 #[map(name = "SETTINGS")]
 static SETTINGS: Array<XdpSettings> = Array::with_max_entries(1, 0);
@@ -134,7 +137,7 @@ fn try_waitroom(ctx: &XdpContext) -> Result<u32, ()> {
     };
     record_source(settings.minute, hash);
 
-    if syn && !syn_allowed(ctx, settings, source) {
+    if syn && !syn_allowed(ctx, settings, source, hash) {
         // SAFETY: `port` is this CPU's copy of a per-CPU array slot, checked
         // non-null by `get_ptr_mut`; nothing else writes this CPU's copy while
         // the program runs on it (XDP does not nest), so the plain
@@ -237,63 +240,51 @@ fn record_source(minute: u64, hash: u64) {
     }
 }
 
-/// Whether a SYN from `source` fits its budget (GCRA form of a token bucket:
-/// `tat` advances by one interval per SYN and may lead `now` by at most the
-/// burst allowance). Always true when no budget is configured.
+/// Whether a SYN from `source` (whose address hashes to `hash`) fits its
+/// budget; always true when no budget is configured. The decision is
+/// `syn_budget_charge` over the source's two buckets: a count-min sketch of
+/// GCRA token buckets, so no entry is ever inserted — a source never seen
+/// costs what a known one does.
 #[inline(always)]
-fn syn_allowed(ctx: &XdpContext, settings: &XdpSettings, source: Source) -> bool {
+fn syn_allowed(ctx: &XdpContext, settings: &XdpSettings, source: Source, hash: u64) -> bool {
     let interval = settings.syn_interval_ns;
     if interval == 0 {
         return true;
     }
+    let (first, second) = syn_budget_buckets(hash, settings.syn_seed);
+    let (Some(a), Some(b)) = (
+        SYN_BUDGET.get_ptr_mut(first),
+        SYN_BUDGET.get_ptr_mut(second),
+    ) else {
+        return true; // cannot happen: both indices are masked into the array
+    };
     // SAFETY: the helper reads CLOCK_MONOTONIC_COARSE; no memory is involved.
     // Read only here, for a SYN under a budget: the helper was half the
     // program's own cost, and nothing else on the path needs it (the
     // sketch's minute comes from the settings). Coarse (one jiffy) is plenty
     // for a SYN budget and cheaper than the precise clocks.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let burst = settings.syn_burst_ns;
-    let key = source.addr();
-    let Some(bucket) = SYN_BUDGET.get_ptr_mut(key) else {
-        // First SYN seen from this source: always within a burst of at least one.
-        // A lost race with another CPU inserting the same key only costs
-        // that CPU's SYN its accounting, so the result is ignored.
-        let _ = SYN_BUDGET.insert(
-            key,
-            SynBucket {
-                tat_ns: now + interval,
-                dropped: 0,
-            },
-            u64::from(BPF_NOEXIST),
-        );
-        return true;
-    };
-    // SAFETY: a non-null value of a shared LRU hash. Other CPUs may update the
-    // same source concurrently; the race can only let a few extra SYNs through
-    // or lose a drop count, which a budget tolerates. The LRU may recycle the
-    // element under us, in which case we update a bucket that is being reused:
-    // again only accounting, never memory safety (the value stays mapped).
-    unsafe {
-        let tat = if (*bucket).tat_ns > now {
-            (*bucket).tat_ns
-        } else {
-            now
-        };
-        let next = tat + interval;
-        if next - now > burst {
-            if (*bucket).dropped == 0 {
+    // SAFETY: two non-null slots of an array map, which stay mapped while
+    // the program runs; they are distinct (one in each row), so the two
+    // exclusive borrows do not alias. Other CPUs may charge the same buckets
+    // at once (plain reads and writes, as the hash table's values were): a
+    // race can let a few extra SYNs through or lose a drop count, which a
+    // budget tolerates — never memory safety.
+    let verdict =
+        unsafe { syn_budget_charge(&mut *a, &mut *b, now, interval, settings.syn_burst_ns) };
+    match verdict {
+        SynVerdict::Pass => true,
+        SynVerdict::Drop { first } => {
+            if first {
                 if source.is_v4 {
                     warn!(ctx, "SYN budget exceeded by {:i}", source.v4_addr());
                 } else {
                     warn!(ctx, "SYN budget exceeded by {:i}", source.addr());
                 }
             }
-            (*bucket).dropped += 1;
-            return false;
+            false
         }
-        (*bucket).tat_ns = next;
     }
-    true
 }
 
 #[cfg(not(target_arch = "bpf"))]

@@ -1351,10 +1351,7 @@ fn xdp_cost_markdown(x: &Value) -> String {
         ("pass", "peer: `XDP_PASS` only"),
         ("non_syn", "non-SYN (ACK)"),
         ("syn_no_budget", "SYN, no budget"),
-        (
-            "syn_budget_new_sources",
-            "SYN, budget, new source (LRU insert)",
-        ),
+        ("syn_budget_new_sources", "SYN, budget, new source"),
         (
             "syn_budget_known_sources",
             "SYN, budget, known source (4,096)",
@@ -1402,7 +1399,7 @@ fn xdp_cost_markdown(x: &Value) -> String {
              SYN with a budget, new source {:.1} ns **{}**, known source {:.1} ({:.1}) ns **{}**. \
              With the peer's cost included (what the packet pays in all): non-SYN {:.1} ns, \
              SYN without a budget {:.1} ns.\n\
-             The LRU insert costs {:.1} ns over a lookup of a known source, {:.1} ns over no budget.\n",
+             A new source costs {:.1} ns more than a known one, {:.1} ns more than no budget.\n",
             own("non_syn"),
             own_hot("non_syn"),
             verdict(own("non_syn"), XDP_NON_SYN_TARGET_NS),

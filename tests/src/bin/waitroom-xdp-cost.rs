@@ -8,7 +8,7 @@
 //! `BPF_ENABLE_STATS` is on: run time ÷ run count (it includes the two clock
 //! reads the accounting itself adds, as the kernel's figure always does).
 //!
-//! Cases, each on a freshly loaded program (so the SYN budget's LRU is empty):
+//! Cases, each on a freshly loaded program (so the SYN budget's buckets are empty):
 //! - `pass`: the peer, measured the same way in the same run: the object's
 //!   `waitroom_pass` program, which returns `XDP_PASS` and does nothing else,
 //!   sent the same ACKs. What it costs is the hook and the accounting, which
@@ -16,10 +16,12 @@
 //! - `non_syn`: ACKs to the service port (what an established connection sends);
 //! - `syn_no_budget`: SYNs from 4,096 sources, no SYN budget configured;
 //! - `syn_budget_new_sources`: SYNs from 4,096 sources never seen before, with
-//!   a budget: every packet inserts a bucket into the LRU hash;
-//! - `syn_budget_known_sources`: the same 4,096 sources again: lookup and update;
-//! - `syn_budget_one_source`: SYNs from one source (lookup and update of one hot
-//!   bucket). The budget is far above what is sent, so every SYN passes.
+//!   a budget (their buckets untouched; until session 29 the budget was an
+//!   LRU hash of sources and every such packet inserted an entry);
+//! - `syn_budget_known_sources`: the same 4,096 sources again (their buckets
+//!   charged before, cold);
+//! - `syn_budget_one_source`: SYNs from one source (its two buckets hot).
+//!   The budget is far above what is sent, so every SYN passes.
 //!
 //! For comparison, each case's frame is also run hot with `BPF_PROG_TEST_RUN`
 //! (100,000 repeats of one frame, the kernel's mean; no accounting clocks, a
@@ -190,7 +192,7 @@ fn measure(
     };
     let stats_on = enable_run_stats().context("BPF_ENABLE_STATS")?;
     if matches!(case, Case::SynBudgetKnownSources) {
-        // First fill the LRU with every source, unmeasured.
+        // First charge every source's buckets, unmeasured.
         let warm: Vec<_> = (0..SOURCES).map(packet).collect();
         send_paced(&guard, sender, &warm)?;
     }

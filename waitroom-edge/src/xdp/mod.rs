@@ -392,6 +392,8 @@ impl XdpGuard {
         }
         settings.write(XdpSettings {
             minute: telemetry::program_clock_ns()? / MINUTE_NS,
+            // Which sources share a SYN budget bucket, secret to this load.
+            syn_seed: rand::random(),
             ..XdpSettings::default().with_syn_budget(config.syn_budget_pair())
         })?;
 
@@ -540,8 +542,8 @@ impl XdpGuard {
         Ok(list)
     }
 
-    /// Replaces the SYN budget (`None` turns it off). Sources keep their
-    /// buckets; the new rate applies from their next SYN.
+    /// Replaces the SYN budget (`None` turns it off). The buckets keep their
+    /// times; the new rate applies from a source's next SYN.
     pub fn set_syn_budget(&self, budget: Option<SynBudget>) -> Result<(), XdpError> {
         let mut settings = lock(&self.settings);
         let new = settings
