@@ -199,6 +199,10 @@ fn forty_bad_configs_are_refused_naming_the_field_and_good_ones_start() {
         // [xdp]
         ("xdp without ports", base.clone() + "\n[xdp]\ninterface = \"veth0\"\n", "xdp"),
         ("xdp mode bogus", base.clone() + "\n[xdp]\ninterface = \"veth0\"\nports = [80]\nmode = \"turbo\"\n", "xdp.mode"),
+        ("xdp with no port", base.clone() + "\n[xdp]\ninterface = \"veth0\"\nports = []\n", "xdp.ports"),
+        ("xdp SYN budget of 0 a second", base.clone() + "\n[xdp]\ninterface = \"veth0\"\nports = [80]\nsyn_budget = { rate_per_sec = 0, burst = 0 }\n", "xdp.syn_budget.rate_per_sec"),
+        ("xdp SYN burst of 0", base.clone() + "\n[xdp]\ninterface = \"veth0\"\nports = [80]\nsyn_budget = { rate_per_sec = 20, burst = 0 }\n", "xdp.syn_budget.burst"),
+        ("xdp denies the Internet", base.clone() + "\n[xdp]\ninterface = \"veth0\"\nports = [80]\ndeny = [\"192.0.2.0/24\", \"0.0.0.0/0\"]\n", "xdp.deny[1]"),
     ];
     assert!(cases.len() >= 40, "{} cases", cases.len());
     let mut problems = Vec::new();

@@ -448,6 +448,10 @@ impl EdgeConfig {
                 .validate()
                 .map_err(|e| file.invalid(format!("aggregator.{}", e.field), e.problem))?;
         }
+        if let Some(xdp) = &raw.xdp {
+            xdp.validate()
+                .map_err(|e| file.invalid(format!("xdp.{}", e.field), e.problem))?;
+        }
         Ok(Self {
             node: raw.node,
             default_origin,

@@ -55,6 +55,92 @@ impl XdpConfig {
     pub(crate) fn syn_budget_pair(&self) -> Option<(u32, u32)> {
         self.syn_budget.map(|b| (b.rate_per_sec, b.burst))
     }
+
+    /// What the loader would otherwise take silently or refuse only at
+    /// start: no service port (nothing counted, no SYN budget anywhere),
+    /// port 0, more ports than the program counts, a SYN budget of zero
+    /// (read as "off" by a tired operator, it would let one SYN a second
+    /// through) or one faster than the program can time (it would be off),
+    /// and a deny prefix broad enough to cut the operator off, which the
+    /// admin listener refuses without `force=true` and a file cannot force.
+    /// The error names the field under `[xdp]`.
+    pub fn validate(&self) -> Result<(), XdpFieldError> {
+        let bad = |field: String, problem: String| Err(XdpFieldError { field, problem });
+        if self.interface.trim().is_empty() {
+            return bad(
+                "interface".into(),
+                "empty; name the ingress interface, e.g. \"enp1s0\"".into(),
+            );
+        }
+        if self.ports.is_empty() {
+            return bad(
+                "ports".into(),
+                "empty: the program would count nothing and budget no SYN; list the service ports, e.g. [80, 443]".into(),
+            );
+        }
+        if let Some(at) = self.ports.iter().position(|&p| p == 0) {
+            return bad(format!("ports[{at}]"), "0 is not a port".into());
+        }
+        let mut distinct = self.ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let max = waitroom_common::xdp::MAX_SERVICE_PORTS as usize;
+        if distinct.len() > max {
+            return bad(
+                "ports".into(),
+                format!(
+                    "{} distinct ports; the program counts at most {max}",
+                    distinct.len()
+                ),
+            );
+        }
+        if let Some(budget) = self.syn_budget {
+            if budget.rate_per_sec == 0 {
+                return bad(
+                    "syn_budget.rate_per_sec".into(),
+                    "0; a budget needs at least 1 SYN a second (to have no budget, leave syn_budget out)".into(),
+                );
+            }
+            if budget.rate_per_sec > SynBudget::MAX_RATE {
+                return bad(
+                    "syn_budget.rate_per_sec".into(),
+                    format!(
+                        "{}; at most {} (the program times SYNs in nanoseconds; to have no budget, leave syn_budget out)",
+                        budget.rate_per_sec,
+                        SynBudget::MAX_RATE
+                    ),
+                );
+            }
+            if budget.burst == 0 {
+                return bad(
+                    "syn_budget.burst".into(),
+                    "0; a source needs at least 1 SYN at once (a browser opens up to 6 connections at once)".into(),
+                );
+            }
+        }
+        if let Some(at) = self.deny.iter().position(IpPrefix::is_broad) {
+            return bad(
+                format!("deny[{at}]"),
+                format!(
+                    "{} is broader than /{} (IPv4) or /{} (IPv6): it may drop your own SSH session; \
+                     the admin listener takes it with force=true, the file does not",
+                    self.deny[at],
+                    IpPrefix::BROAD_V4,
+                    IpPrefix::BROAD_V6
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A field of the `[xdp]` table that is wrong, and why.
+#[derive(Debug, PartialEq, Eq)]
+pub struct XdpFieldError {
+    /// The field under `[xdp]`, e.g. `syn_budget.burst` or `ports[2]`.
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
 }
 
 /// How the program is attached to the interface.
@@ -88,6 +174,11 @@ pub struct SynBudget {
     pub rate_per_sec: u32,
     /// Connections one source may open at once before the rate applies.
     pub burst: u32,
+}
+
+impl SynBudget {
+    /// The fastest rate the program can time (one SYN a nanosecond).
+    pub const MAX_RATE: u32 = 1_000_000_000;
 }
 
 /// An IPv4 or IPv6 prefix such as `192.0.2.0/24`; a bare address is a host
@@ -239,6 +330,80 @@ impl TryFrom<String> for IpPrefix {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tired operator's `[xdp]` tables, each refused naming its field.
+    #[test]
+    fn validate_names_the_field_a_tired_operator_got_wrong() {
+        let good = || {
+            let mut c = XdpConfig::new("enp1s0", [80, 443]);
+            c.syn_budget = Some(SynBudget {
+                rate_per_sec: 20,
+                burst: 40,
+            });
+            c.deny = vec![
+                "192.0.2.0/24".parse().unwrap(),
+                "2001:db8::/32".parse().unwrap(),
+            ];
+            c
+        };
+        assert_eq!(good().validate(), Ok(()));
+        let budget = |rate_per_sec, burst| {
+            let mut c = good();
+            c.syn_budget = Some(SynBudget {
+                rate_per_sec,
+                burst,
+            });
+            c
+        };
+        let cases: Vec<(XdpConfig, &str)> = vec![
+            (XdpConfig::new(" ", [80]), "interface"),
+            (XdpConfig::new("eth1", []), "ports"),
+            (XdpConfig::new("eth1", [80, 0]), "ports[1]"),
+            (
+                XdpConfig::new("eth1", (1..=65).collect::<Vec<u16>>()),
+                "ports",
+            ),
+            (budget(0, 40), "syn_budget.rate_per_sec"),
+            (
+                budget(SynBudget::MAX_RATE + 1, 40),
+                "syn_budget.rate_per_sec",
+            ),
+            (budget(20, 0), "syn_budget.burst"),
+            (
+                {
+                    let mut c = good();
+                    c.deny.push("0.0.0.0/0".parse().unwrap());
+                    c
+                },
+                "deny[2]",
+            ),
+            (
+                {
+                    let mut c = good();
+                    c.deny.insert(0, "2000::/3".parse().unwrap());
+                    c
+                },
+                "deny[0]",
+            ),
+        ];
+        for (config, field) in cases {
+            let error = config.validate().expect_err(field);
+            assert_eq!(error.field, field, "{error:?}");
+        }
+        // What stays accepted: repeats of one port (counted once), 64
+        // distinct ports, the extremes of a budget, the narrowest broad-enough prefix.
+        let mut edge = good();
+        edge.ports = (1..=63).chain([80, 80]).collect();
+        edge.syn_budget = Some(SynBudget {
+            rate_per_sec: SynBudget::MAX_RATE,
+            burst: 1,
+        });
+        edge.deny = vec![
+            "10.0.0.0/8".parse().unwrap(),
+            "2001:db8::/32".parse().unwrap(),
+        ];
+        assert_eq!(edge.validate(), Ok(()));
+    }
 
     #[test]
     fn parses_the_documented_table() {

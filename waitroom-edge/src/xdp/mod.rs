@@ -46,7 +46,7 @@ use waitroom_common::xdp::{
 };
 
 pub use self::{
-    config::{IpPrefix, IpPrefixParseError, SynBudget, XdpAttachMode, XdpConfig},
+    config::{IpPrefix, IpPrefixParseError, SynBudget, XdpAttachMode, XdpConfig, XdpFieldError},
     telemetry::{MinuteSources, TelemetrySnapshot, spawn_telemetry},
 };
 
