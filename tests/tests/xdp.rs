@@ -47,6 +47,20 @@ fn load(config: &XdpConfig) -> XdpGuard {
     XdpGuard::load(config).unwrap_or_else(|e| panic!("loading the XDP program: {e}"))
 }
 
+/// An IPv4 TCP frame from `src` to the service port of 192.0.2.1.
+fn service_frame(src: Ipv4Addr, flags: u8) -> Vec<u8> {
+    frames::ethernet(
+        frames::ETH_P_IP,
+        None,
+        &frames::ipv4(
+            src,
+            Ipv4Addr::new(192, 0, 2, 1),
+            frames::TCP,
+            &frames::tcp(40000, SERVICE_PORT, flags),
+        ),
+    )
+}
+
 // ---------------------------------------------------------------------------
 // BPF_PROG_TEST_RUN
 // ---------------------------------------------------------------------------
@@ -440,19 +454,7 @@ fn test_run_syn_budget_drops_the_excess_of_one_source() {
         burst: 3,
     });
     let guard = load(&config);
-    let dst = Ipv4Addr::new(192, 0, 2, 1);
-    let frame = |src: Ipv4Addr, flags| {
-        frames::ethernet(
-            frames::ETH_P_IP,
-            None,
-            &frames::ipv4(
-                src,
-                dst,
-                frames::TCP,
-                &frames::tcp(40000, SERVICE_PORT, flags),
-            ),
-        )
-    };
+    let frame = service_frame;
     let flooder = Ipv4Addr::new(203, 0, 113, 66);
     let polite = Ipv4Addr::new(203, 0, 113, 67);
     let v6_src: Ipv6Addr = "2001:db8::66".parse().unwrap();
@@ -523,19 +525,7 @@ fn test_run_a_crowd_of_new_sources_neither_frees_an_abuser_nor_is_dropped() {
         burst: BURST,
     });
     let guard = load(&config);
-    let dst = Ipv4Addr::new(192, 0, 2, 1);
-    let syn = |src: Ipv4Addr| {
-        frames::ethernet(
-            frames::ETH_P_IP,
-            None,
-            &frames::ipv4(
-                src,
-                dst,
-                frames::TCP,
-                &frames::tcp(40000, SERVICE_PORT, frames::SYN),
-            ),
-        )
-    };
+    let syn = |src| service_frame(src, frames::SYN);
     let abuser = syn(Ipv4Addr::new(203, 0, 113, 66));
     let started = Instant::now();
     let first: Vec<XdpVerdict> = (0..BURST + 2)
