@@ -506,6 +506,67 @@ fn test_run_syn_budget_drops_the_excess_of_one_source() {
     assert_eq!(guard.test_run(&frame(flooder, frames::SYN)).unwrap(), Pass);
 }
 
+/// An IPv6 abuser changes its address for every SYN, as any host may within
+/// its /64: the budget is the /64's, so it gets one burst, not one per
+/// address; a neighbour in another /64 keeps its own, and IPv4 sources stay
+/// budgeted per address.
+#[test]
+fn test_run_an_ipv6_abuser_rotating_addresses_in_its_64_gets_one_budget() {
+    if !require_root() {
+        return;
+    }
+    let mut config = XdpConfig::new("unused", [SERVICE_PORT]);
+    config.syn_budget = Some(SynBudget {
+        rate_per_sec: 1,
+        burst: 3,
+    });
+    let guard = load(&config);
+    let syn6 = |src: Ipv6Addr| {
+        frames::ethernet(
+            frames::ETH_P_IPV6,
+            None,
+            &frames::ipv6(
+                src,
+                "2001:db8::1".parse().unwrap(),
+                frames::TCP,
+                &frames::tcp(40000, SERVICE_PORT, frames::SYN),
+            ),
+        )
+    };
+    let in_64 =
+        |i: u64| Ipv6Addr::from((0x2001_0db8_0001_0002_u128 << 64) | u128::from(i * 7919 + 1));
+    let started = Instant::now();
+    let rotating = (0..12)
+        .filter(|&i| guard.test_run(&syn6(in_64(i))).unwrap() == XdpVerdict::Pass)
+        .count();
+    let neighbour: Vec<XdpVerdict> = (0..3)
+        .map(|_| {
+            guard
+                .test_run(&syn6("2001:db8:1:3::1".parse().unwrap()))
+                .unwrap()
+        })
+        .collect();
+    let v4_neighbours = (0..12u32)
+        .filter(|&i| {
+            guard
+                .test_run(&service_frame(Ipv4Addr::from(0xcb00_7100 + i), frames::SYN))
+                .unwrap()
+                == XdpVerdict::Pass
+        })
+        .count();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "too slow to be exact"
+    );
+    assert_eq!(rotating, 3, "one burst for the whole /64");
+    assert_eq!(
+        neighbour,
+        [XdpVerdict::Pass; 3],
+        "another /64, its own budget"
+    );
+    assert_eq!(v4_neighbours, 12, "IPv4 addresses each have their own");
+}
+
 /// A crowd of SYNs from more distinct (spoofed) sources than the old table of
 /// sources held, sent between an abuser's SYNs: every one of the crowd's
 /// passes (each is its source's first, within any budget, though the crowd

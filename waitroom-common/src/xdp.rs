@@ -192,8 +192,18 @@ pub struct SynBucket {
     pub dropped: u64,
 }
 
+/// The hash an IPv6 source's SYN budget is kept by: its /64 (`hi`, the
+/// address's first eight bytes, big-endian), since one host or household
+/// holds a whole /64 and can change its address within it at will. An IPv4
+/// source's budget is kept by its address ([`source_hash_v4`]).
+#[inline(always)]
+#[must_use]
+pub const fn syn_budget_hash_v6(hi: u64) -> u64 {
+    source_hash_v6(hi, 0)
+}
+
 /// A source's two buckets in [`MAP_SYN_BUDGET`], one in each row, from its
-/// address hash ([`source_hash_v4`] / [`source_hash_v6`]) and the node's
+/// budget's hash ([`source_hash_v4`] / [`syn_budget_hash_v6`]) and the node's
 /// secret `seed` ([`XdpSettings::syn_seed`], drawn at every load), so that
 /// which addresses share a bucket cannot be worked out from outside.
 #[inline(always)]

@@ -40,7 +40,7 @@ use aya_log_ebpf::warn;
 use waitroom_common::xdp::{
     HLL_REGISTERS, MAX_DENY_PREFIXES, MAX_SERVICE_PORTS, PortCounters, SYN_BUDGET_BUCKETS,
     SourceSketch, SynBucket, SynVerdict, XdpSettings, XdpStats, hll_position, source_hash_v4,
-    source_hash_v6, syn_budget_buckets, syn_budget_charge,
+    source_hash_v6, syn_budget_buckets, syn_budget_charge, syn_budget_hash_v6,
 };
 
 use crate::parse::{Packet, Source, Transport};
@@ -137,7 +137,7 @@ fn try_waitroom(ctx: &XdpContext) -> Result<u32, ()> {
     };
     record_source(settings.minute, hash);
 
-    if syn && !syn_allowed(ctx, settings, source, hash) {
+    if syn && !syn_allowed(ctx, settings, source, syn_budget_hash(source, hash)) {
         // SAFETY: `port` is this CPU's copy of a per-CPU array slot, checked
         // non-null by `get_ptr_mut`; nothing else writes this CPU's copy while
         // the program runs on it (XDP does not nest), so the plain
@@ -240,7 +240,20 @@ fn record_source(minute: u64, hash: u64) {
     }
 }
 
-/// Whether a SYN from `source` (whose address hashes to `hash`) fits its
+/// The hash a source's SYN budget is kept by: its IPv4 address (`hash`,
+/// the sketch's), or its IPv6 /64 — one host or household holds a whole
+/// /64 and can change its address within it at will, so a budget per
+/// address would give it 2^64 budgets.
+#[inline(always)]
+fn syn_budget_hash(source: Source, hash: u64) -> u64 {
+    if source.is_v4 {
+        hash
+    } else {
+        syn_budget_hash_v6(source.hi)
+    }
+}
+
+/// Whether a SYN from `source` (whose budget is kept by `hash`) fits its
 /// budget; always true when no budget is configured. The decision is
 /// `syn_budget_charge` over the source's two buckets: a count-min sketch of
 /// GCRA token buckets, so no entry is ever inserted — a source never seen
