@@ -47,6 +47,16 @@ fn load(config: &XdpConfig) -> XdpGuard {
     XdpGuard::load(config).unwrap_or_else(|e| panic!("loading the XDP program: {e}"))
 }
 
+/// The program loaded (not attached) for [`SERVICE_PORT`] with a SYN budget.
+fn load_with_syn_budget(rate_per_sec: u32, burst: u32) -> XdpGuard {
+    let mut config = XdpConfig::new("unused", [SERVICE_PORT]);
+    config.syn_budget = Some(SynBudget {
+        rate_per_sec,
+        burst,
+    });
+    load(&config)
+}
+
 /// An IPv4 TCP frame from `src` to the service port of 192.0.2.1.
 fn service_frame(src: Ipv4Addr, flags: u8) -> Vec<u8> {
     frames::ethernet(
@@ -55,6 +65,20 @@ fn service_frame(src: Ipv4Addr, flags: u8) -> Vec<u8> {
         &frames::ipv4(
             src,
             Ipv4Addr::new(192, 0, 2, 1),
+            frames::TCP,
+            &frames::tcp(40000, SERVICE_PORT, flags),
+        ),
+    )
+}
+
+/// An IPv6 TCP frame from `src` to the service port of 2001:db8::1.
+fn service_frame_v6(src: Ipv6Addr, flags: u8) -> Vec<u8> {
+    frames::ethernet(
+        frames::ETH_P_IPV6,
+        None,
+        &frames::ipv6(
+            src,
+            "2001:db8::1".parse().unwrap(),
             frames::TCP,
             &frames::tcp(40000, SERVICE_PORT, flags),
         ),
@@ -448,26 +472,11 @@ fn test_run_syn_budget_drops_the_excess_of_one_source() {
     if !require_root() {
         return;
     }
-    let mut config = XdpConfig::new("unused", [SERVICE_PORT]);
-    config.syn_budget = Some(SynBudget {
-        rate_per_sec: 1,
-        burst: 3,
-    });
-    let guard = load(&config);
+    let guard = load_with_syn_budget(1, 3);
     let frame = service_frame;
     let flooder = Ipv4Addr::new(203, 0, 113, 66);
     let polite = Ipv4Addr::new(203, 0, 113, 67);
-    let v6_src: Ipv6Addr = "2001:db8::66".parse().unwrap();
-    let v6_syn = frames::ethernet(
-        frames::ETH_P_IPV6,
-        None,
-        &frames::ipv6(
-            v6_src,
-            "2001:db8::1".parse().unwrap(),
-            frames::TCP,
-            &frames::tcp(1, SERVICE_PORT, frames::SYN),
-        ),
-    );
+    let v6_syn = service_frame_v6("2001:db8::66".parse().unwrap(), frames::SYN);
 
     let started = Instant::now();
     let flood: Vec<XdpVerdict> = (0..10)
@@ -515,24 +524,8 @@ fn test_run_an_ipv6_abuser_rotating_addresses_in_its_64_gets_one_budget() {
     if !require_root() {
         return;
     }
-    let mut config = XdpConfig::new("unused", [SERVICE_PORT]);
-    config.syn_budget = Some(SynBudget {
-        rate_per_sec: 1,
-        burst: 3,
-    });
-    let guard = load(&config);
-    let syn6 = |src: Ipv6Addr| {
-        frames::ethernet(
-            frames::ETH_P_IPV6,
-            None,
-            &frames::ipv6(
-                src,
-                "2001:db8::1".parse().unwrap(),
-                frames::TCP,
-                &frames::tcp(40000, SERVICE_PORT, frames::SYN),
-            ),
-        )
-    };
+    let guard = load_with_syn_budget(1, 3);
+    let syn6 = |src| service_frame_v6(src, frames::SYN);
     let in_64 =
         |i: u64| Ipv6Addr::from((0x2001_0db8_0001_0002_u128 << 64) | u128::from(i * 7919 + 1));
     let started = Instant::now();
@@ -579,13 +572,8 @@ fn test_run_a_crowd_of_new_sources_neither_frees_an_abuser_nor_is_dropped() {
     if !require_root() {
         return;
     }
-    let mut config = XdpConfig::new("unused", [SERVICE_PORT]);
     const BURST: u32 = 10;
-    config.syn_budget = Some(SynBudget {
-        rate_per_sec: 1,
-        burst: BURST,
-    });
-    let guard = load(&config);
+    let guard = load_with_syn_budget(1, BURST);
     let syn = |src| service_frame(src, frames::SYN);
     let abuser = syn(Ipv4Addr::new(203, 0, 113, 66));
     let started = Instant::now();

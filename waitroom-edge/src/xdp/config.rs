@@ -51,6 +51,14 @@ impl XdpConfig {
         }
     }
 
+    /// The service ports, each once, in order: what the program gives a slot.
+    pub(crate) fn distinct_ports(&self) -> Vec<u16> {
+        let mut ports = self.ports.clone();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    }
+
     /// The SYN budget as (rate per second, burst), as the settings map wants it.
     pub(crate) fn syn_budget_pair(&self) -> Option<(u32, u32)> {
         self.syn_budget.map(|b| (b.rate_per_sec, b.burst))
@@ -81,9 +89,7 @@ impl XdpConfig {
         if let Some(at) = self.ports.iter().position(|&p| p == 0) {
             return bad(format!("ports[{at}]"), "0 is not a port".into());
         }
-        let mut distinct = self.ports.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
+        let distinct = self.distinct_ports();
         let max = waitroom_common::xdp::MAX_SERVICE_PORTS as usize;
         if distinct.len() > max {
             return bad(

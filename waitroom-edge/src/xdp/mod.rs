@@ -340,9 +340,7 @@ impl XdpGuard {
         if object.is_empty() {
             return Err(XdpError::NotBuilt);
         }
-        let mut distinct_ports = config.ports.clone();
-        distinct_ports.sort_unstable();
-        distinct_ports.dedup();
+        let distinct_ports = config.distinct_ports();
         if distinct_ports.len() > MAX_SERVICE_PORTS as usize {
             return Err(XdpError::TooManyPorts {
                 count: distinct_ports.len(),
