@@ -5,7 +5,10 @@
 //! before (restored from its snapshot, so setting up is not measured), and
 //! each report of the measured round differs from the node's previous one
 //! (more admits this minute, more visitors, a session moved), so every merge
-//! sees the room's sums change as the real aggregator does.
+//! sees the room's sums change as the real aggregator does. Next to each, a
+//! peer measured in the same run: the same round only read (every entry
+//! added into one total per room) and dropped, which any merge of whole
+//! reports costs at least.
 //! `cargo bench -p waitroom-common --features std --bench aggregation`
 //! (also listed by `cargo xtask bench --list-criterion`).
 
@@ -153,6 +156,35 @@ fn bench(c: &mut Criterion) {
                 (report(i, 1, at), at)
             })
             .collect();
+        // The peer: only reading the round, every entry of every report
+        // added into one total per room, and the reports dropped, as a
+        // merge of whole reports must at least do (issue 15, item 4: what
+        // the target leaves for the merge itself).
+        group.bench_function(format!("{nodes}_nodes_10_rooms_read_only"), |b| {
+            b.iter_batched(
+                || round.clone(),
+                |round| {
+                    let mut totals = [0_i64; ROOMS];
+                    for (report, _) in round {
+                        for (total, room) in totals.iter_mut().zip(&report.rooms) {
+                            let counts = room
+                                .expiries
+                                .iter()
+                                .map(|&(_, n)| n)
+                                .chain(room.waiting.iter().map(|&(_, n)| n))
+                                .chain(room.admits.iter().map(|a| {
+                                    (a.admits.eligible + a.admits.colo_share + a.admits.anywhere)
+                                        as i64
+                                }))
+                                .chain(room.distinct_visitors.iter().map(|&(_, n)| n as i64));
+                            *total = counts.fold(*total, i64::wrapping_add);
+                        }
+                    }
+                    totals
+                },
+                BatchSize::PerIteration,
+            )
+        });
         group.bench_function(format!("{nodes}_nodes_10_rooms"), |b| {
             b.iter_batched(
                 || {
