@@ -26,11 +26,11 @@
 //! moves, visiting only the items whose floor changes.
 use std::{
     cmp::{Ordering, Reverse},
-    collections::{BTreeMap, BinaryHeap},
+    collections::BTreeMap,
 };
 
 use crate::{
-    aggregate::RoomReport,
+    aggregate::{MinuteAdmits, RoomReport},
     cluster::Lease,
     counters::PoolCounts,
     slots::share_of,
@@ -154,6 +154,155 @@ impl<K: Ord + Copy> KeyedSums<K> {
     }
 }
 
+/// Slots the ring of [`ExpirySums`] holds: a little over eight minutes,
+/// past the five minutes a node reports second by second (then by minute).
+const EXPIRY_RING: u64 = 512;
+
+/// Session expiries summed over nodes by slot: the slots from `base` (the
+/// second of the last query) over the next [`EXPIRY_RING`] in a ring indexed
+/// by the slot itself, every other slot (one before `base` that a node's
+/// report still names until its next report replaces it; a minute's slot
+/// past the ring's reach) in [`KeyedSums`]. An entry in the ring costs an
+/// addition, where a sorted list costs a search or a walk and moves memory
+/// for a key coming or going; what a query asks (every session from a slot
+/// on) is the ring's running total plus the few slots outside it. The sums
+/// are those [`KeyedSums`] keeps of the same entries, for any order of
+/// entries and queries (`expiry_sums_sum_like_keyed_sums`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ExpirySums {
+    /// The first slot of the ring (0 until the first query).
+    base: u64,
+    /// `EXPIRY_RING` sums, slot `s` at `s % EXPIRY_RING` for `base <= s <
+    /// base + EXPIRY_RING`; empty until the first query.
+    ring: Vec<i64>,
+    /// The sum of the ring.
+    ring_total: i64,
+    /// Every slot outside the ring.
+    outside: KeyedSums<ExpirySlot>,
+}
+
+impl ExpirySums {
+    /// The first slot past the ring.
+    fn end(&self) -> u64 {
+        self.base.saturating_add(EXPIRY_RING)
+    }
+
+    fn in_ring(&self, slot: ExpirySlot) -> bool {
+        !self.ring.is_empty() && slot.0 >= self.base && slot.0 < self.end()
+    }
+
+    fn change(&mut self, slot: ExpirySlot, delta: i64) {
+        if self.in_ring(slot) {
+            let at = (slot.0 % EXPIRY_RING) as usize;
+            self.ring[at] = self.ring[at].wrapping_add(delta);
+            self.ring_total = self.ring_total.wrapping_add(delta);
+        } else {
+            self.outside.add(slot, delta, 1);
+        }
+    }
+
+    /// Adds `n` at `slot` (`sign` = 1) or takes it away (`sign` = −1).
+    pub(crate) fn add(&mut self, slot: ExpirySlot, n: i64, sign: i64) {
+        self.change(slot, n.wrapping_mul(sign));
+    }
+
+    /// Takes away `old` and adds `new`, as [`ExpirySums::add`] over each
+    /// entry would. Each entry within the ring's reach is added in place;
+    /// the entries before it and past it (a list's first and last ones, as
+    /// nodes send slots in increasing order) are walked once each by the
+    /// outside sums. Any order of entries gives the same sums, only slower.
+    pub(crate) fn replace(&mut self, old: &[(ExpirySlot, i64)], new: &[(ExpirySlot, i64)]) {
+        let (start, end) = (self.base, self.end());
+        let split = |list: &[(ExpirySlot, i64)]| {
+            let before = list.iter().take_while(|&&(s, _)| s.0 < start).count();
+            let past = list[before..]
+                .iter()
+                .rev()
+                .take_while(|&&(s, _)| s.0 >= end)
+                .count();
+            (before, list.len() - past)
+        };
+        let ((oa, ob), (na, nb)) = if self.ring.is_empty() {
+            ((old.len(), old.len()), (new.len(), new.len()))
+        } else {
+            (split(old), split(new))
+        };
+        self.outside.replace(&old[..oa], &new[..na]);
+        self.outside.replace(&old[ob..], &new[nb..]);
+        let Self {
+            ring,
+            ring_total,
+            outside,
+            ..
+        } = self;
+        // One loop of locals (the ring's bounds, its total), not `change`
+        // per entry: a write to the ring would have every field read again.
+        let mut total = *ring_total;
+        for (list, sign) in [(&old[oa..ob], -1_i64), (&new[na..nb], 1)] {
+            for &(slot, n) in list {
+                let delta = n.wrapping_mul(sign);
+                if slot.0 >= start && slot.0 < end {
+                    let at = (slot.0 % EXPIRY_RING) as usize;
+                    ring[at] = ring[at].wrapping_add(delta);
+                    total = total.wrapping_add(delta);
+                } else {
+                    // Out of order: outside the ring, though between slots
+                    // within it.
+                    outside.add(slot, delta, 1);
+                }
+            }
+        }
+        *ring_total = total;
+    }
+
+    /// Moves the ring to start at `from`: slots it leaves behind go to the
+    /// outside sums, slots it comes to reach come in from them. It never
+    /// moves back (a clock stepped back leaves the slots between in the
+    /// outside sums, where they are counted as well).
+    fn advance(&mut self, from: u64) {
+        if self.ring.is_empty() {
+            self.ring = vec![0; EXPIRY_RING as usize];
+            self.base = from;
+            self.pull_in();
+            return;
+        }
+        if from <= self.base {
+            return;
+        }
+        let leaving = (from - self.base).min(EXPIRY_RING);
+        for slot in self.base..self.base + leaving {
+            let at = (slot % EXPIRY_RING) as usize;
+            let n = std::mem::take(&mut self.ring[at]);
+            if n != 0 {
+                self.ring_total = self.ring_total.wrapping_sub(n);
+                self.outside.add(ExpirySlot(slot), n, 1);
+            }
+        }
+        self.base = from;
+        self.pull_in();
+    }
+
+    /// Moves the outside sums' slots within the ring's reach into it.
+    fn pull_in(&mut self) {
+        let (start, end) = (self.base, self.end());
+        let sums = &mut self.outside.sums;
+        let a = sums.partition_point(|&(s, _)| s.0 < start);
+        let b = sums.partition_point(|&(s, _)| s.0 < end);
+        for (slot, n) in sums.drain(a..b) {
+            let at = (slot.0 % EXPIRY_RING) as usize;
+            self.ring[at] = self.ring[at].wrapping_add(n);
+            self.ring_total = self.ring_total.wrapping_add(n);
+        }
+    }
+
+    /// The sum of every slot from `from` on; the ring moves to start there.
+    pub(crate) fn sum_from(&mut self, from: ExpirySlot) -> i64 {
+        self.advance(from.0);
+        // Every ring slot is at or after `base`, and `base >= from`.
+        self.ring_total.wrapping_add(self.outside.sum_from(from))
+    }
+}
+
 /// Admits per minute, pool by pool, summed over nodes.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct AdmitSums {
@@ -178,6 +327,25 @@ impl AdmitSums {
         }
         if *entry == [0; 4] {
             self.sums.remove(&minute);
+        }
+    }
+
+    /// Takes away a node's `old` admits and adds its `new` ones, as `add`
+    /// of each (the first entry of a minute) would; a minute whose admits
+    /// did not change (every minute but this one, as a rule) is left alone.
+    fn replace(&mut self, old: &[MinuteAdmits], new: &[MinuteAdmits]) {
+        for (list, other, sign) in [(old, new, -1), (new, old, 1)] {
+            for (i, a) in list.iter().enumerate() {
+                // Only the first entry of a minute counts, as in `admits_in`.
+                let first = list[..i].iter().all(|b| b.minute != a.minute);
+                let same = other
+                    .iter()
+                    .find(|b| b.minute == a.minute)
+                    .is_some_and(|b| b.admits == a.admits);
+                if first && !same {
+                    self.add(a.minute, a.admits, sign);
+                }
+            }
         }
     }
 
@@ -218,78 +386,118 @@ struct Ratio {
     den: u64,
 }
 
-impl Ratio {
-    fn cmp(self, other: Self) -> Ordering {
-        (u128::from(self.num) * u128::from(other.den))
-            .cmp(&(u128::from(other.num) * u128::from(self.den)))
-    }
+/// How far a threshold's `f64` key may sit from the fraction it stands for,
+/// relative, with room to spare: a `u64` to `f64` rounds by at most 2⁻⁵³,
+/// and so does a division, so a key and `x` are each within 3·2⁻⁵³ of the
+/// fractions they round. A heap is walked this much past `x`, and what it
+/// finds is judged exactly.
+const KEY_MARGIN: f64 = 1.0 / (1_u64 << 40) as f64;
+
+/// `a / b` (`b` > 0) as an `f64`'s bits, which order as the fractions do
+/// up to rounding (a positive `f64`'s bits grow with it).
+fn key_of(a: u64, b: u64) -> u64 {
+    (a as f64 / b as f64).to_bits()
 }
 
-/// Where an item's floor changes: `at` = (floor + 1) / weight upwards,
-/// floor / weight downwards. `version` tells whether the item is still the
-/// one the entry was made for (entries are not taken out of their heap when
-/// their item changes, only skipped when they come to the top).
+/// Where an item's floor changes, in a [`QuadHeap`]: `key` the fraction
+/// ((floor + 1) / weight upwards; floor / weight downwards, its bits
+/// inverted so that the highest comes first), rounded to an `f64` (16 bytes
+/// an entry: four children to a cache line). `version` tells whether the
+/// item is still the one the entry was made for (entries are not taken out
+/// of their heap when their item changes, only skipped when they come to
+/// the top).
 #[derive(Clone, Copy, Debug)]
-struct Threshold {
-    at: Ratio,
+struct Entry {
+    key: u64,
     id: u32,
     version: u32,
 }
 
-impl Threshold {
-    fn key_cmp(&self, other: &Self) -> Ordering {
-        self.at
-            .cmp(other.at)
-            .then_with(|| (self.id, self.version).cmp(&(other.id, other.version)))
+/// A min-heap by key with four children to a node: half the levels of a
+/// binary heap, so a push or a pop touches half as many cache lines of a
+/// heap of every node's thresholds (10,000 nodes: 20,000 entries or more
+/// in each of a room's two heaps), and a level costs a few `u64`
+/// comparisons.
+#[derive(Clone, Debug, Default)]
+struct QuadHeap {
+    entries: Vec<Entry>,
+}
+
+impl QuadHeap {
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn peek(&self) -> Option<Entry> {
+        self.entries.first().copied()
+    }
+
+    fn push(&mut self, entry: Entry) {
+        let mut at = self.entries.len();
+        self.entries.push(entry);
+        while at > 0 {
+            let parent = (at - 1) / 4;
+            if self.entries[parent].key <= entry.key {
+                break;
+            }
+            self.entries[at] = self.entries[parent];
+            at = parent;
+        }
+        self.entries[at] = entry;
+    }
+
+    fn pop(&mut self) -> Option<Entry> {
+        let last = self.entries.pop()?;
+        let Some(&top) = self.entries.first() else {
+            return Some(last);
+        };
+        self.sift_down(0, last);
+        Some(top)
+    }
+
+    /// Puts `entry` at `at` or below, moving the lesser children up.
+    fn sift_down(&mut self, mut at: usize, entry: Entry) {
+        let entries = &mut self.entries[..];
+        loop {
+            let first = 4 * at + 1;
+            // A full set of children (all but the last parent's) is a
+            // slice of known length: no bounds checks in the search.
+            let least = match entries.get(first..first + 4) {
+                Some(children) => first + least_of(children),
+                None => match entries.get(first..) {
+                    Some(children) if !children.is_empty() => first + least_of(children),
+                    _ => break,
+                },
+            };
+            if entries[least].key >= entry.key {
+                break;
+            }
+            entries[at] = entries[least];
+            at = least;
+        }
+        entries[at] = entry;
+    }
+
+    /// A heap of `entries`, in any order.
+    fn from_entries(entries: Vec<Entry>) -> Self {
+        let mut heap = Self { entries };
+        for at in (0..heap.entries.len().div_ceil(4)).rev() {
+            let entry = heap.entries[at];
+            heap.sift_down(at, entry);
+        }
+        heap
     }
 }
 
-/// An upward threshold: the lowest first out of a [`BinaryHeap`].
-#[derive(Clone, Copy, Debug)]
-struct Up(Threshold);
-
-/// A downward threshold: the highest first out of a [`BinaryHeap`].
-#[derive(Clone, Copy, Debug)]
-struct Down(Threshold);
-
-impl PartialEq for Up {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
+/// Where the least key of `entries` (not empty) is.
+fn least_of(entries: &[Entry]) -> usize {
+    let mut least = 0;
+    for (i, entry) in entries.iter().enumerate().skip(1) {
+        if entry.key < entries[least].key {
+            least = i;
+        }
     }
-}
-
-impl Eq for Up {}
-
-impl PartialOrd for Up {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Up {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.0.key_cmp(&self.0)
-    }
-}
-
-impl PartialEq for Down {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Down {}
-
-impl PartialOrd for Down {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Down {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.0.key_cmp(&other.0)
-    }
+    least
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -308,23 +516,30 @@ struct Place {
 }
 
 /// `Σ value_i(⌊x · weight_i⌋)` over items, kept while the fraction `x`
-/// moves: each item's next floor change up and down sits in a binary heap
-/// (lowest up, highest down on top), so moving `x` visits only the items
-/// whose floor changes (a handful per merge: `x` moves with one node's
-/// report), never all of them. Items are found by id in a flat list (ids
-/// are small and dense: colos and nodes as the cluster numbers them);
-/// an item taken away or refloored leaves its old heap entries behind, to
-/// be skipped when they reach the top, and the heaps are rebuilt from the
-/// items once they hold more than twice as many entries as needed.
+/// moves: each item's next floor change up and down sits in a heap (lowest
+/// up, highest down on top), so moving `x` visits only the items whose
+/// floor changes (a handful per merge: `x` moves with one node's report),
+/// never all of them. The heaps order thresholds by `f64` keys; a move of
+/// `x` takes out every entry whose key is within [`KEY_MARGIN`] of it and
+/// computes the item's floor exactly, so a key's rounding can only make an
+/// item be looked at for nothing (then its entry goes back), never missed.
+/// Items are found by id in a flat list (ids are small and dense: colos and
+/// nodes as the cluster numbers them); an item taken away or refloored
+/// leaves its old heap entries behind, to be skipped when they reach the
+/// top, and the heaps are rebuilt from the items once they hold more than
+/// twice as many entries as needed.
 #[derive(Clone, Debug)]
 pub(crate) struct FloorSums {
     x: Ratio,
     places: Vec<Place>,
     /// Items present.
     len: usize,
-    up: BinaryHeap<Up>,
-    down: BinaryHeap<Down>,
+    up: QuadHeap,
+    down: QuadHeap,
     total: u64,
+    /// Entries taken out of a heap for an item whose floor had not changed
+    /// after all, put back when the move is done (kept to reuse its memory).
+    unmoved: Vec<Entry>,
 }
 
 impl Default for FloorSums {
@@ -333,9 +548,10 @@ impl Default for FloorSums {
             x: Ratio { num: 0, den: 1 },
             places: Vec::new(),
             len: 0,
-            up: BinaryHeap::new(),
-            down: BinaryHeap::new(),
+            up: QuadHeap::default(),
+            down: QuadHeap::default(),
             total: 0,
+            unmoved: Vec::new(),
         }
     }
 }
@@ -346,31 +562,25 @@ impl FloorSums {
         self.total
     }
 
-    fn thresholds(id: u32, version: u32, item: FloorItem) -> (Option<Up>, Option<Down>) {
-        let up = (item.floor < u64::MAX).then_some(Up(Threshold {
-            at: Ratio {
-                num: item.floor + 1,
-                den: item.weight,
-            },
+    fn entries(id: u32, version: u32, item: FloorItem) -> (Option<Entry>, Option<Entry>) {
+        let up = (item.floor < u64::MAX).then(|| Entry {
+            key: key_of(item.floor + 1, item.weight),
             id,
             version,
-        }));
-        let down = (item.floor > 0).then_some(Down(Threshold {
-            at: Ratio {
-                num: item.floor,
-                den: item.weight,
-            },
+        });
+        let down = (item.floor > 0).then(|| Entry {
+            key: !key_of(item.floor, item.weight),
             id,
             version,
-        }));
+        });
         (up, down)
     }
 
     /// Whether a heap entry is for the item now at its id.
-    fn current(&self, t: &Threshold) -> bool {
+    fn current(&self, entry: &Entry) -> bool {
         self.places
-            .get(t.id as usize)
-            .is_some_and(|p| p.item.is_some() && p.version == t.version)
+            .get(entry.id as usize)
+            .is_some_and(|p| p.item.is_some() && p.version == entry.version)
     }
 
     fn link(&mut self, id: u32, item: FloorItem) {
@@ -382,12 +592,12 @@ impl FloorSums {
         debug_assert!(place.item.is_none(), "an id holds one item");
         place.version = place.version.wrapping_add(1);
         place.item = Some(item);
-        let (up, down) = Self::thresholds(id, place.version, item);
-        if let Some(t) = up {
-            self.up.push(t);
+        let (up, down) = Self::entries(id, place.version, item);
+        if let Some(entry) = up {
+            self.up.push(entry);
         }
-        if let Some(t) = down {
-            self.down.push(t);
+        if let Some(entry) = down {
+            self.down.push(entry);
         }
         self.total = self.total.wrapping_add(item.value);
         self.len += 1;
@@ -405,19 +615,19 @@ impl FloorSums {
 
     /// The heaps with only the current items' entries.
     fn rebuild_heaps(&mut self) {
-        let mut up = std::mem::take(&mut self.up).into_vec();
-        let mut down = std::mem::take(&mut self.down).into_vec();
+        let mut up = std::mem::take(&mut self.up.entries);
+        let mut down = std::mem::take(&mut self.down.entries);
         up.clear();
         down.clear();
         for (id, place) in self.places.iter().enumerate() {
             if let Some(item) = place.item {
-                let (u, d) = Self::thresholds(id as u32, place.version, item);
+                let (u, d) = Self::entries(id as u32, place.version, item);
                 up.extend(u);
                 down.extend(d);
             }
         }
-        self.up = BinaryHeap::from(up);
-        self.down = BinaryHeap::from(down);
+        self.up = QuadHeap::from_entries(up);
+        self.down = QuadHeap::from_entries(down);
     }
 
     /// Adds an item of `weight` > 0, valued `value(floor)` at the current `x`.
@@ -462,39 +672,54 @@ impl FloorSums {
     /// Moves `x` to `num / den` (`den` > 0), revaluing the items whose
     /// floor changes with `value(id, floor)`.
     pub(crate) fn set_x(&mut self, num: u64, den: u64, mut value: impl FnMut(u32, u64) -> u64) {
-        let x = Ratio { num, den };
-        self.x = x;
-        while let Some(&Up(t)) = self.up.peek() {
-            if !self.current(&t) {
-                self.up.pop();
-                continue;
-            }
-            if t.at.cmp(x) == Ordering::Greater {
-                break;
-            }
+        self.x = Ratio { num, den };
+        let x = num as f64 / den as f64;
+        // Upwards: every threshold at or below `x` (and any a rounding away).
+        let last_up = (x * (1.0 + KEY_MARGIN)).to_bits();
+        // Downwards: every threshold above `x` (keys inverted).
+        let last_down = !(x * (1.0 - KEY_MARGIN)).to_bits();
+        let mut unmoved = std::mem::take(&mut self.unmoved);
+        while let Some(entry) = self.up.peek().filter(|e| e.key <= last_up) {
             self.up.pop();
-            self.refloor(t.id, &mut value);
+            if self.current(&entry) && !self.refloor(entry.id, &mut value) {
+                unmoved.push(entry);
+            }
         }
-        while let Some(&Down(t)) = self.down.peek() {
-            if !self.current(&t) {
-                self.down.pop();
-                continue;
-            }
-            if t.at.cmp(x) != Ordering::Greater {
-                break;
-            }
+        for entry in unmoved.drain(..) {
+            self.up.push(entry);
+        }
+        while let Some(entry) = self.down.peek().filter(|e| e.key <= last_down) {
             self.down.pop();
-            self.refloor(t.id, &mut value);
+            if self.current(&entry) && !self.refloor(entry.id, &mut value) {
+                unmoved.push(entry);
+            }
         }
+        for entry in unmoved.drain(..) {
+            self.down.push(entry);
+        }
+        self.unmoved = unmoved;
     }
 
-    fn refloor(&mut self, id: u32, value: &mut impl FnMut(u32, u64) -> u64) {
-        let Some(mut item) = self.unlink(id) else {
-            return;
+    /// Item `id`'s floor at the current `x`: whether it changed (then its
+    /// value and heap entries are new).
+    fn refloor(&mut self, id: u32, value: &mut impl FnMut(u32, u64) -> u64) -> bool {
+        let Some(item) = self.places.get(id as usize).and_then(|p| p.item) else {
+            return false;
         };
-        item.floor = share_of(self.x.num, item.weight, self.x.den);
-        item.value = value(id, item.floor);
-        self.link(id, item);
+        let floor = share_of(self.x.num, item.weight, self.x.den);
+        if floor == item.floor {
+            return false;
+        }
+        self.unlink(id);
+        self.link(
+            id,
+            FloorItem {
+                weight: item.weight,
+                floor,
+                value: value(id, floor),
+            },
+        );
+        true
     }
 }
 
@@ -628,7 +853,7 @@ pub(crate) struct NodeKey {
 pub(crate) struct RoomSums {
     /// Nodes reporting on the room.
     pub(crate) nodes: u64,
-    pub(crate) expiries: KeyedSums<ExpirySlot>,
+    pub(crate) expiries: ExpirySums,
     pub(crate) waiting: KeyedSums<Minute>,
     pub(crate) admits: AdmitSums,
     /// `None` when the minute changed and it is not rebuilt yet.
@@ -682,16 +907,8 @@ impl RoomSums {
     /// (the same node's reports), as `account_counts` of each would.
     pub(crate) fn replace_counts(&mut self, old: &RoomReport, new: &RoomReport) {
         self.expiries.replace(&old.expiries, &new.expiries);
-        for (report, sign) in [(old, -1), (new, 1)] {
-            for &(m, n) in &report.waiting {
-                self.waiting.add(m, n, sign);
-            }
-            for (i, a) in report.admits.iter().enumerate() {
-                if report.admits[..i].iter().all(|b| b.minute != a.minute) {
-                    self.admits.add(a.minute, a.admits, sign);
-                }
-            }
-        }
+        self.waiting.replace(&old.waiting, &new.waiting);
+        self.admits.replace(&old.admits, &new.admits);
     }
 
     /// Adds or takes away the minute-dependent part of a node's report,
@@ -1017,6 +1234,62 @@ mod tests {
             prop_assert_eq!(sums.total(), recount);
         }
 
+        /// The heaps' `f64` keys cannot tell apart thresholds closer than
+        /// a rounding: huge weights, equal and near-equal ones, and `x`
+        /// put exactly on an item's threshold and one either side of it.
+        #[test]
+        fn floor_sums_match_a_recount_at_thresholds_too_close_for_an_f64(
+            weights in prop::collection::vec(
+                prop_oneof![
+                    prop::sample::select(vec![
+                        (1_u64 << 62) + 1,
+                        (1_u64 << 62) + 3,
+                        (1_u64 << 62) - 1,
+                        3 << 60,
+                        (3 << 60) + 1,
+                        (1 << 53) + 1,
+                        1 << 53,
+                        (1 << 57) + 5,
+                        (1 << 57) + 7,
+                        (5 << 55) + 1,
+                        7,
+                    ]),
+                    1..u64::MAX / 2,
+                    (1_u64 << 53)..(1 << 60),
+                ],
+                1..24,
+            ),
+            moves in prop::collection::vec(
+                (0..24_usize, 0..5_u64, prop::sample::select(vec![1_u64, 3, 7, 1_000_003])),
+                1..60,
+            ),
+            start in 0..1_000_000_u64,
+        ) {
+            let value = |f: u64| f.wrapping_mul(3);
+            let mut sums = FloorSums::default();
+            for (id, &w) in weights.iter().enumerate() {
+                sums.insert(id as u32, w, value);
+            }
+            let mut k = start;
+            for &(j, step, m) in &moves {
+                // x = k / w_j, one of item j's thresholds, k walking by at
+                // most two (so x comes to rest on the very threshold an
+                // item's entry holds), written as (k·m) / (w_j·m): the same
+                // fraction, rounded otherwise.
+                k = (k + step).saturating_sub(2);
+                let w = weights[j % weights.len()];
+                let (num, den) = match (k.checked_mul(m), w.checked_mul(m)) {
+                    (Some(num), Some(den)) => (num, den),
+                    _ => (k, w),
+                };
+                sums.set_x(num, den, |_, f| value(f));
+                let recount = weights
+                    .iter()
+                    .fold(0_u64, |t, &w| t.wrapping_add(value(share_of(num, w, den))));
+                prop_assert_eq!(sums.total(), recount);
+            }
+        }
+
         #[test]
         fn keyed_sums_replace_like_adding_each_entry(
             start in prop::collection::vec((0..40_u64, -5..5_i64), 0..30),
@@ -1047,6 +1320,56 @@ mod tests {
                 added.add(k, n, 1);
             }
             prop_assert_eq!(&walked.sums, &added.sums);
+        }
+
+        #[test]
+        fn expiry_sums_sum_like_keyed_sums(
+            steps in prop::collection::vec(
+                (
+                    0..3_u8,
+                    prop::collection::vec((0..1_600_u64, -5..6_i64), 0..12),
+                    prop::collection::vec((0..1_600_u64, -5..6_i64), 0..12),
+                    0..1_700_u64,
+                    any::<bool>(),
+                ),
+                1..40,
+            ),
+        ) {
+            let mut ring = ExpirySums::default();
+            let mut keyed = KeyedSums::default();
+            for (op, old, new, from, sort) in steps {
+                let slots = |list: &[(u64, i64)]| -> Vec<(ExpirySlot, i64)> {
+                    let mut list: Vec<_> = list.iter().map(|&(k, n)| (ExpirySlot(k), n)).collect();
+                    if sort {
+                        list.sort_by_key(|&(k, _)| k);
+                        list.dedup_by_key(|&mut (k, _)| k);
+                    }
+                    list
+                };
+                let (old, new) = (slots(&old), slots(&new));
+                match op {
+                    0 => {
+                        for &(k, n) in &new {
+                            ring.add(k, n, 1);
+                            keyed.add(k, n, 1);
+                        }
+                    }
+                    1 => {
+                        for &(k, n) in &old {
+                            ring.add(k, n, 1);
+                            keyed.add(k, n, 1);
+                        }
+                        ring.replace(&old, &new);
+                        keyed.replace(&old, &new);
+                    }
+                    _ => {}
+                }
+                // Every step asks from some slot (back and forth): the ring
+                // moves, and what it holds moves in and out of it.
+                let from = ExpirySlot(from);
+                prop_assert_eq!(ring.sum_from(from), keyed.sum_from(from));
+                prop_assert_eq!(ring.sum_from(ExpirySlot(0)), keyed.sum_from(ExpirySlot(0)));
+            }
         }
 
         #[test]
