@@ -775,6 +775,33 @@ impl<T: Ord + Copy> RankList<T> {
         }
     }
 
+    /// Takes `old` out and puts `new` in, as [`RankList::remove`] then
+    /// [`RankList::insert`] would (the same ranks after); when `new` belongs
+    /// in `old`'s block, only the elements between the two move, by one
+    /// place (a node's new lease weight moves it a few places in the order),
+    /// not the rest of the block twice.
+    pub(crate) fn replace(&mut self, old: &T, new: T) {
+        if !self.blocks.is_empty() {
+            let b = self.block_for(old);
+            if self.block_for(&new) == b {
+                let block = &mut self.blocks[b];
+                if let Ok(i) = block.binary_search(old) {
+                    let j = block.partition_point(|e| e < &new);
+                    if j > i {
+                        block[i..j].rotate_left(1);
+                        block[j - 1] = new;
+                    } else {
+                        block[j..=i].rotate_right(1);
+                        block[j] = new;
+                    }
+                    return;
+                }
+            }
+        }
+        self.remove(old);
+        self.insert(new);
+    }
+
     /// How many elements are smaller than `t`.
     pub(crate) fn rank(&self, t: &T) -> usize {
         if self.blocks.is_empty() {
@@ -1007,8 +1034,10 @@ impl RoomSums {
             live.lease_weight = moved(live.lease_weight, weight0, weight1);
             live.lease_floors.remove(node.id);
             live.lease_floors.insert(node.id, weight1, |floor| floor);
-            live.lease_order.remove(&(Reverse(weight0), node.position));
-            live.lease_order.insert((Reverse(weight1), node.position));
+            live.lease_order.replace(
+                &(Reverse(weight0), node.position),
+                (Reverse(weight1), node.position),
+            );
         }
         live.held = moved(
             live.held,
@@ -1374,11 +1403,26 @@ mod tests {
 
         #[test]
         fn rank_list_ranks_like_a_sorted_vec(
-            ops in prop::collection::vec((any::<bool>(), 0..600_u32), 0..2_000),
+            ops in prop::collection::vec((0..3_u8, 0..600_u32, 0..600_u32), 0..2_000),
         ) {
             let mut list = RankList::default();
             let mut reference: Vec<u32> = Vec::new();
-            for &(insert, v) in &ops {
+            for &(op, v, by) in &ops {
+                if op == 2 {
+                    // Replace one present element (one near `v`) by `by`.
+                    if let Some(&old) = reference.get(reference.partition_point(|&e| e < v)) {
+                        list.replace(&old, by);
+                        let at = reference.binary_search(&old).unwrap();
+                        reference.remove(at);
+                        let at = reference.partition_point(|&e| e < by);
+                        reference.insert(at, by);
+                    }
+                    for probe in [v, by] {
+                        prop_assert_eq!(list.rank(&probe), reference.partition_point(|&e| e < probe));
+                    }
+                    continue;
+                }
+                let insert = op == 0;
                 if insert {
                     list.insert(v);
                     let at = reference.partition_point(|&e| e < v);
