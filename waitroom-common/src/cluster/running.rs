@@ -255,10 +255,10 @@ impl ExpirySums {
         *ring_total = total;
     }
 
-    /// Moves the ring to start at `from`: slots it leaves behind go to the
-    /// outside sums, slots it comes to reach come in from them. It never
-    /// moves back (a clock stepped back leaves the slots between in the
-    /// outside sums, where they are counted as well).
+    /// Moves the ring to start at `from`, forwards or back (a clock stepped
+    /// back): slots it leaves behind go to the outside sums, slots it comes
+    /// to reach come in from them, so the cost is the distance moved (a
+    /// second at a time, as a rule), at most the ring's length.
     fn advance(&mut self, from: u64) {
         if self.ring.is_empty() {
             self.ring = vec![0; EXPIRY_RING as usize];
@@ -266,16 +266,20 @@ impl ExpirySums {
             self.pull_in();
             return;
         }
-        if from <= self.base {
+        if from == self.base {
             return;
         }
-        let leaving = (from - self.base).min(EXPIRY_RING);
-        for slot in self.base..self.base + leaving {
-            let at = (slot % EXPIRY_RING) as usize;
-            let n = std::mem::take(&mut self.ring[at]);
-            if n != 0 {
-                self.ring_total = self.ring_total.wrapping_sub(n);
-                self.outside.add(ExpirySlot(slot), n, 1);
+        let (start, end) = (self.base, self.end());
+        let new_end = from.saturating_add(EXPIRY_RING);
+        // The old ring's slots outside the new one: before `from`, past `new_end`.
+        for leaving in [start..end.min(from), start.max(new_end)..end] {
+            for slot in leaving {
+                let at = (slot % EXPIRY_RING) as usize;
+                let n = std::mem::take(&mut self.ring[at]);
+                if n != 0 {
+                    self.ring_total = self.ring_total.wrapping_sub(n);
+                    self.outside.add(ExpirySlot(slot), n, 1);
+                }
             }
         }
         self.base = from;
@@ -298,7 +302,7 @@ impl ExpirySums {
     /// The sum of every slot from `from` on; the ring moves to start there.
     pub(crate) fn sum_from(&mut self, from: ExpirySlot) -> i64 {
         self.advance(from.0);
-        // Every ring slot is at or after `base`, and `base >= from`.
+        // Every ring slot is at or after `base`, which is `from`.
         self.ring_total.wrapping_add(self.outside.sum_from(from))
     }
 }
