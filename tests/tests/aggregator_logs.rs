@@ -1,6 +1,7 @@
 //! What the aggregator writes for operators about a node's connection, with
 //! the real binaries on loopback: one aggregator, one node reporting every
-//! 100 ms.
+//! 100 ms. Also what merging its reports cost (a histogram of the time each
+//! held the cluster's lock).
 //!
 //! Every line logged on a node's connection carries the connection's span:
 //! its remote address and the node's name. The name was recorded again on
@@ -59,6 +60,30 @@ fn a_connection_names_its_node_once_however_many_reports_it_carried() {
         eventually(Duration::from_secs(20), || reports() >= 30.0),
         "30 reports: {}",
         reports()
+    );
+    // What merging them cost is a histogram of one observation per report
+    // (the merge is timed before the report is counted: at least as many).
+    let reported = reports();
+    let merges = aggregator
+        .metric("waitroom_aggregator_merge_seconds_count")
+        .expect("the merge histogram is exposed");
+    assert!(
+        merges >= reported,
+        "{merges} merges timed for {reported} reports"
+    );
+    let every = aggregator
+        .metric("waitroom_aggregator_merge_seconds_bucket{le=\"+Inf\"}")
+        .expect("its +Inf bucket");
+    let sum = aggregator
+        .metric("waitroom_aggregator_merge_seconds_sum")
+        .expect("its sum");
+    assert!(
+        every >= merges && sum > 0.0,
+        "+Inf bucket {every}, sum {sum} s"
+    );
+    eprintln!(
+        "{merges} merges, {:.1} µs each on average",
+        sum / merges * 1e6
     );
 
     // The node dies; the aggregator notices at its idle timeout (6 s) and

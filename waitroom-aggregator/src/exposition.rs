@@ -109,6 +109,11 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
     ] {
         f.counter(name, help, value.load(Relaxed))?;
     }
+    f.histogram(
+        "waitroom_aggregator_merge_seconds",
+        "Time each node report held the cluster lock: merged into the global view and its answer computed.",
+        &m.merge.snapshot(),
+    )?;
     f.counters(
         "waitroom_aggregator_implausible_numbers_total",
         "Reported numbers corrected before merging, by reason: future_minute (dropped), clamped (beyond what the room allows).",

@@ -70,6 +70,10 @@ pub struct ServerMetrics {
     pub snapshot_errors_total: AtomicU64,
     /// The clock's milliseconds at the last snapshot written, 0 if none.
     pub last_snapshot_ms: AtomicU64,
+    /// How long each report held the cluster's lock to be merged and its
+    /// answer computed (peer reports too): what a node's report costs the
+    /// aggregator, and how long every other report waited behind it.
+    pub merge: waitroom_runtime::metrics::Histogram,
     /// One log line per ten seconds per kind of refusal: an impostor or a
     /// scanner retrying in a loop must not flood the journal.
     pub logs: RefusalLogs,
@@ -359,6 +363,7 @@ async fn serve_stream(
             };
             let (mut rooms, grants) = {
                 let mut cluster = shared.cluster();
+                let merging = std::time::Instant::now();
                 let rooms = match kind {
                     Kind::Asking => cluster.apply_asking(frame.report, now),
                     Kind::Plain => cluster.apply(frame.report, now),
@@ -396,6 +401,7 @@ async fn serve_stream(
                         Some((def.name.clone(), *g))
                     })
                     .collect();
+                shared.metrics.merge.observe(merging.elapsed());
                 (rooms, grants)
             };
             let mut held_back = match &shared.ledger {

@@ -12,49 +12,7 @@ use std::{
 };
 
 use waitroom_runtime::metrics::{Families, HistogramSnapshot};
-
-/// A fixed-bucket latency histogram (seconds), lock-free.
-#[derive(Debug)]
-pub struct Histogram {
-    /// Upper bounds in microseconds.
-    bounds_us: &'static [u64],
-    /// One count per bound plus the +Inf bucket.
-    counts: Box<[AtomicU64]>,
-    sum_ns: AtomicU64,
-}
-
-/// Bounds for request-path latencies: 1 µs to 10 s.
-pub const LATENCY_BOUNDS_US: &[u64] = &[
-    1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000,
-    250_000, 500_000, 1_000_000, 2_500_000, 10_000_000,
-];
-
-impl Histogram {
-    pub fn new(bounds_us: &'static [u64]) -> Self {
-        Self {
-            bounds_us,
-            counts: (0..=bounds_us.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum_ns: AtomicU64::new(0),
-        }
-    }
-
-    /// Records one observation.
-    pub fn observe(&self, d: Duration) {
-        let us = d.as_micros() as u64;
-        let i = self.bounds_us.partition_point(|&b| b < us);
-        self.counts[i].fetch_add(1, Relaxed);
-        self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
-    }
-
-    /// The counts now, for the exposition (buckets not cumulative).
-    pub fn snapshot(&self) -> HistogramSnapshot {
-        HistogramSnapshot {
-            bounds: self.bounds_us.iter().map(|&us| us as f64 / 1e6).collect(),
-            counts: self.counts.iter().map(|c| c.load(Relaxed)).collect(),
-            sum: self.sum_ns.load(Relaxed) as f64 / 1e9,
-        }
-    }
-}
+pub use waitroom_runtime::metrics::{Histogram, LATENCY_BOUNDS_US};
 
 /// Why a cookie could not be used (each makes a new visitor).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,6 +22,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
     },
+    time::Duration,
 };
 
 use http::StatusCode;
@@ -51,6 +52,74 @@ pub struct HistogramSnapshot {
     pub bounds: Vec<f64>,
     pub counts: Vec<u64>,
     pub sum: f64,
+}
+
+/// A fixed-bucket latency histogram (seconds), lock-free.
+#[derive(Debug)]
+pub struct Histogram {
+    /// Upper bounds in microseconds.
+    bounds_us: &'static [u64],
+    /// One count per bound plus the +Inf bucket.
+    counts: Box<[AtomicU64]>,
+    sum_ns: AtomicU64,
+}
+
+/// Bounds for request-path latencies: 1 µs to 10 s.
+pub const LATENCY_BOUNDS_US: &[u64] = &[
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000,
+    250_000, 500_000, 1_000_000, 2_500_000, 10_000_000,
+];
+
+impl Default for Histogram {
+    /// With [`LATENCY_BOUNDS_US`].
+    fn default() -> Self {
+        Self::new(LATENCY_BOUNDS_US)
+    }
+}
+
+impl Histogram {
+    pub fn new(bounds_us: &'static [u64]) -> Self {
+        Self {
+            bounds_us,
+            counts: (0..=bounds_us.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let us = d.as_micros() as u64;
+        let i = self.bounds_us.partition_point(|&b| b < us);
+        self.counts[i].fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
+    }
+
+    /// The counts now, for the exposition (buckets not cumulative).
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            bounds: self.bounds_us.iter().map(|&us| us as f64 / 1e6).collect(),
+            counts: self.counts.iter().map(|c| c.load(Relaxed)).collect(),
+            sum: self.sum_ns.load(Relaxed) as f64 / 1e9,
+        }
+    }
+}
+
+impl HistogramSnapshot {
+    fn encode(&self, mut metric: prometheus_client::encoding::MetricEncoder<'_>) -> fmt::Result {
+        let buckets: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(self.counts.iter().copied())
+            .collect();
+        metric.encode_histogram(
+            self.sum,
+            self.counts.iter().sum(),
+            &buckets,
+            None::<&HashMap<usize, Exemplar<Labels<'_, 0>, f64>>>,
+        )
+    }
 }
 
 /// Writes metric families into a scrape; see the module docs for the rules.
@@ -148,22 +217,17 @@ impl Families<'_> {
             .encoder
             .encode_descriptor(name, help, None, MetricType::Histogram)?;
         for (labels, h) in samples {
-            let buckets: Vec<(f64, u64)> = h
-                .bounds
-                .iter()
-                .copied()
-                .chain([f64::INFINITY])
-                .zip(h.counts.iter().copied())
-                .collect();
-            let count = h.counts.iter().sum();
-            metric.encode_family(&labels)?.encode_histogram(
-                h.sum,
-                count,
-                &buckets,
-                None::<&HashMap<usize, Exemplar<Labels<'_, 0>, f64>>>,
-            )?;
+            h.encode(metric.encode_family(&labels)?)?;
         }
         Ok(())
+    }
+
+    /// One unlabelled histogram (`name` ends in its unit).
+    pub fn histogram(&mut self, name: &str, help: &str, h: &HistogramSnapshot) -> fmt::Result {
+        let metric = self
+            .encoder
+            .encode_descriptor(name, help, None, MetricType::Histogram)?;
+        h.encode(metric)
     }
 }
 
@@ -300,6 +364,24 @@ mod tests {
 
     fn scrape(f: impl Fn(&mut Families<'_>) -> fmt::Result + Send + Sync + 'static) -> String {
         encode(&registry(f))
+    }
+
+    #[test]
+    fn an_unlabelled_histogram_has_its_buckets_count_and_sum() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(3));
+        h.observe(Duration::from_millis(30));
+        let text = scrape(move |f| f.histogram("merge_seconds", "A histogram.", &h.snapshot()));
+        assert!(text.contains("merge_seconds_count 2\n"), "{text}");
+        assert!(
+            text.contains("merge_seconds_bucket{le=\"0.000005\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("merge_seconds_bucket{le=\"+Inf\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("merge_seconds_sum 0.030003\n"), "{text}");
     }
 
     #[test]
