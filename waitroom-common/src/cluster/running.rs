@@ -187,23 +187,21 @@ impl ExpirySums {
         self.base.saturating_add(EXPIRY_RING)
     }
 
-    fn in_ring(&self, slot: ExpirySlot) -> bool {
-        !self.ring.is_empty() && slot.0 >= self.base && slot.0 < self.end()
-    }
-
-    fn change(&mut self, slot: ExpirySlot, delta: i64) {
-        if self.in_ring(slot) {
-            let at = (slot.0 % EXPIRY_RING) as usize;
-            self.ring[at] = self.ring[at].wrapping_add(delta);
-            self.ring_total = self.ring_total.wrapping_add(delta);
-        } else {
-            self.outside.add(slot, delta, 1);
-        }
-    }
-
     /// Adds `n` at `slot` (`sign` = 1) or takes it away (`sign` = −1).
     pub(crate) fn add(&mut self, slot: ExpirySlot, n: i64, sign: i64) {
-        self.change(slot, n.wrapping_mul(sign));
+        // Before the first query there is no ring: nothing is in its reach.
+        let reach = if self.ring.is_empty() {
+            0..0
+        } else {
+            self.base..self.end()
+        };
+        let Self {
+            ring,
+            ring_total,
+            outside,
+            ..
+        } = self;
+        put(ring, ring_total, outside, reach, slot, n.wrapping_mul(sign));
     }
 
     /// Takes away `old` and adds `new`, as [`ExpirySums::add`] over each
@@ -235,21 +233,21 @@ impl ExpirySums {
             outside,
             ..
         } = self;
-        // One loop of locals (the ring's bounds, its total), not `change`
-        // per entry: a write to the ring would have every field read again.
+        // One loop of locals (the ring's bounds, its total), not `add` per
+        // entry: a write to the ring would have every field read again.
         let mut total = *ring_total;
         for (list, sign) in [(&old[oa..ob], -1_i64), (&new[na..nb], 1)] {
             for &(slot, n) in list {
-                let delta = n.wrapping_mul(sign);
-                if slot.0 >= start && slot.0 < end {
-                    let at = (slot.0 % EXPIRY_RING) as usize;
-                    ring[at] = ring[at].wrapping_add(delta);
-                    total = total.wrapping_add(delta);
-                } else {
-                    // Out of order: outside the ring, though between slots
-                    // within it.
-                    outside.add(slot, delta, 1);
-                }
+                // An entry out of order may fall outside the ring, though
+                // between slots within it.
+                put(
+                    ring,
+                    &mut total,
+                    outside,
+                    start..end,
+                    slot,
+                    n.wrapping_mul(sign),
+                );
             }
         }
         *ring_total = total;
@@ -307,6 +305,26 @@ impl ExpirySums {
     }
 }
 
+/// Adds `delta` at `slot`: in `ring` (and its `total`) when `slot` is
+/// within `reach` (the ring's slots; an empty range while there is no
+/// ring), else in `outside`.
+fn put(
+    ring: &mut [i64],
+    total: &mut i64,
+    outside: &mut KeyedSums<ExpirySlot>,
+    reach: std::ops::Range<u64>,
+    slot: ExpirySlot,
+    delta: i64,
+) {
+    if reach.contains(&slot.0) {
+        let at = (slot.0 % EXPIRY_RING) as usize;
+        ring[at] = ring[at].wrapping_add(delta);
+        *total = total.wrapping_add(delta);
+    } else {
+        outside.add(slot, delta, 1);
+    }
+}
+
 /// Admits per minute, pool by pool, summed over nodes.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct AdmitSums {
@@ -339,14 +357,12 @@ impl AdmitSums {
     /// did not change (every minute but this one, as a rule) is left alone.
     fn replace(&mut self, old: &[MinuteAdmits], new: &[MinuteAdmits]) {
         for (list, other, sign) in [(old, new, -1), (new, old, 1)] {
-            for (i, a) in list.iter().enumerate() {
-                // Only the first entry of a minute counts, as in `admits_in`.
-                let first = list[..i].iter().all(|b| b.minute != a.minute);
+            for a in counted(list) {
                 let same = other
                     .iter()
                     .find(|b| b.minute == a.minute)
                     .is_some_and(|b| b.admits == a.admits);
-                if first && !same {
+                if !same {
                     self.add(a.minute, a.admits, sign);
                 }
             }
@@ -366,6 +382,16 @@ impl AdmitSums {
             .get(&minute)
             .map_or(0, |p| p.iter().fold(0_u64, |t, &n| t.wrapping_add(n)))
     }
+}
+
+/// The entries of a report's admits that count: the first of each minute,
+/// as [`admits_in`] reads them.
+fn counted(admits: &[MinuteAdmits]) -> impl Iterator<Item = &MinuteAdmits> {
+    admits
+        .iter()
+        .enumerate()
+        .filter(|&(i, a)| admits[..i].iter().all(|b| b.minute != a.minute))
+        .map(|(_, a)| a)
 }
 
 /// The first entry for `minute`, as the reference merge reads a report.
@@ -926,11 +952,8 @@ impl RoomSums {
         for &(m, n) in &report.waiting {
             self.waiting.add(m, n, sign);
         }
-        for (i, a) in report.admits.iter().enumerate() {
-            // Only the first entry of a minute counts, as in `admits_in`.
-            if report.admits[..i].iter().all(|b| b.minute != a.minute) {
-                self.admits.add(a.minute, a.admits, sign);
-            }
+        for a in counted(&report.admits) {
+            self.admits.add(a.minute, a.admits, sign);
         }
     }
 
