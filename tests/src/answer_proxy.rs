@@ -109,6 +109,8 @@ pub struct Arrival {
     pub held_visitors: Option<u64>,
     /// It was refused by [`AnswerProxy::refuse_held_reports`].
     pub refused: bool,
+    /// It was sent as the changes since an earlier report (`Message::Changes`).
+    pub changes: bool,
 }
 
 /// A running proxy; it stops when dropped.
@@ -278,12 +280,17 @@ async fn relay(
     let at = Instant::now();
     let number = counts.reports.fetch_add(1, Relaxed) + 1;
     let every = counts.lose_every.load(Relaxed);
-    let held_visitors = match &report {
+    // A report sent as changes is judged by the report it carries.
+    let whole = match &report {
+        Message::Changes(changes) => changes.report.clone().into_message(),
+        other => other.clone(),
+    };
+    let held_visitors = match &whole {
         Message::HeldReport(held) => Some(held.held_visitors.iter().map(|h| h.visitors).sum()),
         _ => None,
     };
     let refused = held_visitors.is_some() && counts.refuse_held_reports.load(Relaxed);
-    let home = match &report {
+    let home = match &whole {
         Message::HomeReport(home) => Some(home),
         Message::HeldReport(held) => Some(&held.home),
         _ => None,
@@ -323,6 +330,7 @@ async fn relay(
             home: home.is_some(),
             held_visitors,
             refused,
+            changes: matches!(report, Message::Changes(_)),
         });
     if refused {
         // As an aggregator from before held reports: an unknown variant

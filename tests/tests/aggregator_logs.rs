@@ -9,6 +9,7 @@
 //! each connection's span grew by the name with every report (memory held
 //! as long as the connection lived, and lines that grew without bound): 30
 //! reports in, the line for a lost connection named the node 30 times.
+//! And the reports after the connection's first come as changes.
 use std::{net::SocketAddr, time::Duration};
 
 use waitroom_tests::{
@@ -85,6 +86,17 @@ fn a_connection_names_its_node_once_however_many_reports_it_carried() {
         "{merges} merges, {:.1} µs each on average",
         sum / merges * 1e6
     );
+    // After the connection's first report, the node sends each as the
+    // changes since the last one answered, and the aggregator rebuilds them
+    // all (none refused: it keeps the reports they are made against).
+    let metric = |name| aggregator.metric(name).unwrap_or(-1.0);
+    let changes = metric("waitroom_aggregator_changes_reports_total");
+    let reported = reports();
+    assert!(
+        changes >= reported - 3.0 && changes <= reported,
+        "{changes} of {reported} reports as changes"
+    );
+    assert_eq!(metric("waitroom_aggregator_changes_refused_total"), 0.0);
 
     // The node dies; the aggregator notices at its idle timeout (6 s) and
     // says so on the connection's span.

@@ -72,6 +72,16 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
             &m.held_visitor_reports_total,
         ),
         (
+            "waitroom_aggregator_changes_reports_total",
+            "Reports received as the changes since an earlier report of the connection, rebuilt whole.",
+            &m.changes_reports_total,
+        ),
+        (
+            "waitroom_aggregator_changes_refused_total",
+            "Reports as changes refused: against a report not held for the connection, or not fitting it (the node sends the report whole).",
+            &m.changes_refused_total,
+        ),
+        (
             "waitroom_aggregator_frames_refused_total",
             "Frames refused: unknown version, malformed or too large.",
             &m.frames_refused_total,

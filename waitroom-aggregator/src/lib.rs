@@ -765,6 +765,139 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Reports as changes on a real connection: the aggregator rebuilds the
+    /// report the node sent from the one it kept for the connection and
+    /// merges it whole; changes against a report it does not hold (a number
+    /// never sent, another connection's, or rooms the base lacks) are
+    /// refused as such, never guessed at; a rebuilt report is still checked
+    /// against the connection's certificate.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reports_as_changes_are_rebuilt_against_the_connections_own_reports() {
+        use waitroom_common::{
+            aggregate::{NodeReport, RoomReport},
+            room::RoomId,
+            wire::{ChangesFrame, ReportFrame},
+        };
+        let dir = temp_dir("changes");
+        let certs = devcerts::write(&dir, &["n1".into()]).unwrap();
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let aggregator = Aggregator::start(
+            config(&dir, certs.aggregator.clone(), loopback),
+            Clock::system(),
+        )
+        .await
+        .unwrap();
+        let mut endpoint = quinn::Endpoint::client(loopback).unwrap();
+        endpoint.set_default_client_config(tls::client_config(&certs.nodes[0].1).unwrap());
+        let connect = || async {
+            endpoint
+                .connect(aggregator.quic_addr(), "localhost")
+                .unwrap()
+                .await
+                .unwrap()
+        };
+        let exchange = |connection: quinn::Connection, message: Message| async move {
+            let (mut send, mut recv) = connection.open_bi().await.unwrap();
+            frames::write(&mut send, &message).await.unwrap();
+            frames::read(&mut recv).await.unwrap()
+        };
+        let now = clock::now();
+        let slot = now.expiry_slot();
+        let report = |seq: u64, node: &str, expiries: Vec<(_, i64)>| {
+            Message::Report(ReportFrame {
+                seq,
+                report: NodeReport {
+                    node: node.into(),
+                    colo: "x".into(),
+                    at: now,
+                    rooms: vec![RoomReport {
+                        room: RoomId::from_name("shop"),
+                        expiries,
+                        ..RoomReport::default()
+                    }],
+                },
+                pools: vec![],
+                settings_version: None,
+            })
+        };
+        let first = report(1, "n1", vec![(slot.plus(30), 2), (slot.plus(60), 1)]);
+        let second = report(2, "n1", vec![(slot.plus(30), 3), (slot.plus(60), 1)]);
+        let rooms = |m: &Message| m.report_frame().unwrap().report.rooms.clone();
+        let changes = |base: u64, of: &Message| {
+            Message::Changes(ChangesFrame::of(base, &rooms(&first), of).unwrap())
+        };
+        let connection = connect().await;
+        let answer = exchange(connection.clone(), first.clone()).await;
+        assert!(
+            matches!(&answer, Message::Answer(a) if a.seq == 1),
+            "{answer:?}"
+        );
+        let Message::Changes(sent) = changes(1, &second) else {
+            unreachable!()
+        };
+        assert_eq!(
+            sent.rooms[0].expiries,
+            [(slot.plus(30), 3)],
+            "one entry sent"
+        );
+        let answer = exchange(connection.clone(), Message::Changes(sent)).await;
+        assert!(
+            matches!(&answer, Message::Answer(a) if a.seq == 2),
+            "{answer:?}"
+        );
+        let merged = aggregator.shared.cluster().snapshot(clock::now());
+        let (node, _) = merged.nodes.iter().find(|(r, _)| r.node == "n1").unwrap();
+        assert_eq!(
+            node.rooms,
+            rooms(&second),
+            "the second report, rebuilt whole"
+        );
+
+        let refused = |answer: Message| match answer {
+            Message::Refused(refusal) => refusal.reason,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        // A number never sent.
+        let third = report(3, "n1", vec![(slot.plus(30), 4)]);
+        let answer = exchange(connection.clone(), changes(99, &third)).await;
+        assert_eq!(refused(answer), RefusalReason::UnknownBase);
+        // Changes to a room the base lacks.
+        let mut stray = ChangesFrame::of(2, &rooms(&second), &third).unwrap();
+        stray.rooms[0].room = RoomId::from_name("elsewhere");
+        let answer = exchange(connection.clone(), Message::Changes(stray)).await;
+        assert_eq!(refused(answer), RefusalReason::UnknownBase);
+        // Another connection holds none of this one's reports.
+        let other = connect().await;
+        let answer = exchange(other.clone(), changes(1, &third)).await;
+        assert_eq!(refused(answer), RefusalReason::UnknownBase);
+        // A rebuilt report is held to the certificate like any other.
+        let impostor = report(4, "n2", vec![(slot.plus(30), 9)]);
+        let answer = exchange(connection.clone(), changes(1, &impostor)).await;
+        assert_eq!(refused(answer), RefusalReason::NotCertified);
+        // And the base before the last still serves (an answer was lost).
+        let answer = exchange(connection.clone(), changes(1, &third)).await;
+        assert!(
+            matches!(&answer, Message::Answer(a) if a.seq == 3),
+            "{answer:?}"
+        );
+
+        let metrics = &aggregator.shared.metrics;
+        assert_eq!(
+            metrics
+                .changes_reports_total
+                .load(std::sync::atomic::Ordering::Relaxed),
+            3
+        );
+        assert_eq!(
+            metrics
+                .changes_refused_total
+                .load(std::sync::atomic::Ordering::Relaxed),
+            3
+        );
+        aggregator.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// The aggregator decides on the clock it was given: answers and
     /// snapshots carry its time, and a node silent for longer than
     /// `node_timeout_ms` stops counting as live when that clock says so. The

@@ -54,6 +54,10 @@ pub struct ServerMetrics {
     /// Of them, reports that named visitors the node held for the answer
     /// (`Message::HeldReport` with some visitor held).
     pub held_visitor_reports_total: AtomicU64,
+    /// Reports received as changes (`Message::Changes`) and rebuilt.
+    pub changes_reports_total: AtomicU64,
+    /// Reports as changes refused: their base not held, or not fitting it.
+    pub changes_refused_total: AtomicU64,
     /// Frames answered with a refusal (bad version, malformed, too large).
     pub frames_refused_total: AtomicU64,
     /// Reports refused because they name a node the connection's certificate
@@ -230,7 +234,40 @@ async fn serve_connection(connection: quinn::Connection, shared: &Arc<Shared>) {
     shared.release(&connection);
 }
 
+/// Reports of one connection kept for the node's changes to be made
+/// against (`Message::Changes`).
+const BASES_KEPT: usize = 3;
+
+/// The last [`BASES_KEPT`] reports received on one connection, by `seq`,
+/// as the node sent them (before rooms of other groups are left out, and
+/// before the cluster's plausibility checks): the node makes its changes
+/// against the last report it was answered, which may be one or two before
+/// the last one received when answers were lost. Each is bounded by the
+/// frame's size limit, and all go with the connection.
+#[derive(Debug, Default)]
+struct Bases {
+    reports: std::collections::VecDeque<(u64, Vec<waitroom_common::aggregate::RoomReport>)>,
+}
+
+impl Bases {
+    fn keep(&mut self, seq: u64, rooms: &[waitroom_common::aggregate::RoomReport]) {
+        self.reports.retain(|(s, _)| *s != seq);
+        if self.reports.len() == BASES_KEPT {
+            self.reports.pop_front();
+        }
+        self.reports.push_back((seq, rooms.to_vec()));
+    }
+
+    fn get(&self, seq: u64) -> Option<&[waitroom_common::aggregate::RoomReport]> {
+        self.reports
+            .iter()
+            .find(|(s, _)| *s == seq)
+            .map(|(_, rooms)| rooms.as_slice())
+    }
+}
+
 async fn serve_streams(connection: &quinn::Connection, shared: &Arc<Shared>) {
+    let bases = Arc::new(Mutex::new(Bases::default()));
     loop {
         let (send, recv) = match connection.accept_bi().await {
             Ok(streams) => streams,
@@ -248,8 +285,9 @@ async fn serve_streams(connection: &quinn::Connection, shared: &Arc<Shared>) {
         };
         let shared = Arc::clone(shared);
         let connection = connection.clone();
+        let bases = Arc::clone(&bases);
         tokio::spawn(
-            async move { serve_stream(&connection, send, recv, &shared).await }
+            async move { serve_stream(&connection, send, recv, &shared, &bases).await }
                 .instrument(tracing::Span::current()),
         );
     }
@@ -261,6 +299,7 @@ async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     shared: &Shared,
+    bases: &Mutex<Bases>,
 ) {
     let message = match tokio::time::timeout(READ_TIMEOUT, frames::read(&mut recv)).await {
         Ok(Ok(message)) => message,
@@ -281,6 +320,44 @@ async fn serve_stream(
             return;
         }
     };
+    // Changes are rebuilt into the report the node sent, against the one
+    // this connection kept; every report is kept for the next changes.
+    let message = match message {
+        Message::Changes(changes) => {
+            let base = changes.base;
+            let rebuilt = {
+                let bases = bases.lock();
+                match bases.get(base) {
+                    Some(rooms) => changes.rebuild(rooms).ok_or("do not fit it"),
+                    None => Err("is not one this aggregator holds for the connection"),
+                }
+            };
+            match rebuilt {
+                Ok(message) => {
+                    shared.metrics.changes_reports_total.fetch_add(1, Relaxed);
+                    message
+                }
+                Err(why) => {
+                    shared.metrics.changes_refused_total.fetch_add(1, Relaxed);
+                    tracing::debug!(base, why, "report as changes refused");
+                    let refusal = Message::Refused(Refusal {
+                        reason: RefusalReason::UnknownBase,
+                        detail: format!(
+                            "changes against report {base}, which {why}; send the report whole"
+                        ),
+                    });
+                    if let Err(err) = frames::write(&mut send, &refusal).await {
+                        tracing::debug!(%err, "could not send the refusal");
+                    }
+                    return;
+                }
+            }
+        }
+        other => other,
+    };
+    if let Some(frame) = message.report_frame() {
+        bases.lock().keep(frame.seq, &frame.report.rooms);
+    }
     // A lease report is a report from a node that asks on demand: merged
     // the same way, promised by its need (`cluster::promise`). A peer
     // report is a report from a node whose home is another aggregator:
@@ -441,6 +518,7 @@ async fn serve_stream(
         | Message::PeerReport(_)
         | Message::HomeReport(_)
         | Message::HeldReport(_)
+        | Message::Changes(_)
         | Message::Note(_) => {
             shared.metrics.frames_refused_total.fetch_add(1, Relaxed);
             if let Some(suppressed) = shared.metrics.logs.frames.pass(shared.now_secs()) {

@@ -37,6 +37,7 @@
 //! - `share`: the local-only share a node decides with when its news is stale.
 //! - `cluster`: [`Cluster`](cluster::Cluster), the aggregator's memory: reports,
 //!   departed nodes and the Anywhere lease ledger (the merge around `aggregate`).
+//! - `changes`: a report as the changes since an earlier one of the same node.
 //! - `wire`: the gossip [`Message`](wire::Message)s and their frame codec
 //!   (the QUIC transport is in `waitroom-runtime`).
 #![cfg_attr(not(feature = "std"), no_std)]
@@ -48,6 +49,8 @@ pub mod xdp_parse;
 pub mod aggregate;
 #[cfg(feature = "std")]
 pub mod bypass;
+#[cfg(feature = "std")]
+pub mod changes;
 #[cfg(feature = "std")]
 pub mod cluster;
 #[cfg(feature = "std")]

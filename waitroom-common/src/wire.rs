@@ -104,6 +104,134 @@ pub enum Message {
     /// predates it refuses it as malformed, on which the node goes back to
     /// [`Message::HomeReport`].
     HeldReport(HeldReportFrame),
+    /// Node → aggregator: any report above said as the changes since an
+    /// earlier report of the same connection that this aggregator answered
+    /// (`crate::changes`): about a tenth of the bytes of a whole report a
+    /// second after the last one. The aggregator rebuilds the whole report
+    /// from the one it kept and goes on as if it had been sent whole. It
+    /// keeps the last few reports of each connection; changes against one
+    /// it no longer holds (another connection's, one from before a
+    /// restart, or a forged number) are refused with
+    /// [`RefusalReason::UnknownBase`], on which the node sends its next
+    /// report whole. Appended without a version change; an aggregator that
+    /// predates it refuses it as malformed, on which the node sends whole
+    /// reports on that connection.
+    Changes(ChangesFrame),
+}
+
+/// A report as changes (see [`Message::Changes`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangesFrame {
+    /// The `seq` of the report the changes are against.
+    pub base: u64,
+    /// The changes of the report's rooms since the base's, as
+    /// [`crate::changes::changes`] gives them.
+    pub rooms: Vec<crate::aggregate::RoomReport>,
+    /// The report itself, with no rooms: they are the base's with `rooms`
+    /// made.
+    pub report: ReportKind,
+}
+
+/// Every kind of report, and nothing else: what a [`ChangesFrame`] carries.
+/// Not a [`Message`], so changes cannot nest (a frame of changes within
+/// changes within changes… would be decoded by recursion, one stack frame
+/// per level, and a 4 MiB frame holds a million levels).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReportKind {
+    Report(ReportFrame),
+    LeaseReport(ReportFrame),
+    PeerReport(PeerReportFrame),
+    HomeReport(HomeReportFrame),
+    HeldReport(HeldReportFrame),
+}
+
+impl ReportKind {
+    /// `message` if it is a report of any kind.
+    #[must_use]
+    pub fn of(message: Message) -> Option<Self> {
+        Some(match message {
+            Message::Report(f) => Self::Report(f),
+            Message::LeaseReport(f) => Self::LeaseReport(f),
+            Message::PeerReport(f) => Self::PeerReport(f),
+            Message::HomeReport(f) => Self::HomeReport(f),
+            Message::HeldReport(f) => Self::HeldReport(f),
+            Message::Answer(_) | Message::Refused(_) | Message::Note(_) | Message::Changes(_) => {
+                return None;
+            }
+        })
+    }
+
+    /// The report as the message it was.
+    #[must_use]
+    pub fn into_message(self) -> Message {
+        match self {
+            Self::Report(f) => Message::Report(f),
+            Self::LeaseReport(f) => Message::LeaseReport(f),
+            Self::PeerReport(f) => Message::PeerReport(f),
+            Self::HomeReport(f) => Message::HomeReport(f),
+            Self::HeldReport(f) => Message::HeldReport(f),
+        }
+    }
+
+    fn frame_mut(&mut self) -> &mut ReportFrame {
+        match self {
+            Self::Report(f) | Self::LeaseReport(f) => f,
+            Self::PeerReport(peer) => &mut peer.frame,
+            Self::HomeReport(home) => &mut home.frame,
+            Self::HeldReport(held) => &mut held.home.frame,
+        }
+    }
+}
+
+impl ChangesFrame {
+    /// `message` (a report of any kind) as changes against `base`, its
+    /// report's rooms against `base_rooms`; `None` when they cannot be said
+    /// as changes (`crate::changes::changes`) or `message` is no report.
+    #[must_use]
+    pub fn of(
+        base: u64,
+        base_rooms: &[crate::aggregate::RoomReport],
+        message: &Message,
+    ) -> Option<Self> {
+        let mut report = ReportKind::of(message.clone())?;
+        let whole = &mut report.frame_mut().report;
+        let rooms = crate::changes::changes(base_rooms, &whole.rooms)?;
+        whole.rooms = Vec::new();
+        Some(Self {
+            base,
+            rooms,
+            report,
+        })
+    }
+
+    /// The report as it was sent, its rooms rebuilt from `base_rooms`;
+    /// `None` when the report carries rooms of its own or the changes do
+    /// not fit the base.
+    #[must_use]
+    pub fn rebuild(self, base_rooms: &[crate::aggregate::RoomReport]) -> Option<Message> {
+        let mut report = self.report;
+        let whole = &mut report.frame_mut().report;
+        if !whole.rooms.is_empty() {
+            return None;
+        }
+        whole.rooms = crate::changes::apply(base_rooms, &self.rooms)?;
+        Some(report.into_message())
+    }
+}
+
+impl Message {
+    /// The report frame a report of any kind carries; `None` for every
+    /// other message (changes included: they carry no whole report).
+    #[must_use]
+    pub fn report_frame(&self) -> Option<&ReportFrame> {
+        match self {
+            Self::Report(frame) | Self::LeaseReport(frame) => Some(frame),
+            Self::HomeReport(home) => Some(&home.frame),
+            Self::HeldReport(held) => Some(&held.home.frame),
+            Self::PeerReport(peer) => Some(&peer.frame),
+            Self::Answer(_) | Self::Refused(_) | Self::Note(_) | Self::Changes(_) => None,
+        }
+    }
 }
 
 /// A home report with the visitors the node holds as it reports (see
@@ -316,6 +444,10 @@ pub enum RefusalReason {
     /// The report names a node its sender's certificate does not certify
     /// (appended in version 2: older peers read it as a malformed frame).
     NotCertified,
+    /// Changes against a report this aggregator does not hold for the
+    /// connection ([`Message::Changes`]): send the report whole. Appended
+    /// without a version change; only nodes that send changes receive it.
+    UnknownBase,
 }
 
 /// QUIC application error codes used when closing a connection or stream
@@ -700,6 +832,45 @@ mod tests {
         let body = &plain[HEADER_LEN + 1..];
         assert_eq!(&bytes[HEADER_LEN + 1..HEADER_LEN + 1 + body.len()], body);
         assert_eq!(&bytes[HEADER_LEN + 1 + body.len()..], [1, 3, 2]);
+    }
+
+    /// Changes are appended (tag 8) and round-trip; a second later they
+    /// are a fraction of the whole report and rebuild it exactly, whatever
+    /// kind of report they carry. A report with rooms of its own beside the
+    /// changes rebuilds into nothing; what is not a report has no changes.
+    #[test]
+    fn changes_are_appended_and_rebuild_the_report() {
+        let base = sample_report();
+        let Message::Report(mut plain) = base.clone() else {
+            unreachable!()
+        };
+        plain.seq = 8;
+        plain.report.rooms[0].expiries.push((ExpirySlot(300), 1));
+        let next = Message::Report(plain.clone());
+        let home = Message::HomeReport(HomeReportFrame {
+            frame: plain,
+            asks: true,
+            held: vec![sample_held()],
+        });
+        let base_rooms = &base.report_frame().unwrap().report.rooms;
+        for message in [next, home] {
+            let changes = ChangesFrame::of(7, base_rooms, &message).unwrap();
+            assert_eq!(changes.rooms[0].expiries, [(ExpirySlot(300), 1)]);
+            assert!(changes.rooms[0].admits.is_empty());
+            let wrapped = Message::Changes(changes.clone());
+            let bytes = encode(&wrapped).unwrap();
+            assert_eq!(bytes[HEADER_LEN], 8);
+            assert!(bytes.len() < encode(&message).unwrap().len());
+            assert_eq!(decode(&bytes).unwrap(), wrapped);
+            assert_eq!(changes.rebuild(base_rooms), Some(message));
+        }
+        let rooms_beside = ChangesFrame {
+            base: 7,
+            rooms: Vec::new(),
+            report: ReportKind::of(base.clone()).unwrap(),
+        };
+        assert_eq!(rooms_beside.rebuild(base_rooms), None);
+        assert_eq!(ChangesFrame::of(7, base_rooms, &sample_answer()), None);
     }
 
     #[test]
