@@ -20,6 +20,7 @@ use waitroom_common::cluster::{Cluster, RoomDef, Snapshot};
 use waitroom_common::counters::PoolCounts;
 use waitroom_common::room::{RoomConfig, RoomId};
 use waitroom_common::time::UnixMillis;
+use waitroom_common::wire::{self, ChangesFrame, Message, ReportFrame};
 
 /// 20 s into a minute: neither the warm-up round nor the measured one
 /// crosses a minute boundary.
@@ -76,25 +77,34 @@ fn report(node: usize, round: u64, at: UnixMillis) -> NodeReport {
             RoomReport {
                 room: RoomId::from_name(&format!("room-{r}")),
                 // Sessions ending over the next five minutes, in 60 slots
-                // (one every 5 s); one moves each round.
+                // (one every 5 s); one gains sessions each round. A
+                // session's end is a fixed second, so a second later the
+                // other slots are the same.
                 expiries: (1..=60)
                     .map(|k| {
                         let moved = i64::from(k == 60) * round as i64;
-                        (at.expiry_slot().plus(5 * k), 1 + (v(k) % 17) as i64 + moved)
+                        (
+                            NOW.expiry_slot().plus(5 * k),
+                            1 + (v(k) % 17) as i64 + moved,
+                        )
                     })
                     .collect(),
-                admits: vec![
-                    admits(m.minus(2), past(m.minus(2), 10)),
-                    admits(m.minus(1), past(m.minus(1), 10)),
+                // Newest first, with no minute of no admits, as a node
+                // sends them.
+                admits: [
                     admits(m, v(12) + round * 3),
-                ],
+                    admits(m.minus(1), past(m.minus(1), 10)),
+                    admits(m.minus(2), past(m.minus(2), 10)),
+                ]
+                .into_iter()
+                .filter(|a| a.admits != PoolCounts::default())
+                .collect(),
                 waiting: (0..4)
                     .rev()
                     .map(|back| (m.minus(back), (v(20 + back) % 30) as i64))
                     .filter(|&(_, n)| n > 0)
                     .collect(),
                 distinct_visitors: (0..4)
-                    .rev()
                     .map(|back| {
                         let n = if back == 0 {
                             v(30) % 500 + round * 5
@@ -184,6 +194,67 @@ fn bench(c: &mut Criterion) {
                 },
                 BatchSize::PerIteration,
             )
+        });
+        // What the aggregator reads off the wire for the round: each
+        // report as a whole frame, or as the changes since the node's
+        // report of the round before (which the server keeps per
+        // connection). Both decode and keep a copy of the rooms, as the
+        // server does for the next changes; changes are rebuilt whole.
+        // The reports of the round before, as the nodes sent them.
+        let warm: Vec<NodeReport> = (0..nodes)
+            .map(|i| report(i, 0, NOW.minus_secs(1).plus_millis(i as u64 * spread)))
+            .collect();
+        let frames = |as_changes: bool| -> Vec<Vec<u8>> {
+            (0..nodes)
+                .map(|i| {
+                    let (report, _) = &round[i];
+                    let whole = Message::Report(ReportFrame {
+                        seq: 2,
+                        report: report.clone(),
+                        pools: Vec::new(),
+                        settings_version: Some(1),
+                    });
+                    let message = if as_changes {
+                        let base = &warm[i].rooms;
+                        Message::Changes(ChangesFrame::of(1, base, &whole).expect("same rooms"))
+                    } else {
+                        whole
+                    };
+                    wire::encode(&message).expect("encodes")
+                })
+                .collect()
+        };
+        let whole = frames(false);
+        let changes = frames(true);
+        let bytes = |frames: &[Vec<u8>]| frames.iter().map(Vec::len).sum::<usize>();
+        eprintln!(
+            "{nodes} reports: {} bytes whole, {} bytes as changes ({:.3})",
+            bytes(&whole),
+            bytes(&changes),
+            bytes(&changes) as f64 / bytes(&whole) as f64
+        );
+        group.bench_function(format!("{nodes}_nodes_10_rooms_frames_whole"), |b| {
+            b.iter(|| {
+                for frame in &whole {
+                    let message = wire::decode(frame).expect("decodes");
+                    let rooms = &message.report_frame().expect("a report").report.rooms;
+                    black_box(rooms.to_vec());
+                    black_box(message);
+                }
+            })
+        });
+        group.bench_function(format!("{nodes}_nodes_10_rooms_frames_as_changes"), |b| {
+            b.iter(|| {
+                for (frame, base) in changes.iter().zip(&warm) {
+                    let Message::Changes(changes) = wire::decode(frame).expect("decodes") else {
+                        unreachable!("changes")
+                    };
+                    let message = changes.rebuild(&base.rooms).expect("fits its base");
+                    let rooms = &message.report_frame().expect("a report").report.rooms;
+                    black_box(rooms.to_vec());
+                    black_box(message);
+                }
+            })
         });
         group.bench_function(format!("{nodes}_nodes_10_rooms"), |b| {
             b.iter_batched(

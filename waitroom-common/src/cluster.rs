@@ -1204,7 +1204,7 @@ impl Cluster {
             colo: colo.unwrap_or(u32::MAX),
             position: index,
         };
-        let mut answers = Vec::new();
+        let mut answers = Vec::with_capacity(self.rooms.len());
         for def in &self.rooms {
             let id = def.room.id();
             let Some(room_report) = self.reports[index].rooms.iter().find(|r| r.room == id) else {
