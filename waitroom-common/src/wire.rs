@@ -26,6 +26,15 @@
 //! any change to a type carried here (including the engine's `NodeReport` and
 //! `GlobalState`) changes the bytes, which the golden test below catches, and
 //! must bump the version.
+//!
+//! # Changes
+//! A second after a report, nearly all of the next one is the same. After a
+//! connection's first answer the node sends each report as the changes since
+//! the last one answered ([`Message::Changes`], `crate::changes`): about a
+//! twelfth of the bytes (docs/BENCHMARKS.md, "Reports as changes"). The
+//! aggregator rebuilds the whole report before anything else reads it, so
+//! every rule below (identity, rooms of other groups, plausibility, the
+//! merge) sees what it saw before.
 use crate::{aggregate::NodeReport, room::RoomId, state::GlobalState, time::UnixMillis};
 use serde::{Deserialize, Serialize};
 

@@ -88,7 +88,7 @@ pub const CRITERION: &[(&str, &str, &str, &str)] = &[
         "waitroom-common",
         "aggregation",
         "std",
-        "one aggregation round: 100 / 1,000 / 10,000 node reports of 10 rooms through Cluster::apply, and only reading them (the peer)",
+        "one aggregation round: 100 / 1,000 / 10,000 node reports of 10 rooms through Cluster::apply; their frames read whole and as changes; and only reading them (the peer)",
     ),
     (
         "waitroom-edge",
