@@ -87,6 +87,11 @@ struct Counts {
     /// Held reports are refused as malformed, as by an aggregator from
     /// before them.
     refuse_held_reports: AtomicBool,
+    /// The next this many reports sent as changes are refused, with
+    /// `refuse_changes_malformed` as an aggregator from before them would,
+    /// else as one that no longer holds their base.
+    refuse_changes: AtomicU64,
+    refuse_changes_malformed: AtomicBool,
     /// Every report's arrival, and whether its answer was lost.
     log: Mutex<Vec<Arrival>>,
 }
@@ -111,6 +116,8 @@ pub struct Arrival {
     pub refused: bool,
     /// It was sent as the changes since an earlier report (`Message::Changes`).
     pub changes: bool,
+    /// It was refused by [`AnswerProxy::refuse_changes`].
+    pub changes_refused: bool,
 }
 
 /// A running proxy; it stops when dropped.
@@ -214,6 +221,17 @@ impl AnswerProxy {
         self.counts.refuse_held_reports.store(refuse, Relaxed);
     }
 
+    /// The next `n` reports sent as changes are refused (`u64::MAX`: all
+    /// from now on): as malformed, as an aggregator from before changes
+    /// refuses them, or (`malformed` false) as changes against a report the
+    /// aggregator no longer holds (`RefusalReason::UnknownBase`).
+    pub fn refuse_changes(&self, n: u64, malformed: bool) {
+        self.counts
+            .refuse_changes_malformed
+            .store(malformed, Relaxed);
+        self.counts.refuse_changes.store(n, Relaxed);
+    }
+
     /// Every report so far, in the order they arrived.
     pub fn arrivals(&self) -> Vec<Arrival> {
         self.counts
@@ -313,12 +331,18 @@ async fn relay(
         n.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
             .is_ok()
     };
+    let changes = matches!(report, Message::Changes(_));
+    let changes_refused = changes && take(&counts.refuse_changes);
+    let refused = refused && !changes_refused;
     // Decided as the report arrives: the answer to this report is lost.
     let lose = !refused
+        && !changes_refused
         && ((confirms && take(&counts.confirms_to_lose))
             || take(&counts.to_lose)
             || (every > 0 && number.is_multiple_of(every)));
-    let withheld = !refused && (lose || Tail::from_u8(tail.load(Relaxed)) == Tail::Withheld);
+    let withheld = !refused
+        && !changes_refused
+        && (lose || Tail::from_u8(tail.load(Relaxed)) == Tail::Withheld);
     counts
         .log
         .lock()
@@ -330,8 +354,22 @@ async fn relay(
             home: home.is_some(),
             held_visitors,
             refused,
-            changes: matches!(report, Message::Changes(_)),
+            changes,
+            changes_refused,
         });
+    if changes_refused {
+        let reason = if counts.refuse_changes_malformed.load(Relaxed) {
+            RefusalReason::Malformed
+        } else {
+            RefusalReason::UnknownBase
+        };
+        let refusal = Message::Refused(Refusal {
+            reason,
+            detail: "refused by the test's proxy".into(),
+        });
+        frames::write(&mut send, &refusal).await?;
+        return Ok(());
+    }
     if refused {
         // As an aggregator from before held reports: an unknown variant
         // does not decode.

@@ -25,7 +25,10 @@
 //! - an aggregator that answers nothing gets no storm of reports for it:
 //!   at most two reports more per answer, the second waited for as a
 //!   periodic one; the node serves every visitor meanwhile and is fresh
-//!   again once answers come back.
+//!   again once answers come back;
+//! - reports go as changes after a connection's first answer; changes
+//!   refused for want of their base are followed at once by the report
+//!   whole, and an aggregator from before changes gets whole reports.
 use std::time::{Duration, Instant};
 
 use waitroom_tests::{
@@ -454,4 +457,92 @@ fn visitors_in_groups_are_not_queued_when_one_answer_in_five_is_lost() {
         queued * 50 <= served,
         "{queued} of {served} visitors queued with room to spare"
     );
+}
+
+/// The reports after the last refused one, and that one.
+fn after_refused_changes(setup: &ProxiedNode) -> Option<(Arrival, Vec<Arrival>)> {
+    let arrivals = setup.proxy.arrivals();
+    let at = arrivals.iter().rposition(|a| a.changes_refused)?;
+    Some((arrivals[at], arrivals[at + 1..].to_vec()))
+}
+
+/// After a connection's first answer the node sends its reports as the
+/// changes since the last one answered. Changes the aggregator refuses for
+/// want of their base (answers lost several times in a row, or a forged
+/// number) are followed at once by the report whole, not an interval
+/// later, and changes go on after it: nothing is lost, no reconnect.
+#[test]
+fn changes_whose_base_the_aggregator_lost_are_followed_at_once_by_the_report_whole() {
+    let setup = idle_and_holding("changes-base");
+    let arrivals = setup.proxy.arrivals();
+    assert!(!arrivals[0].changes, "a connection's first report is whole");
+    let as_changes = arrivals.iter().filter(|a| a.changes).count();
+    assert!(
+        as_changes + 2 >= arrivals.len(),
+        "{as_changes} of {} reports as changes",
+        arrivals.len()
+    );
+    setup.proxy.refuse_changes(1, false);
+    assert!(
+        eventually(Duration::from_secs(5), || after_refused_changes(&setup)
+            .is_some_and(|(_, after)| after.len() >= 2)),
+        "changes refused, and two reports after them"
+    );
+    let (refused, after) = after_refused_changes(&setup).unwrap();
+    let gap = after[0].at.duration_since(refused.at);
+    println!(
+        "the report whole {gap:?} after the refused changes; then {} reports, {} as changes",
+        after.len(),
+        after.iter().filter(|a| a.changes).count()
+    );
+    assert!(!after[0].changes, "the next report is whole: {after:?}");
+    // The interval is 1 s; at once is a round trip.
+    assert!(gap < Duration::from_millis(300), "{gap:?}");
+    assert!(after[1].changes, "then changes again: {after:?}");
+    assert_eq!(setup.metric("waitroom_gossip_connected"), 1.0);
+    assert!(
+        setup.aggregator_metric("waitroom_aggregator_changes_reports_total") >= 1.0,
+        "the aggregator took changes in"
+    );
+}
+
+/// An aggregator from before changes refuses them as malformed: the node
+/// sends whole reports on that connection from then on, at once, and its
+/// visitors are admitted as before.
+#[test]
+fn an_aggregator_from_before_changes_gets_whole_reports_and_nobody_is_queued() {
+    let setup = idle_and_holding("changes-old");
+    setup.proxy.refuse_changes(u64::MAX, true);
+    assert!(
+        eventually(Duration::from_secs(5), || after_refused_changes(&setup)
+            .is_some()),
+        "changes refused"
+    );
+    let (queued, slowest) = visitors(&setup, 20);
+    std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS));
+    let (refused, after) = after_refused_changes(&setup).unwrap();
+    let refusals = setup
+        .proxy
+        .arrivals()
+        .iter()
+        .filter(|a| a.changes_refused)
+        .count();
+    println!(
+        "{refusals} refused as changes; then {} reports, {} as changes; {queued} of 20 queued, the slowest {slowest:?}",
+        after.len(),
+        after.iter().filter(|a| a.changes).count()
+    );
+    assert_eq!(refusals, 1, "refused once, then not sent as changes again");
+    assert!(
+        after.len() >= 2,
+        "{} reports after the refusal",
+        after.len()
+    );
+    assert!(after.iter().all(|a| !a.changes), "whole reports: {after:?}");
+    assert!(
+        after[0].at.duration_since(refused.at) < Duration::from_millis(300),
+        "the report whole at once"
+    );
+    assert_eq!(queued, 0, "far from the limits");
+    assert_eq!(setup.metric("waitroom_gossip_connected"), 1.0);
 }
