@@ -118,6 +118,8 @@ pub struct Arrival {
     pub changes: bool,
     /// It was refused by [`AnswerProxy::refuse_changes`].
     pub changes_refused: bool,
+    /// The frame's length (header and payload).
+    pub bytes: usize,
 }
 
 /// A running proxy; it stops when dropped.
@@ -294,7 +296,7 @@ async fn relay(
     tail: &AtomicU8,
     counts: &Counts,
 ) -> Result<()> {
-    let report = frames::read(&mut recv).await?;
+    let (report, bytes) = frames::read_sized(&mut recv).await?;
     let at = Instant::now();
     let number = counts.reports.fetch_add(1, Relaxed) + 1;
     let every = counts.lose_every.load(Relaxed);
@@ -356,6 +358,7 @@ async fn relay(
             refused,
             changes,
             changes_refused,
+            bytes,
         });
     if changes_refused {
         let reason = if counts.refuse_changes_malformed.load(Relaxed) {

@@ -97,6 +97,14 @@ fn a_connection_names_its_node_once_however_many_reports_it_carried() {
         "{changes} of {reported} reports as changes"
     );
     assert_eq!(metric("waitroom_aggregator_changes_refused_total"), 0.0);
+    // Their bytes are counted apart from the rest (how much smaller they
+    // are, on the same counts: `lost_asks.rs`).
+    let all = metric("waitroom_aggregator_frame_bytes_total");
+    let as_changes = metric("waitroom_aggregator_changes_bytes_total");
+    assert!(
+        0.0 < as_changes && as_changes < all,
+        "{as_changes} of {all} bytes"
+    );
 
     // The node dies; the aggregator notices at its idle timeout (6 s) and
     // says so on the connection's span.

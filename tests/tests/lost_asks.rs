@@ -508,10 +508,16 @@ fn changes_whose_base_the_aggregator_lost_are_followed_at_once_by_the_report_who
 
 /// An aggregator from before changes refuses them as malformed: the node
 /// sends whole reports on that connection from then on, at once, and its
-/// visitors are admitted as before.
+/// visitors are admitted as before. The same counts whole take more bytes
+/// than they took as changes.
 #[test]
 fn an_aggregator_from_before_changes_gets_whole_reports_and_nobody_is_queued() {
     let setup = idle_and_holding("changes-old");
+    // Sessions, admits and visitors to report, then two reports of them
+    // as changes (the first carries them, the next only what moved).
+    let (queued_before, _) = visitors(&setup, 20);
+    std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 200));
+    let before = setup.proxy.arrivals();
     setup.proxy.refuse_changes(u64::MAX, true);
     assert!(
         eventually(Duration::from_secs(5), || after_refused_changes(&setup)
@@ -543,6 +549,21 @@ fn an_aggregator_from_before_changes_gets_whole_reports_and_nobody_is_queued() {
         after[0].at.duration_since(refused.at) < Duration::from_millis(300),
         "the report whole at once"
     );
-    assert_eq!(queued, 0, "far from the limits");
+    assert_eq!(queued + queued_before, 0, "far from the limits");
     assert_eq!(setup.metric("waitroom_gossip_connected"), 1.0);
+    // The last report as changes before the refusal, against the whole
+    // reports after it (the same sessions and more).
+    let last_changes = before.iter().rev().find(|a| a.changes).expect("changes");
+    let whole_min = after.iter().map(|a| a.bytes).min().unwrap();
+    println!(
+        "the last report as changes {} bytes; whole reports after it {whole_min} bytes and more",
+        last_changes.bytes
+    );
+    // One room of a few slots here: most of either is the report's own
+    // fields (docs/BENCHMARKS.md has 10 rooms of 60 slots at 0.086).
+    assert!(
+        last_changes.bytes < whole_min,
+        "{} bytes as changes, {whole_min} whole",
+        last_changes.bytes
+    );
 }

@@ -72,6 +72,16 @@ fn scrape(shared: &Shared, f: &mut Families<'_>) -> fmt::Result {
             &m.held_visitor_reports_total,
         ),
         (
+            "waitroom_aggregator_frame_bytes_total",
+            "Bytes of the gossip frames received from nodes (frame header and payload; QUIC's own overhead not counted).",
+            &m.frame_bytes_total,
+        ),
+        (
+            "waitroom_aggregator_changes_bytes_total",
+            "Of them, the bytes of reports sent as changes.",
+            &m.changes_bytes_total,
+        ),
+        (
             "waitroom_aggregator_changes_reports_total",
             "Reports received as the changes since an earlier report of the connection, rebuilt whole.",
             &m.changes_reports_total,

@@ -54,6 +54,10 @@ pub struct ServerMetrics {
     /// Of them, reports that named visitors the node held for the answer
     /// (`Message::HeldReport` with some visitor held).
     pub held_visitor_reports_total: AtomicU64,
+    /// Bytes of the frames received from nodes (header and payload).
+    pub frame_bytes_total: AtomicU64,
+    /// Of them, the bytes of reports sent as changes.
+    pub changes_bytes_total: AtomicU64,
     /// Reports received as changes (`Message::Changes`) and rebuilt.
     pub changes_reports_total: AtomicU64,
     /// Reports as changes refused: their base not held, or not fitting it.
@@ -301,8 +305,15 @@ async fn serve_stream(
     shared: &Shared,
     bases: &Mutex<Bases>,
 ) {
-    let message = match tokio::time::timeout(READ_TIMEOUT, frames::read(&mut recv)).await {
-        Ok(Ok(message)) => message,
+    let message = match tokio::time::timeout(READ_TIMEOUT, frames::read_sized(&mut recv)).await {
+        Ok(Ok((message, bytes))) => {
+            let bytes = bytes as u64;
+            shared.metrics.frame_bytes_total.fetch_add(bytes, Relaxed);
+            if matches!(message, Message::Changes(_)) {
+                shared.metrics.changes_bytes_total.fetch_add(bytes, Relaxed);
+            }
+            message
+        }
         Ok(Err(err)) => {
             refuse(connection, &mut send, &mut recv, &err, shared).await;
             return;

@@ -46,6 +46,20 @@ pub async fn read(recv: &mut quinn::RecvStream) -> Result<Message, FrameError> {
     })
 }
 
+/// [`read`], and the frame's length in bytes (header and payload).
+pub async fn read_sized(recv: &mut quinn::RecvStream) -> Result<(Message, usize), FrameError> {
+    let mut header = [0; HEADER_LEN];
+    recv.read_exact(&mut header)
+        .await
+        .map_err(|source| FrameError::Read { source })?;
+    let len = wire::decode_header(&header)?;
+    let mut payload = vec![0; len];
+    recv.read_exact(&mut payload)
+        .await
+        .map_err(|source| FrameError::Read { source })?;
+    Ok((wire::decode_payload(&payload)?, HEADER_LEN + len))
+}
+
 /// The next frame, or `None` when the stream ends before it: after an
 /// answer, its [`wire::Message::Note`] if any (an aggregator that predates
 /// notes, or has nothing to add, finishes after one frame).
