@@ -671,11 +671,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// Raw frames on a real connection: refusals come back as frames, the
-    /// aggregator keeps serving, and another version is disconnected.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn bad_frames_are_refused_and_the_aggregator_keeps_serving() {
-        let dir = temp_dir("frames");
+    /// An aggregator on loopback with [`config`], and a client endpoint with
+    /// node `n1`'s certificate; the directory to remove at the end.
+    async fn serving_n1(tag: &str) -> (std::path::PathBuf, Aggregator, quinn::Endpoint) {
+        let dir = temp_dir(tag);
         let certs = devcerts::write(&dir, &["n1".into()]).unwrap();
         let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let aggregator = Aggregator::start(
@@ -686,13 +685,23 @@ mod tests {
         .unwrap();
         let mut endpoint = quinn::Endpoint::client(loopback).unwrap();
         endpoint.set_default_client_config(tls::client_config(&certs.nodes[0].1).unwrap());
-        let connect = || async {
-            endpoint
-                .connect(aggregator.quic_addr(), "localhost")
-                .unwrap()
-                .await
-                .unwrap()
-        };
+        (dir, aggregator, endpoint)
+    }
+
+    async fn connect(endpoint: &quinn::Endpoint, aggregator: &Aggregator) -> quinn::Connection {
+        endpoint
+            .connect(aggregator.quic_addr(), "localhost")
+            .unwrap()
+            .await
+            .unwrap()
+    }
+
+    /// Raw frames on a real connection: refusals come back as frames, the
+    /// aggregator keeps serving, and another version is disconnected.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bad_frames_are_refused_and_the_aggregator_keeps_serving() {
+        let (dir, aggregator, endpoint) = serving_n1("frames").await;
+        let connect = || connect(&endpoint, &aggregator);
         let send_raw = |connection: quinn::Connection, bytes: Vec<u8>| async move {
             let (mut send, mut recv) = connection.open_bi().await.unwrap();
             send.write_all(&bytes).await.unwrap();
@@ -778,24 +787,8 @@ mod tests {
             room::RoomId,
             wire::{ChangesFrame, ReportFrame},
         };
-        let dir = temp_dir("changes");
-        let certs = devcerts::write(&dir, &["n1".into()]).unwrap();
-        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let aggregator = Aggregator::start(
-            config(&dir, certs.aggregator.clone(), loopback),
-            Clock::system(),
-        )
-        .await
-        .unwrap();
-        let mut endpoint = quinn::Endpoint::client(loopback).unwrap();
-        endpoint.set_default_client_config(tls::client_config(&certs.nodes[0].1).unwrap());
-        let connect = || async {
-            endpoint
-                .connect(aggregator.quic_addr(), "localhost")
-                .unwrap()
-                .await
-                .unwrap()
-        };
+        let (dir, aggregator, endpoint) = serving_n1("changes").await;
+        let connect = || connect(&endpoint, &aggregator);
         let exchange = |connection: quinn::Connection, message: Message| async move {
             let (mut send, mut recv) = connection.open_bi().await.unwrap();
             frames::write(&mut send, &message).await.unwrap();

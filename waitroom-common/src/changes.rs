@@ -88,6 +88,17 @@ impl Order {
         }
     }
 
+    /// In a walk over two lists in this order, which one's entry comes
+    /// next: `Less` the first's, `Greater` the second's, `Equal` both (the
+    /// same key); a list at its end comes last.
+    fn next_of<E: Entry>(self, a: Option<&E>, b: Option<&E>) -> Ordering {
+        match (a, b) {
+            (Some(a), Some(b)) => self.cmp(&a.key(), &b.key()),
+            (Some(_), None) => Ordering::Less,
+            _ => Ordering::Greater,
+        }
+    }
+
     fn sorted<E: Entry>(self, list: &[E]) -> bool {
         list.windows(2)
             .all(|w| self.cmp(&w[0].key(), &w[1].key()) == Ordering::Less)
@@ -103,12 +114,7 @@ fn list_changes<E: Entry>(old: &[E], new: &[E], order: Order) -> Option<Vec<E>> 
     let mut out = Vec::new();
     let (mut i, mut j) = (0, 0);
     while i < old.len() || j < new.len() {
-        let side = match (old.get(i), new.get(j)) {
-            (Some(a), Some(b)) => order.cmp(&a.key(), &b.key()),
-            (Some(_), None) => Ordering::Less,
-            _ => Ordering::Greater,
-        };
-        match side {
+        match order.next_of(old.get(i), new.get(j)) {
             Ordering::Less => {
                 out.push(E::zero(old[i].key()));
                 i += 1;
@@ -137,11 +143,7 @@ fn list_apply<E: Entry>(base: &[E], changes: &[E], order: Order) -> Option<Vec<E
     let mut out = Vec::with_capacity(base.len() + changes.len());
     let (mut i, mut j) = (0, 0);
     while i < base.len() || j < changes.len() {
-        let side = match (base.get(i), changes.get(j)) {
-            (Some(a), Some(b)) => order.cmp(&a.key(), &b.key()),
-            (Some(_), None) => Ordering::Less,
-            _ => Ordering::Greater,
-        };
+        let side = order.next_of(base.get(i), changes.get(j));
         match side {
             Ordering::Less => {
                 out.push(base[i].clone());
