@@ -242,12 +242,20 @@ async fn serve_connection(connection: quinn::Connection, shared: &Arc<Shared>) {
 /// against (`Message::Changes`).
 const BASES_KEPT: usize = 3;
 
+/// Entries (session-expiry slots, admits, queue buckets, visitors) of the
+/// largest report kept as a base: 2¹⁸, above the largest a node sends (64
+/// rooms, each with a day of expiries and 2,000 queue buckets: about
+/// 230,000), well below what a 4 MiB frame can carry (about 700,000, some
+/// 11 MB once decoded). A larger report is merged but not kept, so changes
+/// against it are refused and the node sends whole reports.
+const MAX_BASE_ENTRIES: usize = 1 << 18;
+
 /// The last [`BASES_KEPT`] reports received on one connection, by `seq`,
 /// as the node sent them (before rooms of other groups are left out, and
 /// before the cluster's plausibility checks): the node makes its changes
 /// against the last report it was answered, which may be one or two before
-/// the last one received when answers were lost. Each is bounded by the
-/// frame's size limit, and all go with the connection.
+/// the last one received when answers were lost. Each is bounded by
+/// [`MAX_BASE_ENTRIES`], and all go with the connection.
 #[derive(Debug, Default)]
 struct Bases {
     reports: std::collections::VecDeque<(u64, Vec<waitroom_common::aggregate::RoomReport>)>,
@@ -255,6 +263,15 @@ struct Bases {
 
 impl Bases {
     fn keep(&mut self, seq: u64, rooms: &[waitroom_common::aggregate::RoomReport]) {
+        let entries: usize = rooms
+            .iter()
+            .map(|r| {
+                r.expiries.len() + r.admits.len() + r.waiting.len() + r.distinct_visitors.len()
+            })
+            .sum();
+        if entries > MAX_BASE_ENTRIES {
+            return;
+        }
         self.reports.retain(|(s, _)| *s != seq);
         if self.reports.len() == BASES_KEPT {
             self.reports.pop_front();
@@ -677,5 +694,42 @@ async fn refuse(
             )
             .as_bytes(),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use waitroom_common::{aggregate::RoomReport, room::RoomId, time::ExpirySlot};
+
+    use super::{BASES_KEPT, Bases, MAX_BASE_ENTRIES};
+
+    fn rooms(slots: usize) -> Vec<RoomReport> {
+        vec![RoomReport {
+            room: RoomId(1),
+            expiries: (0..slots as u64).map(|s| (ExpirySlot(s), 1)).collect(),
+            ..RoomReport::default()
+        }]
+    }
+
+    /// A connection's last three reports are kept by number, the oldest
+    /// going first, and one larger than any node sends is not kept at all
+    /// (changes against it are refused): a node cannot make the aggregator
+    /// hold more than three reports of a bounded size per connection.
+    #[test]
+    fn the_last_reports_are_kept_and_an_oversized_one_is_not() {
+        let mut bases = Bases::default();
+        for seq in 1..=4 {
+            bases.keep(seq, &rooms(seq as usize));
+        }
+        assert!(bases.get(1).is_none(), "the oldest went");
+        for seq in 2..=4 {
+            assert_eq!(bases.get(seq).unwrap()[0].expiries.len(), seq as usize);
+        }
+        assert_eq!(bases.reports.len(), BASES_KEPT);
+        bases.keep(5, &rooms(MAX_BASE_ENTRIES + 1));
+        assert!(bases.get(5).is_none(), "too large to keep");
+        assert!(bases.get(4).is_some(), "the others stay");
+        bases.keep(6, &rooms(MAX_BASE_ENTRIES));
+        assert!(bases.get(6).is_some(), "the largest a node sends is kept");
     }
 }
