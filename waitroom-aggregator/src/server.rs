@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 use tracing::Instrument as _;
 
 use waitroom_common::{
+    aggregate::RoomReport,
     cluster::Cluster,
     wire::{self, Message, Refusal, RefusalReason, WireError},
 };
@@ -258,17 +259,12 @@ const MAX_BASE_ENTRIES: usize = 1 << 18;
 /// [`MAX_BASE_ENTRIES`], and all go with the connection.
 #[derive(Debug, Default)]
 struct Bases {
-    reports: std::collections::VecDeque<(u64, Vec<waitroom_common::aggregate::RoomReport>)>,
+    reports: std::collections::VecDeque<(u64, Vec<RoomReport>)>,
 }
 
 impl Bases {
-    fn keep(&mut self, seq: u64, rooms: &[waitroom_common::aggregate::RoomReport]) {
-        let entries: usize = rooms
-            .iter()
-            .map(|r| {
-                r.expiries.len() + r.admits.len() + r.waiting.len() + r.distinct_visitors.len()
-            })
-            .sum();
+    fn keep(&mut self, seq: u64, rooms: &[RoomReport]) {
+        let entries: usize = rooms.iter().map(RoomReport::entries).sum();
         if entries > MAX_BASE_ENTRIES {
             return;
         }
@@ -279,7 +275,7 @@ impl Bases {
         self.reports.push_back((seq, rooms.to_vec()));
     }
 
-    fn get(&self, seq: u64) -> Option<&[waitroom_common::aggregate::RoomReport]> {
+    fn get(&self, seq: u64) -> Option<&[RoomReport]> {
         self.reports
             .iter()
             .find(|(s, _)| *s == seq)
@@ -699,9 +695,9 @@ async fn refuse(
 
 #[cfg(test)]
 mod tests {
-    use waitroom_common::{aggregate::RoomReport, room::RoomId, time::ExpirySlot};
+    use waitroom_common::{room::RoomId, time::ExpirySlot};
 
-    use super::{BASES_KEPT, Bases, MAX_BASE_ENTRIES};
+    use super::{BASES_KEPT, Bases, MAX_BASE_ENTRIES, RoomReport};
 
     fn rooms(slots: usize) -> Vec<RoomReport> {
         vec![RoomReport {

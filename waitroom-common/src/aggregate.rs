@@ -54,6 +54,15 @@ pub struct RoomReport {
     pub distinct_visitors: Vec<(Minute, u64)>,
 }
 
+impl RoomReport {
+    /// How many entries its lists hold together (session-expiry slots,
+    /// admits, queue buckets, visitors).
+    #[must_use]
+    pub fn entries(&self) -> usize {
+        self.expiries.len() + self.admits.len() + self.waiting.len() + self.distinct_visitors.len()
+    }
+}
+
 /// What a node sends the aggregator.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeReport {

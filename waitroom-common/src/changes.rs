@@ -341,9 +341,7 @@ mod tests {
             let rebuilt = apply(&base, &changes);
             prop_assert_eq!(rebuilt.is_some(), fits);
             if let Some(rebuilt) = rebuilt {
-                let len = |rooms: &[RoomReport]| -> usize {
-                    rooms.iter().map(|r| r.expiries.len() + r.admits.len() + r.waiting.len() + r.distinct_visitors.len()).sum()
-                };
+                let len = |rooms: &[RoomReport]| -> usize { rooms.iter().map(RoomReport::entries).sum() };
                 prop_assert!(len(&rebuilt) <= len(&base) + len(&changes));
                 prop_assert_eq!(rebuilt.len(), base.len());
             }

@@ -41,29 +41,27 @@ impl FrameError {
 /// Reads one frame from a stream: the header first, so a bad version or an
 /// oversized length is refused before a byte of payload is buffered.
 pub async fn read(recv: &mut quinn::RecvStream) -> Result<Message, FrameError> {
-    read_next(recv).await?.ok_or(FrameError::Read {
-        source: quinn::ReadExactError::FinishedEarly(0),
-    })
+    Ok(read_sized(recv).await?.0)
 }
 
 /// [`read`], and the frame's length in bytes (header and payload).
 pub async fn read_sized(recv: &mut quinn::RecvStream) -> Result<(Message, usize), FrameError> {
-    let mut header = [0; HEADER_LEN];
-    recv.read_exact(&mut header)
-        .await
-        .map_err(|source| FrameError::Read { source })?;
-    let len = wire::decode_header(&header)?;
-    let mut payload = vec![0; len];
-    recv.read_exact(&mut payload)
-        .await
-        .map_err(|source| FrameError::Read { source })?;
-    Ok((wire::decode_payload(&payload)?, HEADER_LEN + len))
+    read_next_sized(recv).await?.ok_or(FrameError::Read {
+        source: quinn::ReadExactError::FinishedEarly(0),
+    })
 }
 
 /// The next frame, or `None` when the stream ends before it: after an
 /// answer, its [`wire::Message::Note`] if any (an aggregator that predates
 /// notes, or has nothing to add, finishes after one frame).
 pub async fn read_next(recv: &mut quinn::RecvStream) -> Result<Option<Message>, FrameError> {
+    Ok(read_next_sized(recv).await?.map(|(message, _)| message))
+}
+
+/// [`read_next`], and the frame's length in bytes.
+async fn read_next_sized(
+    recv: &mut quinn::RecvStream,
+) -> Result<Option<(Message, usize)>, FrameError> {
     let mut header = [0; HEADER_LEN];
     match recv.read_exact(&mut header).await {
         Ok(()) => {}
@@ -75,7 +73,7 @@ pub async fn read_next(recv: &mut quinn::RecvStream) -> Result<Option<Message>, 
     recv.read_exact(&mut payload)
         .await
         .map_err(|source| FrameError::Read { source })?;
-    Ok(Some(wire::decode_payload(&payload)?))
+    Ok(Some((wire::decode_payload(&payload)?, HEADER_LEN + len)))
 }
 
 /// Writes one frame and finishes the stream (one frame per stream direction).
