@@ -817,7 +817,7 @@ mod tests {
         let second = report(2, "n1", vec![(slot.plus(30), 3), (slot.plus(60), 1)]);
         let rooms = |m: &Message| m.report_frame().unwrap().report.rooms.clone();
         let changes = |base: u64, of: &Message| {
-            Message::Changes(ChangesFrame::of(base, &rooms(&first), of).unwrap())
+            Message::Changes(ChangesFrame::of(base, &rooms(&first), of.clone()).unwrap())
         };
         let connection = connect().await;
         let answer = exchange(connection.clone(), first.clone()).await;
@@ -855,7 +855,7 @@ mod tests {
         let answer = exchange(connection.clone(), changes(99, &third)).await;
         assert_eq!(refused(answer), RefusalReason::UnknownBase);
         // Changes to a room the base lacks.
-        let mut stray = ChangesFrame::of(2, &rooms(&second), &third).unwrap();
+        let mut stray = ChangesFrame::of(2, &rooms(&second), third.clone()).unwrap();
         stray.rooms[0].room = RoomId::from_name("elsewhere");
         let answer = exchange(connection.clone(), Message::Changes(stray)).await;
         assert_eq!(refused(answer), RefusalReason::UnknownBase);

@@ -216,7 +216,7 @@ fn bench(c: &mut Criterion) {
                     });
                     let message = if as_changes {
                         let base = &warm[i].rooms;
-                        Message::Changes(ChangesFrame::of(1, base, &whole).expect("same rooms"))
+                        Message::Changes(ChangesFrame::of(1, base, whole).expect("same rooms"))
                     } else {
                         whole
                     };

@@ -155,18 +155,18 @@ pub enum ReportKind {
 }
 
 impl ReportKind {
-    /// `message` if it is a report of any kind.
-    #[must_use]
-    pub fn of(message: Message) -> Option<Self> {
-        Some(match message {
+    /// `message` if it is a report of any kind, else `message` back.
+    pub fn of(message: Message) -> Result<Self, Box<Message>> {
+        Ok(match message {
             Message::Report(f) => Self::Report(f),
             Message::LeaseReport(f) => Self::LeaseReport(f),
             Message::PeerReport(f) => Self::PeerReport(f),
             Message::HomeReport(f) => Self::HomeReport(f),
             Message::HeldReport(f) => Self::HeldReport(f),
-            Message::Answer(_) | Message::Refused(_) | Message::Note(_) | Message::Changes(_) => {
-                return None;
-            }
+            other @ (Message::Answer(_)
+            | Message::Refused(_)
+            | Message::Note(_)
+            | Message::Changes(_)) => return Err(Box::new(other)),
         })
     }
 
@@ -194,19 +194,21 @@ impl ReportKind {
 
 impl ChangesFrame {
     /// `message` (a report of any kind) as changes against `base`, its
-    /// report's rooms against `base_rooms`; `None` when they cannot be said
-    /// as changes (`crate::changes::changes`) or `message` is no report.
-    #[must_use]
+    /// report's rooms against `base_rooms`; `message` back, to be sent
+    /// whole, when they cannot be said as changes
+    /// (`crate::changes::changes`) or it is no report.
     pub fn of(
         base: u64,
         base_rooms: &[crate::aggregate::RoomReport],
-        message: &Message,
-    ) -> Option<Self> {
-        let mut report = ReportKind::of(message.clone())?;
+        message: Message,
+    ) -> Result<Self, Box<Message>> {
+        let mut report = ReportKind::of(message)?;
         let whole = &mut report.frame_mut().report;
-        let rooms = crate::changes::changes(base_rooms, &whole.rooms)?;
+        let Some(rooms) = crate::changes::changes(base_rooms, &whole.rooms) else {
+            return Err(Box::new(report.into_message()));
+        };
         whole.rooms = Vec::new();
-        Some(Self {
+        Ok(Self {
             base,
             rooms,
             report,
@@ -863,7 +865,7 @@ mod tests {
         });
         let base_rooms = &base.report_frame().unwrap().report.rooms;
         for message in [next, home] {
-            let changes = ChangesFrame::of(7, base_rooms, &message).unwrap();
+            let changes = ChangesFrame::of(7, base_rooms, message.clone()).unwrap();
             assert_eq!(changes.rooms[0].expiries, [(ExpirySlot(300), 1)]);
             assert!(changes.rooms[0].admits.is_empty());
             let wrapped = Message::Changes(changes.clone());
@@ -879,7 +881,21 @@ mod tests {
             report: ReportKind::of(base.clone()).unwrap(),
         };
         assert_eq!(rooms_beside.rebuild(base_rooms), None);
-        assert_eq!(ChangesFrame::of(7, base_rooms, &sample_answer()), None);
+        assert_eq!(
+            ChangesFrame::of(7, base_rooms, sample_answer()),
+            Err(Box::new(sample_answer())),
+            "no report: handed back"
+        );
+        let Message::Report(mut elsewhere) = base.clone() else {
+            unreachable!()
+        };
+        elsewhere.report.rooms[0].room = RoomId(4);
+        let elsewhere = Message::Report(elsewhere);
+        assert_eq!(
+            ChangesFrame::of(7, base_rooms, elsewhere.clone()),
+            Err(Box::new(elsewhere)),
+            "not said as changes: handed back to be sent whole"
+        );
     }
 
     #[test]

@@ -373,12 +373,12 @@ impl Client {
             };
             let holding_report = matches!(message, Message::HomeReport(_) | Message::HeldReport(_));
             let held_report = matches!(message, Message::HeldReport(_));
-            let changes = base
-                .as_ref()
-                .filter(|_| changes_understood)
-                .and_then(|(base, rooms)| ChangesFrame::of(*base, rooms, &message));
-            let as_changes = changes.is_some();
-            let message = changes.map_or(message, Message::Changes);
+            let message = match base.as_ref().filter(|_| changes_understood) {
+                Some((base, rooms)) => ChangesFrame::of(*base, rooms, message)
+                    .map_or_else(|whole| *whole, Message::Changes),
+                None => message,
+            };
+            let as_changes = matches!(message, Message::Changes(_));
             let sent = self.clock.elapsed();
             let (result, cut_short) = self
                 .answer_within(exchange(connection, *seq, &message), timeout, hold_wait)
