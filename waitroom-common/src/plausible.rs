@@ -79,24 +79,33 @@ impl std::fmt::Display for Implausible {
 pub fn node_bounds(room: &Room) -> (u64, u64) {
     // The widest of the room's own settings and its events' overrides: a
     // session admitted under an event's higher limit outlives the event.
-    let settings = std::iter::once(room.config().clone())
-        .chain(room.events().iter().map(|e| e.apply(room.config())));
-    let mut bounds = (0, 0);
-    for config in settings {
-        if config.queueing_method == QueueingMethod::Passthrough {
-            // Everyone is admitted: the limits do not bound the counts.
-            return (MAX_COUNT, MAX_COUNT);
-        }
+    // (The room's own settings read in place: this runs for every room of
+    // every report, and most rooms have no event.)
+    let bounds_of = |config: &crate::room::RoomConfig| {
         let bound = |limit: u64| {
             limit
                 .saturating_mul(2)
                 .saturating_add(LIMIT_MARGIN)
                 .min(MAX_COUNT)
         };
-        bounds = (
-            bounds.0.max(bound(config.total_active_users)),
-            bounds.1.max(bound(config.new_users_per_minute)),
-        );
+        // Everyone is admitted: the limits do not bound the counts.
+        (config.queueing_method != QueueingMethod::Passthrough).then(|| {
+            (
+                bound(config.total_active_users),
+                bound(config.new_users_per_minute),
+            )
+        })
+    };
+    let mut bounds = (0, 0);
+    let events = room
+        .events()
+        .iter()
+        .map(|e| bounds_of(&e.apply(room.config())));
+    for config in std::iter::once(bounds_of(room.config())).chain(events) {
+        let Some((sessions, admits)) = config else {
+            return (MAX_COUNT, MAX_COUNT);
+        };
+        bounds = (bounds.0.max(sessions), bounds.1.max(admits));
     }
     bounds
 }
@@ -110,20 +119,85 @@ fn longest_session(room: &Room) -> u64 {
         .fold(room.session_minutes(), u64::max)
 }
 
+/// What one node's report may say in a room at an instant.
+struct Limits {
+    /// Entries of a later minute are dropped.
+    next: Minute,
+    /// Far expiries are reported at the last slot of their minute.
+    last_expiry: ExpirySlot,
+    sessions: u64,
+    admits: u64,
+}
+
+impl Limits {
+    fn of(room: &Room, now: UnixMillis) -> Self {
+        let (sessions, admits) = node_bounds(room);
+        Self {
+            next: now.minute().plus(1),
+            last_expiry: ExpirySlot::end_of_minute(
+                now.plus_minutes(longest_session(room) + EXPIRY_SLACK_MINUTES)
+                    .minute(),
+            ),
+            sessions,
+            admits,
+        }
+    }
+}
+
+/// `n` within `[-bound, bound]` (as [`clamp_signed`] bounds it).
+fn signed_within(n: i64, bound: u64) -> bool {
+    n.unsigned_abs() <= bound.min(i64::MAX.unsigned_abs())
+}
+
 impl RoomReport {
     /// Brings every number of this report into what one node can hold in
     /// `room` at `now` (see the module docs) and returns what was corrected.
     pub fn make_plausible(&mut self, room: &Room, now: UnixMillis) -> Vec<Implausible> {
-        let mut found = Vec::new();
-        let minute = now.minute();
-        let (sessions, admits) = node_bounds(room);
-        // Far expiries are reported at the last slot of their minute.
-        let last_expiry = ExpirySlot::end_of_minute(
-            now.plus_minutes(longest_session(room) + EXPIRY_SLACK_MINUTES)
-                .minute(),
-        );
-        let next = minute.plus(1);
+        let limits = Limits::of(room, now);
+        if self.within(&limits) {
+            return Vec::new();
+        }
+        self.correct(&limits)
+    }
 
+    /// Whether nothing needs correcting: one pass that writes nothing,
+    /// which is all an honest report costs (most reports, every second).
+    fn within(&self, limits: &Limits) -> bool {
+        let Limits {
+            next,
+            last_expiry,
+            sessions,
+            admits,
+        } = *limits;
+        self.expiries
+            .iter()
+            .all(|&(slot, n)| slot <= last_expiry && signed_within(n, sessions))
+            && self.admits.iter().all(|a| {
+                let c = a.admits;
+                a.minute <= next
+                    && [c.eligible, c.colo_share, c.anywhere, c.uncapped]
+                        .into_iter()
+                        .all(|n| n <= admits)
+            })
+            && self
+                .waiting
+                .iter()
+                .all(|&(m, n)| m <= next && signed_within(n, MAX_COUNT))
+            && self
+                .distinct_visitors
+                .iter()
+                .all(|&(m, n)| m <= next && n <= MAX_COUNT)
+    }
+
+    /// The corrections, made in place.
+    fn correct(&mut self, limits: &Limits) -> Vec<Implausible> {
+        let Limits {
+            next,
+            last_expiry,
+            sessions,
+            admits,
+        } = *limits;
+        let mut found = Vec::new();
         let mut drop_future = |field: &'static str, m: Minute, keep: bool| {
             if !keep {
                 found.push(Implausible {
@@ -228,6 +302,81 @@ mod tests {
     }
 
     const NOW: UnixMillis = UnixMillis(1_622_073_600_000);
+
+    proptest::proptest! {
+        /// The first pass that only reads lets through exactly the reports
+        /// the corrections would leave alone: whatever a report says, near
+        /// every bound and past it (one entry wrong of one kind, or
+        /// several), `make_plausible` does what the corrections alone do.
+        #[test]
+        fn the_read_only_pass_lets_through_only_what_needs_no_correction(
+            method in proptest::sample::select(vec![QueueingMethod::Fifo, QueueingMethod::Passthrough]),
+            expiries in proptest::collection::vec((-3..12_i64, -3..3_i64, 0..4_u8), 0..5),
+            admits in proptest::collection::vec((-2..3_i64, 0..4_usize, -2..3_i64), 0..3),
+            waiting in proptest::collection::vec((-2..3_i64, -2..3_i64, proptest::bool::ANY), 0..3),
+            visitors in proptest::collection::vec((-2..3_i64, -2..3_i64), 0..3),
+        ) {
+            use proptest::prelude::*;
+            let room = room(method);
+            let limits = Limits::of(&room, NOW);
+            let m = NOW.minute();
+            // Counts at a bound plus a step (−2 ..= 2), minutes about the
+            // next one, slots about the last allowed.
+            let near = |bound: u64, step: i64| bound.saturating_add_signed(step);
+            let minute = |step: i64| {
+                if step < 0 {
+                    m.plus(1).minus(step.unsigned_abs())
+                } else {
+                    m.plus(1).plus(step.unsigned_abs())
+                }
+            };
+            let report = RoomReport {
+                room: room.id(),
+                expiries: expiries
+                    .iter()
+                    .map(|&(slot, step, kind)| {
+                        let at = ExpirySlot(limits.last_expiry.0.saturating_add_signed(slot - 8));
+                        let n = i64::try_from(near(limits.sessions, step)).unwrap_or(i64::MAX);
+                        (at, match kind { 0 => n, 1 => -n, 2 => i64::MIN, _ => 1 })
+                    })
+                    .collect(),
+                admits: admits
+                    .iter()
+                    .map(|&(at, pool, step)| {
+                        let mut counts = [0_u64; 4];
+                        counts[pool] = near(limits.admits, step);
+                        MinuteAdmits {
+                            minute: minute(at),
+                            admits: PoolCounts {
+                                eligible: counts[0],
+                                colo_share: counts[1],
+                                anywhere: counts[2],
+                                uncapped: counts[3],
+                            },
+                        }
+                    })
+                    .collect(),
+                waiting: waiting
+                    .iter()
+                    .map(|&(at, step, negative)| {
+                        let n = i64::try_from(near(MAX_COUNT, step)).unwrap_or(i64::MAX);
+                        (minute(at), if negative { -n } else { n })
+                    })
+                    .collect(),
+                distinct_visitors: visitors
+                    .iter()
+                    .map(|&(at, step)| (minute(at), near(MAX_COUNT, step)))
+                    .collect(),
+            };
+            let mut checked = report.clone();
+            let mut corrected = report.clone();
+            let found = checked.make_plausible(&room, NOW);
+            let expected = corrected.correct(&limits);
+            prop_assert_eq!(found.is_empty(), report.within(&limits));
+            prop_assert_eq!(found, expected);
+            prop_assert_eq!(checked, corrected);
+        }
+    }
 
     #[test]
     fn an_honest_report_is_untouched() {
