@@ -163,12 +163,10 @@ impl RoomReport {
     /// Whether nothing needs correcting: one pass that writes nothing,
     /// which is all an honest report costs (most reports, every second).
     fn within(&self, limits: &Limits) -> bool {
-        let Limits {
-            next,
-            last_expiry,
-            sessions,
-            admits,
-        } = *limits;
+        let &Limits {
+            next, last_expiry, ..
+        } = limits;
+        let (sessions, admits) = (limits.sessions, limits.admits);
         self.expiries
             .iter()
             .all(|&(slot, n)| slot <= last_expiry && signed_within(n, sessions))
