@@ -369,6 +369,9 @@ pub struct NodeMetrics {
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
     pub requests_unmatched: AtomicU64,
+    /// Connections the node's HTTP/1 exchange handed to hyper
+    /// (`crate::http::h1`).
+    pub connections_to_hyper: AtomicU64,
     /// Closed connections by [`CloseReason`], in the order of `CloseReason::ALL`.
     pub connections_closed: [AtomicU64; 6],
 }
@@ -407,6 +410,11 @@ impl NodeMetrics {
                     self.connections_closed[why as usize].load(Relaxed),
                 )
             }),
+        )?;
+        f.counter(
+            "waitroom_connections_to_hyper_total",
+            "Visitor connections handed from the node's own HTTP/1 exchange to hyper's at a request it does not serve itself (a body, an upgrade, HTTP/2, HTTP/1.0, a head it does not find plain).",
+            self.connections_to_hyper.load(Relaxed),
         )?;
         f.counter(
             "waitroom_requests_unmatched_total",

@@ -40,6 +40,8 @@ pub struct Settings {
     pub send_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_headers: usize,
+    /// `node.http1_fast_path`: plain HTTP/1.1 requests served by `http::h1`.
+    pub http1_fast_path: bool,
     pub shutdown_grace: Duration,
     /// `node.trusted_proxies`: whose forwarding and PROXY headers are believed.
     pub trusted_proxies: crate::forwarded::TrustedProxies,
@@ -59,6 +61,7 @@ impl Settings {
             send_timeout: Duration::from_millis(n.send_timeout_ms.max(1)),
             max_header_bytes: n.max_header_bytes,
             max_headers: n.max_headers,
+            http1_fast_path: n.http1_fast_path,
             shutdown_grace: Duration::from_millis(n.shutdown_grace_ms),
             trusted_proxies: crate::forwarded::TrustedProxies::new(&n.trusted_proxies),
             via: crate::forwarded::Via::new(&n.id),

@@ -24,7 +24,9 @@ use http::{
     uri::{Authority, PathAndQuery, Scheme},
 };
 use http_body_util::{BodyExt as _, Empty};
-use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
+
+use crate::http::h1::ReqBody;
 
 use waitroom_runtime::{
     admin::text,
@@ -225,7 +227,7 @@ pub async fn forward(
     client: &OriginClient,
     upstream: &Arc<Upstream>,
     response_timeout: Duration,
-    req: Request<Incoming>,
+    req: Request<ReqBody>,
     to_origin: &OriginRequest<'_>,
 ) -> Result<Response<Body>, ProxyError> {
     let (mut parts, body) = req.into_parts();
@@ -533,7 +535,7 @@ fn classify(source: OriginError, origin: &Authority, reused: bool) -> ProxyError
 /// The visitor's request body on its way to the origin; its errors are marked
 /// [`ClientBodyError`] so a failed forward can tell whose fault it was.
 #[derive(Debug)]
-struct ClientBody(Incoming);
+struct ClientBody(ReqBody);
 
 /// The visitor's request body failed (cut short, malformed chunking).
 #[derive(Debug, thiserror::Error)]

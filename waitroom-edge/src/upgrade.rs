@@ -14,9 +14,9 @@
 //! per-address cap, and the shutdown grace does not wait for it.
 use std::sync::Arc;
 
+use crate::http::h1::ReqBody;
 use http::{HeaderValue, Request, Response, StatusCode, Uri, Version, header, uri::PathAndQuery};
 use http_body_util::{BodyExt as _, Empty};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use waitroom_runtime::body::{Body, BoxError};
@@ -48,7 +48,7 @@ pub async fn forward(
     client: &OriginClient,
     upstream: &Arc<Upstream>,
     response_timeout: std::time::Duration,
-    mut req: Request<Incoming>,
+    mut req: Request<ReqBody>,
     to_origin: &OriginRequest<'_>,
 ) -> Result<Response<Body>, ProxyError> {
     let visitor_side = hyper::upgrade::on(&mut req);

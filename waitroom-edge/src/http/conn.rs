@@ -645,6 +645,7 @@ mod tests {
             send_timeout: Duration::from_millis(3000),
             max_header_bytes: 8192,
             max_headers: 64,
+            http1_fast_path: true,
             shutdown_grace: Duration::from_secs(1),
             trusted_proxies: crate::forwarded::TrustedProxies::default(),
             via: crate::forwarded::Via::new("test"),
@@ -811,5 +812,64 @@ mod tests {
         assert_eq!(counts.open_from(ip), 1);
         assert!(counts.try_open(ip, 2).is_some());
         assert!(counts.try_open(ip, 0).is_some(), "0: no cap");
+    }
+}
+
+/// A connection handed to hyper with the bytes already read of its next
+/// request (by [`super::h1`]) read first.
+#[derive(Debug)]
+pub struct Prefixed<T> {
+    io: T,
+    prefix: Bytes,
+}
+
+impl<T> Prefixed<T> {
+    pub fn new(io: T, prefix: Bytes) -> Self {
+        Self { io, prefix }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

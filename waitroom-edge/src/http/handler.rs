@@ -9,8 +9,8 @@
 //! `crate::gossip::lease`).
 use std::{sync::atomic::Ordering::Relaxed, time::Instant};
 
+use crate::http::h1::ReqBody;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, header};
-use hyper::body::Incoming;
 use waitroom_common::{
     engine::{self, Decision, Visitor},
     estimate::WaitEstimate,
@@ -74,7 +74,7 @@ impl Worker {
 pub async fn handle(
     node: &Node,
     worker: &Worker,
-    req: Request<Incoming>,
+    req: Request<ReqBody>,
     conn: ConnInfo,
     scheme: &'static str,
 ) -> Response<Body> {
@@ -95,7 +95,7 @@ pub async fn handle(
 async fn answer(
     node: &Node,
     worker: &Worker,
-    req: Request<Incoming>,
+    req: Request<ReqBody>,
     conn: ConnInfo,
     scheme: &'static str,
     trace: &mut Trace,
@@ -400,7 +400,7 @@ async fn answer(
 }
 
 /// Gives `req` the normalized target: `(path and query, Host)`.
-fn respell(req: &mut Request<Incoming>, (path_and_query, host): (String, String)) {
+fn respell(req: &mut Request<ReqBody>, (path_and_query, host): (String, String)) {
     if let Ok(uri) = Uri::try_from(path_and_query) {
         *req.uri_mut() = uri;
     }
@@ -418,7 +418,7 @@ fn respell(req: &mut Request<Incoming>, (path_and_query, host): (String, String)
 async fn unrouted(
     node: &Node,
     worker: &Worker,
-    req: Request<Incoming>,
+    req: Request<ReqBody>,
     conn: ConnInfo,
     hop: std::net::IpAddr,
     scheme: &'static str,
@@ -471,7 +471,7 @@ async fn forward(
     worker: &Worker,
     upstream: &std::sync::Arc<crate::upstream::Upstream>,
     timeout: std::time::Duration,
-    req: Request<Incoming>,
+    req: Request<ReqBody>,
     conn: ConnInfo,
     hop: std::net::IpAddr,
     scheme: &'static str,
@@ -514,7 +514,7 @@ async fn to_origin(
     node: &Node,
     worker: &Worker,
     room: &RoomRuntime,
-    req: Request<Incoming>,
+    req: Request<ReqBody>,
     conn: ConnInfo,
     hop: std::net::IpAddr,
     scheme: &'static str,

@@ -33,6 +33,7 @@ use crate::{
 };
 
 pub mod conn;
+pub mod h1;
 pub mod handler;
 pub mod proxy_protocol;
 
@@ -379,49 +380,29 @@ async fn accept_loop(
                     }
                 }
             }
-            let service = {
+            let answer = {
                 let node = Arc::clone(&node);
                 let state = Arc::clone(&state);
-                service_fn(move |req| {
+                move |req: http::Request<h1::ReqBody>| {
                     let in_flight = conn::InFlight::start(&state, req.version());
                     let node = Arc::clone(&node);
                     let worker = Arc::clone(&worker);
                     async move {
                         let resp = handler::handle(&node, &worker, req, conn_info, scheme).await;
-                        Ok::<_, Infallible>(resp.map(|b| conn::TrackedBody::new(b, in_flight)))
+                        resp.map(|b| conn::TrackedBody::new(b, in_flight))
                     }
-                })
+                }
             };
             let io = conn::Watched::with_prefix(stream, Arc::clone(&state), rest);
             let why = match tls {
-                None => {
-                    serve(
-                        io,
-                        &builder,
-                        service,
-                        &state,
-                        &node.settings,
-                        shutdown,
-                        peer,
-                    )
-                    .await
-                }
+                None => serve(io, &builder, answer, &state, &node, shutdown, peer).await,
                 Some(acceptor) => {
                     // The TLS handshake is part of the way to the first request
                     // head, under the same deadline.
                     let deadline = state.next_check(&node.settings, Instant::now());
                     match tokio::time::timeout_at(deadline.into(), acceptor.accept(io)).await {
                         Ok(Ok(tls)) => {
-                            serve(
-                                tls,
-                                &builder,
-                                service,
-                                &state,
-                                &node.settings,
-                                shutdown,
-                                peer,
-                            )
-                            .await
+                            serve(tls, &builder, answer, &state, &node, shutdown, peer).await
                         }
                         Ok(Err(err)) => {
                             tracing::debug!(%peer, %err, "TLS handshake failed");
@@ -502,36 +483,57 @@ const GOODBYE: Duration = Duration::from_millis(500);
 /// before evicting the next oldest idle one.
 const EVICT_AGAIN: Duration = Duration::from_millis(20);
 
+/// What the connection's task waits for besides the connection itself.
+enum Side {
+    Deadline,
+    Woken,
+    Shutdown,
+}
+
 /// Serves one connection until it ends or one of its deadlines passes; says why
-/// it closed.
-async fn serve<I, S>(
+/// it closed. HTTP/1.1's plain requests are served by [`h1`] while they come
+/// (unless `http1_fast_path` is off); hyper takes the connection at the first
+/// other one, and serves HTTP/2 and upgrades.
+async fn serve<I, F, Fut>(
     io: I,
     builder: &auto::Builder<TokioExecutor>,
-    service: S,
+    answer: F,
     state: &conn::ConnState,
-    settings: &Settings,
+    node: &Node,
     mut shutdown: Shutdown,
     peer: SocketAddr,
 ) -> CloseReason
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    S: hyper::service::Service<
-            http::Request<hyper::body::Incoming>,
-            Response = http::Response<conn::TrackedBody<waitroom_runtime::body::Body>>,
-            Error = Infallible,
-        > + Send
+    F: Fn(http::Request<h1::ReqBody>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = http::Response<conn::TrackedBody<waitroom_runtime::body::Body>>>
+        + Send
         + 'static,
-    S::Future: Send + 'static,
 {
+    let settings = &node.settings;
+    let (io, prefix, mut draining) = if settings.http1_fast_path {
+        match serve_plain(io, &answer, state, settings, &mut shutdown, peer).await {
+            Plain::Done(why) => return why,
+            Plain::HandOff(io, prefix, draining) => {
+                node.metrics
+                    .connections_to_hyper
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                (io, prefix, draining)
+            }
+        }
+    } else {
+        (io, bytes::Bytes::new(), false)
+    };
+    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let answered = answer(req.map(h1::ReqBody::Hyper));
+        async move { Ok::<_, Infallible>(answered.await) }
+    });
     // With upgrades: an admitted WebSocket becomes a tunnel (`crate::upgrade`).
+    let io = conn::Prefixed::new(io, prefix);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
-    let mut draining = false;
-    /// What woke the connection's task besides the connection itself.
-    enum Side {
-        Deadline,
-        Woken,
-        Shutdown,
+    if draining {
+        conn.as_mut().graceful_shutdown();
     }
     loop {
         let next = state.next_check(settings, Instant::now());
@@ -587,6 +589,90 @@ where
                 draining = true;
             }
         }
+    }
+}
+
+/// How the plain HTTP/1.1 phase of a connection ended.
+enum Plain<I> {
+    Done(CloseReason),
+    /// hyper's from here: the connection, the bytes read of its next
+    /// request, and whether it was draining.
+    HandOff(I, bytes::Bytes, bool),
+}
+
+/// The connection's plain HTTP/1.1 requests ([`h1::serve`]) under the same
+/// deadlines, eviction and shutdown as hyper's connections below.
+async fn serve_plain<I, F, Fut>(
+    io: I,
+    answer: &F,
+    state: &conn::ConnState,
+    settings: &Settings,
+    shutdown: &mut Shutdown,
+    peer: SocketAddr,
+) -> Plain<I>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    F: Fn(http::Request<h1::ReqBody>) -> Fut,
+    Fut: Future<Output = http::Response<conn::TrackedBody<waitroom_runtime::body::Body>>>,
+{
+    let ctl = h1::Control::default();
+    let limits = h1::Limits {
+        max_header_bytes: settings.max_header_bytes,
+        max_headers: settings.max_headers,
+    };
+    let served = h1::serve(io, answer, limits, &ctl);
+    tokio::pin!(served);
+    loop {
+        let next = state.next_check(settings, Instant::now());
+        let watch_shutdown = !ctl.draining();
+        let side = std::pin::pin!(async {
+            tokio::select! {
+                () = tokio::time::sleep_until(next.into()) => Side::Deadline,
+                () = state.wake.notified() => Side::Woken,
+                () = shutdown.requested(), if watch_shutdown => Side::Shutdown,
+            }
+        });
+        let side = match conn::main_or_side(served.as_mut(), side).await {
+            conn::Either::Main(Ok(h1::End::Closed)) => return Plain::Done(CloseReason::Ended),
+            conn::Either::Main(Ok(h1::End::HandOff(io, prefix))) => {
+                return Plain::HandOff(io, prefix, ctl.draining());
+            }
+            conn::Either::Main(Err(err)) => {
+                tracing::debug!(%peer, %err, "connection ended with an error");
+                return Plain::Done(CloseReason::Ended);
+            }
+            conn::Either::Side(side) => side,
+        };
+        // Closing between requests needs no goodbye on HTTP/1; a request
+        // under way is answered first (within `GOODBYE`), with
+        // `connection: close`.
+        let why = match side {
+            Side::Deadline => match state.overdue(settings, Instant::now()) {
+                None => continue,
+                Some(why @ (CloseReason::HeaderTimeout | CloseReason::SendTimeout)) => {
+                    return Plain::Done(why);
+                }
+                Some(why) => why,
+            },
+            Side::Woken if state.evicted() => CloseReason::Evicted,
+            Side::Woken => continue,
+            Side::Shutdown => {
+                if ctl.idle() {
+                    return Plain::Done(CloseReason::Ended);
+                }
+                ctl.drain();
+                continue;
+            }
+        };
+        if !ctl.idle() {
+            ctl.drain();
+            if let Ok(Ok(h1::End::HandOff(..))) =
+                tokio::time::timeout(GOODBYE, served.as_mut()).await
+            {
+                // A request for hyper came while closing: not served.
+            }
+        }
+        return Plain::Done(why);
     }
 }
 
