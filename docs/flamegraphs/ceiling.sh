@@ -8,7 +8,8 @@
 #            (httparse and a buffer, written by hand);
 #   nginx    nginx, one process, the same bytes from a static file;
 # or, for SCENARIO a (an admitted visitor with a valid cookie, proxied to the
-# fast origin, an nginx `return 200 "ok\n"`):
+# fast origin, an nginx `return 200 "ok\n"`; b: the same without a cookie, a
+# new visitor admitted each request):
 #   edge     waitroom-edge, one worker, the cookie's room open wide;
 #   hyper    waitroom-http-ceiling --server hyper-proxy: hyper's server and
 #            client, no handler, the origin connection in the visitor's task;
@@ -18,7 +19,7 @@
 # DUR seconds (after a 2 s warm-up each), the order rotating per round.
 #
 # usage: ceiling.sh TARGET_DIR SCENARIO   (TARGET_DIR holds the release binaries;
-#        SCENARIO a, c or d)
+#        SCENARIO a, b, c or d)
 # env: DUR (default 5), ROUNDS (default 3), CALLGRIND=1 (instead: user-space
 #      instructions per request of each server, one 4 s run each).
 # Prints one line per run: server, round, req/s, CPU ns per request (utime +
@@ -30,7 +31,8 @@ DUR=${DUR:-5}; ROUNDS=${ROUNDS:-3}
 D=$(mktemp -d /tmp/ceiling.XXXXXX)
 EP=$((20000 + $$ % 10000)); HP=$((EP+1)); BP=$((EP+2)); NP=$((EP+3)); FO=$((EP+4))
 H=(); [ "$SCEN" = d ] && H=(-H "Accept: application/json")
-URLPATH=/queue/page; [ "$SCEN" = a ] && URLPATH=/product/1
+PROXIED=0; { [ "$SCEN" = a ] || [ "$SCEN" = b ]; } && PROXIED=1
+URLPATH=/queue/page; [ $PROXIED = 1 ] && URLPATH=/product/1
 cat > $D/edge.toml <<C
 [node]
 id = "bench"
@@ -81,9 +83,11 @@ run() { # name cmd...: start on CPU 0, under callgrind if asked
 taskset -c 0 nginx -c $D/fo.conf & FOPID=$!
 EPID=$(run edge $BIN/waitroom-edge --config $D/edge.toml)
 for i in $(seq 1 200); do curl -s -o /dev/null http://127.0.0.1:$EP/queue/page && break; sleep 0.2; done
-if [ "$SCEN" = a ]; then
-  COOKIE=$(curl -s -D - -o /dev/null http://127.0.0.1:$EP/ | grep -i '^set-cookie' | sed 's/^[^:]*: //; s/;.*//' | tr -d '\r')
-  H=(-H "Cookie: $COOKIE")
+if [ $PROXIED = 1 ]; then
+  if [ "$SCEN" = a ]; then
+    COOKIE=$(curl -s -D - -o /dev/null http://127.0.0.1:$EP/ | grep -i '^set-cookie' | sed 's/^[^:]*: //; s/;.*//' | tr -d '\r')
+    H=(-H "Cookie: $COOKIE")
+  fi
   HPID=$(run hyper $BIN/waitroom-http-ceiling --server hyper-proxy --listen 127.0.0.1:$HP --origin 127.0.0.1:$FO)
   BPID=$(run bare $BIN/waitroom-http-ceiling --server bare-proxy --listen 127.0.0.1:$BP --origin 127.0.0.1:$FO)
 else

@@ -516,9 +516,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
-            let n = self.prefix.len().min(buf.remaining());
-            buf.put_slice(&self.prefix.split_to(n));
+        if read_prefix(&mut self.prefix, buf) {
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
@@ -815,6 +813,17 @@ mod tests {
     }
 }
 
+/// Moves what `buf` takes of `prefix` into it; false when `prefix` is empty
+/// (read the socket).
+fn read_prefix(prefix: &mut Bytes, buf: &mut ReadBuf<'_>) -> bool {
+    if prefix.is_empty() {
+        return false;
+    }
+    let n = prefix.len().min(buf.remaining());
+    buf.put_slice(&prefix.split_to(n));
+    true
+}
+
 /// A connection handed to hyper with the bytes already read of its next
 /// request (by [`super::h1`]) read first.
 #[derive(Debug)]
@@ -835,9 +844,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
-            let n = self.prefix.len().min(buf.remaining());
-            buf.put_slice(&self.prefix.split_to(n));
+        if read_prefix(&mut self.prefix, buf) {
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.io).poll_read(cx, buf)

@@ -490,6 +490,22 @@ enum Side {
     Shutdown,
 }
 
+/// The first of: the connection's next deadline, a wake-up (eviction), and
+/// shutdown (when `watch_shutdown`: not once draining).
+async fn side(
+    state: &conn::ConnState,
+    settings: &Settings,
+    shutdown: &mut Shutdown,
+    watch_shutdown: bool,
+) -> Side {
+    let next = state.next_check(settings, Instant::now());
+    tokio::select! {
+        () = tokio::time::sleep_until(next.into()) => Side::Deadline,
+        () = state.wake.notified() => Side::Woken,
+        () = shutdown.requested(), if watch_shutdown => Side::Shutdown,
+    }
+}
+
 /// Serves one connection until it ends or one of its deadlines passes; says why
 /// it closed. HTTP/1.1's plain requests are served by [`h1`] while they come
 /// (unless `http1_fast_path` is off); hyper takes the connection at the first
@@ -536,17 +552,9 @@ where
         conn.as_mut().graceful_shutdown();
     }
     loop {
-        let next = state.next_check(settings, Instant::now());
-        let watch_shutdown = !draining;
         // Polled only when one of these fired, not on every wake-up of the
         // connection (`conn::main_or_side`).
-        let side = std::pin::pin!(async {
-            tokio::select! {
-                () = tokio::time::sleep_until(next.into()) => Side::Deadline,
-                () = state.wake.notified() => Side::Woken,
-                () = shutdown.requested(), if watch_shutdown => Side::Shutdown,
-            }
-        });
+        let side = std::pin::pin!(side(state, settings, &mut shutdown, !draining));
         let side = match conn::main_or_side(conn.as_mut(), side).await {
             conn::Either::Main(result) => {
                 if let Err(err) = result {
@@ -623,15 +631,7 @@ where
     let served = h1::serve(io, answer, limits, &ctl);
     tokio::pin!(served);
     loop {
-        let next = state.next_check(settings, Instant::now());
-        let watch_shutdown = !ctl.draining();
-        let side = std::pin::pin!(async {
-            tokio::select! {
-                () = tokio::time::sleep_until(next.into()) => Side::Deadline,
-                () = state.wake.notified() => Side::Woken,
-                () = shutdown.requested(), if watch_shutdown => Side::Shutdown,
-            }
-        });
+        let side = std::pin::pin!(side(state, settings, shutdown, !ctl.draining()));
         let side = match conn::main_or_side(served.as_mut(), side).await {
             conn::Either::Main(Ok(h1::End::Closed)) => return Plain::Done(CloseReason::Ended),
             conn::Either::Main(Ok(h1::End::HandOff(io, prefix))) => {
