@@ -77,6 +77,68 @@ impl HttpBody for ReqBody {
     }
 }
 
+/// Header fields an answer carries already written, `name: value\r\n` each,
+/// after those of its `HeaderMap` (a response extension). The queue page's
+/// fields go this way: written once as bytes instead of inserted into a map,
+/// hashed, encoded from it and dropped (about 1,500 instructions a page).
+/// None of them may be `content-length`, `transfer-encoding`, `connection`,
+/// `date` or `trailer`, whose framing the writer decides; hyper's path puts
+/// them in the map first ([`HeadLines::into_map`]).
+#[derive(Debug, Clone)]
+pub struct HeadLines(Bytes);
+
+impl HeadLines {
+    /// Starts the lines with room for `capacity` bytes.
+    #[must_use]
+    pub fn writer(capacity: usize) -> Vec<u8> {
+        Vec::with_capacity(capacity)
+    }
+
+    /// Appends `name: value\r\n` to `lines`.
+    pub fn push(lines: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
+        debug_assert!(!matches!(
+            *name,
+            header::CONTENT_LENGTH
+                | header::TRANSFER_ENCODING
+                | header::CONNECTION
+                | header::DATE
+                | header::TRAILER
+        ));
+        debug_assert!(!value.iter().any(|b| *b == b'\r' || *b == b'\n'));
+        lines.extend_from_slice(name.as_str().as_bytes());
+        lines.extend_from_slice(b": ");
+        lines.extend_from_slice(value);
+        lines.extend_from_slice(b"\r\n");
+    }
+
+    /// The lines, ready to attach to an answer.
+    #[must_use]
+    pub fn done(lines: Vec<u8>) -> Self {
+        Self(Bytes::from(lines))
+    }
+
+    /// Moves the lines of `resp` (if any) into its `HeaderMap`, for an
+    /// answer hyper writes (HTTP/2, or a connection handed over).
+    pub fn into_map<B>(resp: &mut Response<B>) {
+        let Some(Self(lines)) = resp.extensions_mut().remove::<Self>() else {
+            return;
+        };
+        let headers = resp.headers_mut();
+        for line in lines.split(|b| *b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let Some(colon) = line.iter().position(|b| *b == b':') else {
+                continue;
+            };
+            let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii_start());
+            if let (Ok(name), Ok(value)) =
+                (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+            {
+                headers.append(name, value);
+            }
+        }
+    }
+}
+
 /// What the connection's task and [`serve`] tell each other.
 #[derive(Debug, Default)]
 pub struct Control {
@@ -556,6 +618,9 @@ fn encode_head(
         out.extend_from_slice(value.as_bytes());
     }
     end_line(out, open_line, must_chunk);
+    if let Some(HeadLines(lines)) = parts.extensions.get::<HeadLines>() {
+        out.extend_from_slice(lines);
+    }
     // The last answer says so, in the answer's own `Connection` if it has one.
     if close && !wrote_close {
         match connection_line_end {
@@ -1071,5 +1136,85 @@ mod tests {
             }
         }
         assert!(checked > 250, "{checked}");
+    }
+
+    #[tokio::test]
+    async fn head_lines_are_written_as_hyper_writes_them_from_the_map() {
+        let make = || {
+            let mut lines = HeadLines::writer(64);
+            HeadLines::push(
+                &mut lines,
+                &header::CONTENT_TYPE,
+                b"text/html; charset=utf-8",
+            );
+            HeadLines::push(&mut lines, &header::SET_COOKIE, b"a=1; Path=/");
+            HeadLines::push(&mut lines, &header::SET_COOKIE, b"b=2");
+            HeadLines::push(&mut lines, &header::VARY, b"Accept, Accept-Language");
+            let mut resp = Response::new(Full::new(Bytes::from_static(b"page")));
+            resp.headers_mut()
+                .insert("x-first", HeaderValue::from_static("map"));
+            resp.extensions_mut().insert(HeadLines::done(lines));
+            resp
+        };
+        // Moved into the map: in order, after what the map held.
+        let mut moved = make();
+        HeadLines::into_map(&mut moved);
+        assert!(moved.extensions().get::<HeadLines>().is_none());
+        let fields: Vec<String> = moved
+            .headers()
+            .iter()
+            .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "x-first: map",
+                "content-type: text/html; charset=utf-8",
+                "set-cookie: a=1; Path=/",
+                "set-cookie: b=2",
+                "vary: Accept, Accept-Language",
+            ]
+        );
+        // Written here from the lines, and by hyper from the map: the same
+        // bytes, `connection: close` after the lines as after the map.
+        let request = b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n";
+        let without_date = |raw: Vec<u8>| {
+            String::from_utf8_lossy(&raw)
+                .split("\r\n")
+                .filter(|l| !l.starts_with("date: "))
+                .collect::<Vec<_>>()
+                .join("\r\n")
+        };
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        client.write_all(request).await.unwrap();
+        let answer = move |_req: Request<ReqBody>| {
+            let resp = make();
+            async move { resp }
+        };
+        let ctl = Control::default();
+        let ours = tokio::spawn(async move {
+            let _ = serve(server, &answer, LIMITS, &ctl).await;
+        });
+        let mut mine = Vec::new();
+        client.read_to_end(&mut mine).await.unwrap();
+        ours.await.unwrap();
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        client.write_all(request).await.unwrap();
+        let service = hyper::service::service_fn(move |_req| {
+            let mut resp = make();
+            HeadLines::into_map(&mut resp);
+            async move { Ok::<_, std::convert::Infallible>(resp) }
+        });
+        let theirs = tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(server), service)
+                .await;
+        });
+        let mut hypers = Vec::new();
+        client.read_to_end(&mut hypers).await.unwrap();
+        theirs.await.unwrap();
+        let mine = without_date(mine);
+        assert!(mine.contains("\r\nset-cookie: b=2\r\n"), "{mine}");
+        assert_eq!(mine, without_date(hypers));
     }
 }

@@ -9,7 +9,7 @@
 //! `crate::gossip::lease`).
 use std::{sync::atomic::Ordering::Relaxed, time::Instant};
 
-use crate::http::h1::ReqBody;
+use crate::http::h1::{HeadLines, ReqBody};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, header};
 use waitroom_common::{
     engine::{self, Decision, Visitor},
@@ -807,25 +807,25 @@ fn queue_response(
     };
     let mut resp = Response::new(full(body));
     *resp.status_mut() = StatusCode::from_u16(live.queue_status).unwrap_or(StatusCode::OK);
-    let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // Written as lines, not inserted into the map (`h1::HeadLines`).
+    let mut lines = HeadLines::writer(160 + set_cookie.as_ref().map_or(0, |c| c.len() + 14));
+    HeadLines::push(&mut lines, &header::CONTENT_TYPE, content_type.as_bytes());
+    HeadLines::push(&mut lines, &header::CACHE_CONTROL, b"no-store");
     let interval = seconds_header(u64::from(ticket.refresh_interval_secs));
-    h.insert(header::REFRESH, interval.clone());
+    HeadLines::push(&mut lines, &header::REFRESH, interval.as_bytes());
     // For clients that know `Retry-After` rather than `Refresh`; and the
     // answer is HTML or JSON by `Accept`, which a cache must key on.
-    h.insert(header::RETRY_AFTER, interval);
-    h.insert(
-        header::VARY,
-        HeaderValue::from_static(if live.languages.is_empty() {
-            "Accept"
-        } else {
-            "Accept, Accept-Language"
-        }),
-    );
+    HeadLines::push(&mut lines, &header::RETRY_AFTER, interval.as_bytes());
+    let vary: &[u8] = if live.languages.is_empty() {
+        b"Accept"
+    } else {
+        b"Accept, Accept-Language"
+    };
+    HeadLines::push(&mut lines, &header::VARY, vary);
     if let Some(c) = set_cookie {
-        h.append(header::SET_COOKIE, c);
+        HeadLines::push(&mut lines, &header::SET_COOKIE, c.as_bytes());
     }
+    resp.extensions_mut().insert(HeadLines::done(lines));
     resp
 }
 

@@ -542,7 +542,11 @@ where
     };
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let answered = answer(req.map(h1::ReqBody::Hyper));
-        async move { Ok::<_, Infallible>(answered.await) }
+        async move {
+            let mut resp = answered.await;
+            h1::HeadLines::into_map(&mut resp);
+            Ok::<_, Infallible>(resp)
+        }
     });
     // With upgrades: an admitted WebSocket becomes a tunnel (`crate::upgrade`).
     let io = conn::Prefixed::new(io, prefix);
