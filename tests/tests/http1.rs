@@ -6,7 +6,8 @@
 //! tired client and a hostile one send: pipelined, `HEAD`, `Connection:
 //! close`, a body after a plain request, the smuggler's `Content-Length`
 //! with `Transfer-Encoding`, HTTP/1.0, bad targets, too many or too long
-//! fields, HTTP/2's preface, garbage.
+//! fields, HTTP/2's preface, garbage. And the queue page over HTTP/2
+//! (hyper's on both) carries the fields the fast path writes as lines.
 use std::{
     io::{Read as _, Write as _},
     net::{Shutdown, SocketAddr, TcpStream},
@@ -220,4 +221,29 @@ fn the_fast_path_answers_every_request_as_hyper_does() {
         );
     }
     assert_eq!(to_hyper(&hyper), 0.0);
+
+    // HTTP/2 is hyper's on both nodes: the queue page's fields, which the
+    // node writes as lines for its own HTTP/1 writer, reach the map there.
+    for edge in [&fast, &hyper] {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "-i", "--http2-prior-knowledge"])
+            .arg(format!("http://{}/line", edge.http))
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+        assert!(text.starts_with("http/2 200"), "{text}");
+        for field in [
+            "content-type: text/html; charset=utf-8\r\n",
+            "cache-control: no-store\r\n",
+            "refresh: ",
+            "retry-after: ",
+            "vary: accept\r\n",
+            "set-cookie: __wr_line=",
+        ] {
+            assert!(
+                text.contains(field),
+                "{field:?} missing over HTTP/2: {text}"
+            );
+        }
+    }
 }
