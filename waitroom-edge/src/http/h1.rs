@@ -273,6 +273,25 @@ where
     }
 }
 
+/// What this exchange makes of the bytes `buf` begins with, as [`serve`]
+/// judges them (for the fuzz target `h1_plain`): `None` when they are not a
+/// complete plain head (hyper's to judge, or more to read), else the head's
+/// length and the request the handler would get (`None` for a target or
+/// field the `http` types refuse: a 400).
+#[doc(hidden)]
+#[must_use]
+pub fn plain_request(buf: &[u8], limits: Limits) -> Option<(usize, Option<Request<ReqBody>>)> {
+    let mut fields = Vec::new();
+    let Parsed::Plain(plain) = parse(buf, limits.max_headers.min(MAX_HEADERS), &mut fields) else {
+        return None;
+    };
+    if plain.len > limits.max_header_bytes {
+        return None;
+    }
+    let head = Bytes::copy_from_slice(&buf[..plain.len]);
+    Some((plain.len, request(&head, &plain, &fields)))
+}
+
 /// Bytes asked of the socket at a time (hyper's first read is 8 KiB too).
 const READ_SIZE: usize = 8192;
 
