@@ -494,19 +494,11 @@ impl<B: HttpBody<Data = Bytes> + Unpin> HttpBody for TrackedBody<B> {
 pub struct Watched<T> {
     io: T,
     state: Arc<ConnState>,
-    /// Bytes already read off `io` that the protocol reads first (what
-    /// followed a PROXY header in the same read).
-    prefix: Bytes,
 }
 
 impl<T> Watched<T> {
     pub fn new(io: T, state: Arc<ConnState>) -> Self {
-        Self::with_prefix(io, state, Bytes::new())
-    }
-
-    /// `prefix` is read before anything more from `io`.
-    pub fn with_prefix(io: T, state: Arc<ConnState>, prefix: Bytes) -> Self {
-        Self { io, state, prefix }
+        Self { io, state }
     }
 }
 
@@ -516,9 +508,6 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if read_prefix(&mut self.prefix, buf) {
-            return Poll::Ready(Ok(()));
-        }
         let before = buf.filled().len();
         let r = Pin::new(&mut self.io).poll_read(cx, buf);
         if buf.filled().len() > before {
@@ -813,19 +802,10 @@ mod tests {
     }
 }
 
-/// Moves what `buf` takes of `prefix` into it; false when `prefix` is empty
-/// (read the socket).
-fn read_prefix(prefix: &mut Bytes, buf: &mut ReadBuf<'_>) -> bool {
-    if prefix.is_empty() {
-        return false;
-    }
-    let n = prefix.len().min(buf.remaining());
-    buf.put_slice(&prefix.split_to(n));
-    true
-}
-
-/// A connection handed to hyper with the bytes already read of its next
-/// request (by [`super::h1`]) read first.
+/// A connection with bytes already read off it read first: what followed a
+/// PROXY header in its read, or, handed to hyper, what [`super::h1`] read
+/// of the next request. Reads of the prefix are not the socket's: they mark
+/// nothing in [`ConnState`].
 #[derive(Debug)]
 pub struct Prefixed<T> {
     io: T,
@@ -844,7 +824,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if read_prefix(&mut self.prefix, buf) {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix.split_to(n));
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.io).poll_read(cx, buf)

@@ -88,12 +88,6 @@ impl HttpBody for ReqBody {
 pub struct HeadLines(Bytes);
 
 impl HeadLines {
-    /// Starts the lines with room for `capacity` bytes.
-    #[must_use]
-    pub fn writer(capacity: usize) -> Vec<u8> {
-        Vec::with_capacity(capacity)
-    }
-
     /// Appends `name: value\r\n` to `lines`.
     pub fn push(lines: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
         debug_assert!(!matches!(
@@ -217,17 +211,14 @@ where
     B::Error: std::fmt::Display,
 {
     let mut buf = BytesMut::with_capacity(READ_SIZE);
-    let max_headers = limits.max_headers.min(MAX_HEADERS);
     let mut fields: Vec<(Range<usize>, Range<usize>)> = Vec::with_capacity(16);
     let mut out: Vec<u8> = Vec::with_capacity(512);
     loop {
         let plain = loop {
             if !buf.is_empty() {
-                match parse(&buf, max_headers, &mut fields) {
-                    Parsed::Plain(p) if p.len <= limits.max_header_bytes => break p,
-                    Parsed::Plain(_) | Parsed::Other => {
-                        return Ok(End::HandOff(io, buf.freeze()));
-                    }
+                match parse(&buf, limits, &mut fields) {
+                    Parsed::Plain(p) => break p,
+                    Parsed::Other => return Ok(End::HandOff(io, buf.freeze())),
                     Parsed::Partial if buf.len() >= limits.max_header_bytes => {
                         return Ok(End::HandOff(io, buf.freeze()));
                     }
@@ -247,7 +238,6 @@ where
             }
         };
         let head = buf.split_to(plain.len).freeze();
-        let close = plain.close || ctl.draining();
         let Some(req) = request(&head, &plain, &fields) else {
             // What hyper answers a target or field the `http` types refuse.
             out.clear();
@@ -263,8 +253,16 @@ where
         };
         drop(head);
         let resp = answer(req).await;
-        let close = write_response(&mut io, &mut out, resp, plain.head, close || ctl.draining())
-            .await?
+        // Draining may have begun while the handler answered, or while the
+        // body was written: either way this answer is the last.
+        let close = write_response(
+            &mut io,
+            &mut out,
+            resp,
+            plain.head,
+            plain.close || ctl.draining(),
+        )
+        .await?
             || ctl.draining();
         if close {
             let _ = io.shutdown().await;
@@ -282,12 +280,9 @@ where
 #[must_use]
 pub fn plain_request(buf: &[u8], limits: Limits) -> Option<(usize, Option<Request<ReqBody>>)> {
     let mut fields = Vec::new();
-    let Parsed::Plain(plain) = parse(buf, limits.max_headers.min(MAX_HEADERS), &mut fields) else {
+    let Parsed::Plain(plain) = parse(buf, limits, &mut fields) else {
         return None;
     };
-    if plain.len > limits.max_header_bytes {
-        return None;
-    }
     let head = Bytes::copy_from_slice(&buf[..plain.len]);
     Some((plain.len, request(&head, &plain, &fields)))
 }
@@ -299,8 +294,10 @@ const READ_SIZE: usize = 8192;
 const MAX_HEADERS: usize = 1_024;
 
 /// Reads the head in `buf`: plain, partial, or hyper's to judge (a head
-/// with more than `max_headers` fields too: hyper answers it 431).
-fn parse(buf: &[u8], max_headers: usize, fields: &mut Vec<(Range<usize>, Range<usize>)>) -> Parsed {
+/// beyond `limits` too: more than `max_headers` fields, or complete but
+/// longer than `max_header_bytes`; hyper answers it 431).
+fn parse(buf: &[u8], limits: Limits, fields: &mut Vec<(Range<usize>, Range<usize>)>) -> Parsed {
+    let max_headers = limits.max_headers.min(MAX_HEADERS);
     // Uninitialised (httparse writes a slot before it reads it), on the
     // stack of this call only.
     let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
@@ -310,9 +307,9 @@ fn parse(buf: &[u8], max_headers: usize, fields: &mut Vec<(Range<usize>, Range<u
         buf,
         &mut slots[..max_headers],
     ) {
-        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Complete(len)) if len <= limits.max_header_bytes => len,
         Ok(httparse::Status::Partial) => return Parsed::Partial,
-        Err(_) => return Parsed::Other,
+        Ok(httparse::Status::Complete(_)) | Err(_) => return Parsed::Other,
     };
     let head = match req.method {
         Some("GET") => false,
@@ -1172,7 +1169,7 @@ mod tests {
     #[tokio::test]
     async fn head_lines_are_written_as_hyper_writes_them_from_the_map() {
         let make = || {
-            let mut lines = HeadLines::writer(64);
+            let mut lines = Vec::with_capacity(64);
             HeadLines::push(
                 &mut lines,
                 &header::CONTENT_TYPE,

@@ -808,7 +808,7 @@ fn queue_response(
     let mut resp = Response::new(full(body));
     *resp.status_mut() = StatusCode::from_u16(live.queue_status).unwrap_or(StatusCode::OK);
     // Written as lines, not inserted into the map (`h1::HeadLines`).
-    let mut lines = HeadLines::writer(160 + set_cookie.as_ref().map_or(0, |c| c.len() + 14));
+    let mut lines = Vec::with_capacity(160 + set_cookie.as_ref().map_or(0, |c| c.len() + 14));
     HeadLines::push(&mut lines, &header::CONTENT_TYPE, content_type.as_bytes());
     HeadLines::push(&mut lines, &header::CACHE_CONTROL, b"no-store");
     let interval = seconds_header(u64::from(ticket.refresh_interval_secs));

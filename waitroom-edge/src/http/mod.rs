@@ -393,7 +393,8 @@ async fn accept_loop(
                     }
                 }
             };
-            let io = conn::Watched::with_prefix(stream, Arc::clone(&state), rest);
+            // What followed a PROXY header in its read is read first.
+            let io = conn::Prefixed::new(conn::Watched::new(stream, Arc::clone(&state)), rest);
             let why = match tls {
                 None => serve(io, &builder, answer, &state, &node, shutdown, peer).await,
                 Some(acceptor) => {
@@ -670,11 +671,9 @@ where
         };
         if !ctl.idle() {
             ctl.drain();
-            if let Ok(Ok(h1::End::HandOff(..))) =
-                tokio::time::timeout(GOODBYE, served.as_mut()).await
-            {
-                // A request for hyper came while closing: not served.
-            }
+            // However it ends; a request for hyper that comes meanwhile is
+            // not served.
+            let _ = tokio::time::timeout(GOODBYE, served.as_mut()).await;
         }
         return Plain::Done(why);
     }
