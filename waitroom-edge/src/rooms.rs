@@ -123,7 +123,19 @@ fn cookie_path<'a>(paths: impl Iterator<Item = &'a str>) -> String {
                 .collect(),
         });
     }
-    format!("/{}", common.unwrap_or_default().join("/"))
+    let path = format!("/{}", common.unwrap_or_default().join("/"));
+    // Written into `Set-Cookie` as it stands: what a cookie's `Path` cannot
+    // hold (a control character or `;`, RFC 6265 4.1.1) is percent-encoded,
+    // as a browser sends such a path in its requests; the rest as written.
+    let mut escaped = String::with_capacity(path.len());
+    for c in path.chars() {
+        if c.is_ascii_control() || c == ';' {
+            escaped.push_str(&format!("%{:02X}", u32::from(c)));
+        } else {
+            escaped.push(c);
+        }
+    }
+    escaped
 }
 
 /// Two routes that claim the same host and path: which room wrote the
@@ -357,6 +369,11 @@ mod tests {
         assert_eq!(cookie_path(["/shop/", "/shop/drop"].into_iter()), "/shop");
         assert_eq!(cookie_path(["/shop", "/shopping"].into_iter()), "/");
         assert_eq!(cookie_path(["/shop", "/"].into_iter()), "/");
+        // What a `Set-Cookie` line cannot hold is escaped, not written.
+        assert_eq!(
+            cookie_path(["/a b;c%d\r\n\t\u{7f}x\u{e9}/e"].into_iter()),
+            "/a b%3Bc%d%0D%0A%09%7Fx\u{e9}/e"
+        );
     }
 
     #[test]

@@ -356,7 +356,7 @@ async fn answer(
                 room.metrics.count(RoomCount::Revoked);
                 clear_cookie_header(room, engine_room, scheme)
             } else {
-                set_cookie
+                set_cookie.and_then(|c| c.header_value())
             };
             if let Some(c) = set_cookie {
                 resp.headers_mut().append(header::SET_COOKIE, c);
@@ -391,7 +391,7 @@ async fn answer(
             let mut view = pages::StatusView::new(pages::Reason::Rejected, 403, 0);
             view.queueing_method = "reject".into();
             let mut resp = status_page(Some(&live), &room.spec.id, view, wants_json(req.headers()));
-            if let Some(c) = set_cookie {
+            if let Some(c) = set_cookie.and_then(|c| c.header_value()) {
                 resp.headers_mut().append(header::SET_COOKIE, c);
             }
             resp
@@ -691,6 +691,66 @@ fn cookie_max_age(ticket: &Ticket, room: &Room, now: UnixMillis) -> u64 {
     }
 }
 
+/// A `Set-Cookie` value written on the stack (a ticket's is about 200
+/// bytes): the queue page copies it into its head's lines as it stands, the
+/// other answers make it a [`HeaderValue`]. Every byte is a header value's:
+/// the cookie's name is made of letters, digits and `_`
+/// ([`cookie::cookie_name`]), its path is escaped (`rooms::RoomSpec`), the
+/// value is base64url.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "the line on the stack is the point; it lives for one request"
+)]
+enum CookieLine {
+    Stack {
+        bytes: [u8; COOKIE_ON_STACK],
+        len: usize,
+    },
+    /// A line longer than [`COOKIE_ON_STACK`] (a long room name or path).
+    Heap(Vec<u8>),
+}
+
+/// Bytes of a `Set-Cookie` value kept on the stack.
+const COOKIE_ON_STACK: usize = 256;
+
+impl CookieLine {
+    fn new() -> Self {
+        Self::Stack {
+            bytes: [0; COOKIE_ON_STACK],
+            len: 0,
+        }
+    }
+
+    /// Appends `more` (on the stack while it fits: `SmallVec`'s
+    /// `extend_from_slice` cost a tenth of the whole function).
+    fn push(&mut self, more: &[u8]) {
+        if let Self::Stack { bytes, len } = self {
+            if let Some(to) = bytes.get_mut(*len..*len + more.len()) {
+                to.copy_from_slice(more);
+                *len += more.len();
+                return;
+            }
+            let mut heap = Vec::with_capacity(*len + more.len() + 64);
+            heap.extend_from_slice(&bytes[..*len]);
+            *self = Self::Heap(heap);
+        }
+        if let Self::Heap(heap) = self {
+            heap.extend_from_slice(more);
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Stack { bytes, len } => &bytes[..*len],
+            Self::Heap(heap) => heap,
+        }
+    }
+
+    fn header_value(&self) -> Option<HeaderValue> {
+        HeaderValue::from_bytes(self.as_bytes()).ok()
+    }
+}
+
 /// `Set-Cookie` for the visitor's updated ticket.
 fn set_cookie_header(
     node: &Node,
@@ -698,7 +758,7 @@ fn set_cookie_header(
     engine_room: &Room,
     ticket: &Ticket,
     scheme: &str,
-) -> Option<HeaderValue> {
+) -> Option<CookieLine> {
     // On the stack: `to_allocvec` grew a vector a byte at a time.
     let mut buf = [0u8; 128];
     let bytes = postcard::to_slice(ticket, &mut buf).ok()?;
@@ -713,43 +773,41 @@ fn set_cookie_header(
     // (over plain HTTP the browser then refuses the cookie; such a room
     // belongs behind HTTPS, see docs/OPERATIONS.md).
         || config.cookie_same_site == CookieSameSite::None;
-    let same_site = match config.cookie_same_site {
-        CookieSameSite::Lax => "Lax",
-        CookieSameSite::Strict => "Strict",
-        CookieSameSite::None => "None",
+    let same_site: &[u8] = match config.cookie_same_site {
+        CookieSameSite::Lax => b"Lax",
+        CookieSameSite::Strict => b"Strict",
+        CookieSameSite::None => b"None",
         // SameSite=None needs Secure; over plain HTTP browsers would drop it.
         CookieSameSite::Auto => {
             if secure {
-                "None"
+                b"None"
             } else {
-                "Lax"
+                b"Lax"
             }
         }
     };
     let max_age = cookie_max_age(ticket, engine_room, node.clock.now());
     // `<name>=<value>; Path=<path>; Max-Age=<s>; HttpOnly; SameSite=<s>[; Secure]`,
-    // written into one buffer that becomes the header value (every new
-    // visitor gets one: `format!` and the copy into the header were a
-    // quarter of this function, issue 17).
-    let mut text = String::with_capacity(
-        room.cookie_name.len()
-            + cookie::CookieKeys::sealed_len(bytes.len())
-            + room.spec.cookie_path.len()
-            + 80,
-    );
-    text.push_str(&room.cookie_name);
-    text.push('=');
-    node.keys.load().seal_into(&room.spec.id, bytes, &mut text);
-    text.push_str("; Path=");
-    text.push_str(&room.spec.cookie_path);
-    text.push_str("; Max-Age=");
-    text.push_str(itoa::Buffer::new().format(max_age));
-    text.push_str("; HttpOnly; SameSite=");
-    text.push_str(same_site);
+    // written into one buffer on the stack (every new visitor gets one:
+    // `format!`, a `String` and the checks of a `HeaderValue` made of it
+    // were a quarter of this function, issue 17).
+    let mut text = CookieLine::new();
+    text.push(room.cookie_name.as_bytes());
+    text.push(b"=");
+    node.keys
+        .load()
+        .seal_with(&room.spec.id, bytes, |v| text.push(v.as_bytes()))?;
+    text.push(b"; Path=");
+    text.push(room.spec.cookie_path.as_bytes());
+    text.push(b"; Max-Age=");
+    text.push(itoa::Buffer::new().format(max_age).as_bytes());
+    text.push(b"; HttpOnly; SameSite=");
+    text.push(same_site);
     if secure {
-        text.push_str("; Secure");
+        text.push(b"; Secure");
     }
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(text)).ok()
+    debug_assert!(text.header_value().is_some());
+    Some(text)
 }
 
 /// `Set-Cookie` that makes the browser forget the room's cookie.
@@ -789,7 +847,7 @@ fn queue_response(
     estimate: &WaitEstimate,
     now: UnixMillis,
     ask: Ask,
-    set_cookie: Option<HeaderValue>,
+    set_cookie: Option<CookieLine>,
 ) -> Response<Body> {
     let engine = live.engine.at(now);
     let mut view = queue_view(room, &engine, ticket, estimate, now);
@@ -808,7 +866,8 @@ fn queue_response(
     let mut resp = Response::new(full(body));
     *resp.status_mut() = StatusCode::from_u16(live.queue_status).unwrap_or(StatusCode::OK);
     // Written as lines, not inserted into the map (`h1::HeadLines`).
-    let mut lines = Vec::with_capacity(160 + set_cookie.as_ref().map_or(0, |c| c.len() + 14));
+    let mut lines =
+        Vec::with_capacity(160 + set_cookie.as_ref().map_or(0, |c| c.as_bytes().len() + 14));
     HeadLines::push(&mut lines, &header::CONTENT_TYPE, content_type.as_bytes());
     HeadLines::push(&mut lines, &header::CACHE_CONTROL, b"no-store");
     let interval = seconds_header(u64::from(ticket.refresh_interval_secs));
