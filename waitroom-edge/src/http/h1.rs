@@ -78,12 +78,14 @@ impl HttpBody for ReqBody {
 }
 
 /// Header fields an answer carries already written, `name: value\r\n` each,
-/// after those of its `HeaderMap` (a response extension). The queue page's
-/// fields go this way: written once as bytes instead of inserted into a map,
-/// hashed, encoded from it and dropped (about 1,500 instructions a page).
-/// None of them may be `content-length`, `transfer-encoding`, `connection`,
-/// `date` or `trailer`, whose framing the writer decides; hyper's path puts
-/// them in the map first ([`HeadLines::into_map`]).
+/// after those of its `HeaderMap` (handed beside the response: [`Answer`]).
+/// The queue page's fields go this way: written once as bytes instead of
+/// inserted into a map, hashed, encoded from it and dropped (about 1,500
+/// instructions a page; as a response extension they cost ~550 more, the
+/// extensions' map and box made and dropped). None of them may be
+/// `content-length`, `transfer-encoding`, `connection`, `date` or
+/// `trailer`, whose framing the writer decides; hyper's path puts them in
+/// the map first ([`HeadLines::into_map`]).
 #[derive(Debug, Clone)]
 pub struct HeadLines(Bytes);
 
@@ -111,12 +113,10 @@ impl HeadLines {
         Self(Bytes::from(lines))
     }
 
-    /// Moves the lines of `resp` (if any) into its `HeaderMap`, for an
-    /// answer hyper writes (HTTP/2, or a connection handed over).
-    pub fn into_map<B>(resp: &mut Response<B>) {
-        let Some(Self(lines)) = resp.extensions_mut().remove::<Self>() else {
-            return;
-        };
+    /// Moves the lines into `resp`'s `HeaderMap`, for an answer hyper
+    /// writes (HTTP/2, or a connection handed over).
+    pub fn into_map<B>(self, resp: &mut Response<B>) {
+        let Self(lines) = self;
         let headers = resp.headers_mut();
         for line in lines.split(|b| *b == b'\n') {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -132,6 +132,10 @@ impl HeadLines {
         }
     }
 }
+
+/// What the handler answers: the response, and the fields it carries
+/// already written.
+pub type Answer<B> = (Response<B>, Option<HeadLines>);
 
 /// What the connection's task and [`serve`] tell each other.
 #[derive(Debug, Default)]
@@ -206,7 +210,7 @@ pub async fn serve<I, F, Fut, B>(
 where
     I: AsyncRead + AsyncWrite + Unpin,
     F: Fn(Request<ReqBody>) -> Fut,
-    Fut: Future<Output = Response<B>>,
+    Fut: Future<Output = Answer<B>>,
     B: HttpBody<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
@@ -252,13 +256,14 @@ where
             return Ok(End::Closed);
         };
         drop(head);
-        let resp = answer(req).await;
+        let (resp, lines) = answer(req).await;
         // Draining may have begun while the handler answered, or while the
         // body was written: either way this answer is the last.
         let close = write_response(
             &mut io,
             &mut out,
             resp,
+            lines.as_ref(),
             plain.head,
             plain.close || ctl.draining(),
         )
@@ -371,7 +376,12 @@ fn request(
     let mut headers = HeaderMap::with_capacity(fields.len());
     for (name, value) in fields {
         let name = HeaderName::from_bytes(&head[name.clone()]).ok()?;
-        let value = HeaderValue::from_maybe_shared(head.slice(value.clone())).ok()?;
+        // SAFETY: httparse admits in a value only HTAB, SP, VCHAR and
+        // obs-text (`b'\t' | b' '..=0x7e | 0x80..=0xff`), exactly the bytes
+        // a `HeaderValue` may hold (`b >= 32 && b != 127 || b == b'\t'`):
+        // checking them again cost ~3 instructions a byte (issue 17). A
+        // debug build checks anyway (`from_maybe_shared_unchecked` panics).
+        let value = unsafe { HeaderValue::from_maybe_shared_unchecked(head.slice(value.clone())) };
         headers.append(name, value);
     }
     let mut req = Request::new(ReqBody::Empty);
@@ -398,6 +408,7 @@ async fn write_response<I, B>(
     io: &mut I,
     out: &mut Vec<u8>,
     resp: Response<B>,
+    lines: Option<&HeadLines>,
     head_req: bool,
     close: bool,
 ) -> io::Result<bool>
@@ -412,7 +423,7 @@ where
     } else {
         Some(body.size_hint())
     };
-    let (framing, close) = encode_head(out, &parts, hint, head_req, close)
+    let (framing, close) = encode_head(out, &parts, lines, hint, head_req, close)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     let Some(framing) = framing else {
         // No body on the wire (`HEAD`, `204`, `304`, a length of 0).
@@ -537,6 +548,7 @@ async fn write_all_vectored<I: AsyncWrite + Unpin>(
 fn encode_head(
     out: &mut Vec<u8>,
     parts: &http::response::Parts,
+    lines: Option<&HeadLines>,
     hint: Option<SizeHint>,
     head_req: bool,
     close: bool,
@@ -634,7 +646,7 @@ fn encode_head(
         out.extend_from_slice(value.as_bytes());
     }
     end_line(out, open_line, must_chunk);
-    if let Some(HeadLines(lines)) = parts.extensions.get::<HeadLines>() {
+    if let Some(HeadLines(lines)) = lines {
         out.extend_from_slice(lines);
     }
     // The last answer says so, in the answer's own `Connection` if it has one.
@@ -811,7 +823,7 @@ mod tests {
                 drains.drain();
             }
             let resp = answer_for(&req);
-            async move { resp }
+            async move { (resp, None) }
         };
         client.write_all(input).await.unwrap();
         client.shutdown().await.unwrap();
@@ -847,6 +859,27 @@ mod tests {
                     .join("|")
             })
             .collect()
+    }
+
+    /// `request` makes each value a `HeaderValue` unchecked: whatever byte
+    /// a plain request's field value may hold is one a `HeaderValue` holds,
+    /// and arrives as sent (a debug build would panic in the conversion).
+    #[test]
+    fn every_value_byte_a_plain_request_may_hold_is_a_header_values() {
+        let mut admitted = 0;
+        for b in 0..=255u8 {
+            let head = [&b"GET / HTTP/1.1\r\nx: a"[..], &[b], b"b\r\n\r\n"].concat();
+            let Some((_, req)) = plain_request(&head, LIMITS) else {
+                continue;
+            };
+            let req = req.expect("a plain request with a valid target");
+            let value = req.headers()["x"].as_bytes();
+            assert_eq!(value, [b'a', b, b'b'], "byte {b:#04x}");
+            assert!(HeaderValue::from_bytes(value).is_ok(), "byte {b:#04x}");
+            admitted += 1;
+        }
+        // HTAB, SP..=0x7e and obs-text; not CR, LF, NUL, DEL or other controls.
+        assert_eq!(admitted, 1 + 95 + 128);
     }
 
     #[tokio::test]
@@ -1056,7 +1089,7 @@ mod tests {
             for (n, v) in headers {
                 resp.headers_mut().append(*n, HeaderValue::from_static(v));
             }
-            resp
+            (resp, None)
         };
         let request = format!("{method} /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
         here_and_hyper(request.as_bytes(), make).await
@@ -1067,7 +1100,7 @@ mod tests {
     /// node's service does); both with the `date` line taken out.
     async fn here_and_hyper<B, M>(request: &[u8], make: M) -> (String, String)
     where
-        M: Fn() -> Response<B> + Clone + Send + Sync + 'static,
+        M: Fn() -> Answer<B> + Clone + Send + Sync + 'static,
         B: HttpBody<Data = Bytes> + Unpin + Send + 'static,
         B::Error: std::fmt::Display + Send + Into<Box<dyn std::error::Error + Send + Sync>>,
     {
@@ -1095,8 +1128,10 @@ mod tests {
         let (mut client, server) = tokio::io::duplex(1 << 16);
         client.write_all(request).await.unwrap();
         let service = hyper::service::service_fn(move |_req| {
-            let mut resp = make();
-            HeadLines::into_map(&mut resp);
+            let (mut resp, lines) = make();
+            if let Some(lines) = lines {
+                lines.into_map(&mut resp);
+            }
             async move { Ok::<_, std::convert::Infallible>(resp) }
         });
         let theirs = tokio::spawn(async move {
@@ -1181,13 +1216,11 @@ mod tests {
             let mut resp = Response::new(Full::new(Bytes::from_static(b"page")));
             resp.headers_mut()
                 .insert("x-first", HeaderValue::from_static("map"));
-            resp.extensions_mut().insert(HeadLines::done(lines));
-            resp
+            (resp, Some(HeadLines::done(lines)))
         };
         // Moved into the map: in order, after what the map held.
-        let mut moved = make();
-        HeadLines::into_map(&mut moved);
-        assert!(moved.extensions().get::<HeadLines>().is_none());
+        let (mut moved, lines) = make();
+        lines.unwrap().into_map(&mut moved);
         let fields: Vec<String> = moved
             .headers()
             .iter()

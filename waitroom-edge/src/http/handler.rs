@@ -9,7 +9,7 @@
 //! `crate::gossip::lease`).
 use std::{sync::atomic::Ordering::Relaxed, time::Instant};
 
-use crate::http::h1::{HeadLines, ReqBody};
+use crate::http::h1::{Answer, HeadLines, ReqBody};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, header};
 use waitroom_common::{
     engine::{self, Decision, Visitor},
@@ -77,21 +77,42 @@ pub async fn handle(
     req: Request<ReqBody>,
     conn: ConnInfo,
     scheme: &'static str,
-) -> Response<Body> {
+) -> Answer<Body> {
+    let mut lines = None;
     let Some(log) = &worker.access_log else {
-        return answer(node, worker, req, conn, scheme, &mut Trace::default()).await;
+        let resp = answer(
+            node,
+            worker,
+            req,
+            conn,
+            scheme,
+            &mut Trace::default(),
+            &mut lines,
+        )
+        .await;
+        return (resp, lines);
     };
     let started = Instant::now();
     let mut record = access_log::Record::from_request(&req, conn.client);
-    let resp = answer(node, worker, req, conn, scheme, &mut record.trace).await;
+    let resp = answer(
+        node,
+        worker,
+        req,
+        conn,
+        scheme,
+        &mut record.trace,
+        &mut lines,
+    )
+    .await;
     record.status = resp.status().as_u16();
     record.bytes = hyper::body::Body::size_hint(resp.body()).exact();
     record.total_micros = started.elapsed().as_micros() as u64;
     log.push(record);
-    resp
+    (resp, lines)
 }
 
-/// The request path proper; `trace` gathers what the access log says of it.
+/// The request path proper; `trace` gathers what the access log says of it,
+/// `lines` the fields of the answer already written (the queue page's).
 async fn answer(
     node: &Node,
     worker: &Worker,
@@ -99,6 +120,7 @@ async fn answer(
     conn: ConnInfo,
     scheme: &'static str,
     trace: &mut Trace,
+    lines: &mut Option<HeadLines>,
 ) -> Response<Body> {
     // 0. A request that already passed this node stops here; the client is
     //    who a trusted proxy says it is (`crate::forwarded`).
@@ -382,7 +404,10 @@ async fn answer(
                 json: wants_json,
                 language,
             };
-            queue_response(room, &live, &ticket, &estimate, now, ask, set_cookie)
+            let (resp, head) =
+                queue_response(room, &live, &ticket, &estimate, now, ask, set_cookie);
+            *lines = Some(head);
+            resp
         }
         Decision::Reject { visitor, .. } => {
             trace.outcome = Outcome::Rejected;
@@ -839,7 +864,7 @@ fn wants_json(headers: &HeaderMap) -> bool {
         .any(|v| v.contains("application/json"))
 }
 
-/// The queue page (or JSON) for a queued visitor.
+/// The queue page (or JSON) for a queued visitor, and its fields written.
 fn queue_response(
     room: &RoomRuntime,
     live: &RoomLive,
@@ -848,7 +873,7 @@ fn queue_response(
     now: UnixMillis,
     ask: Ask,
     set_cookie: Option<CookieLine>,
-) -> Response<Body> {
+) -> (Response<Body>, HeadLines) {
     let engine = live.engine.at(now);
     let mut view = queue_view(room, &engine, ticket, estimate, now);
     view.language = live.language_tag(ask.language).to_owned();
@@ -884,8 +909,7 @@ fn queue_response(
     if let Some(c) = set_cookie {
         HeadLines::push(&mut lines, &header::SET_COOKIE, c.as_bytes());
     }
-    resp.extensions_mut().insert(HeadLines::done(lines));
-    resp
+    (resp, HeadLines::done(lines))
 }
 
 /// Whole seconds as a header value (`Refresh`, `Retry-After`): the same

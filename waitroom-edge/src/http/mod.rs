@@ -388,8 +388,9 @@ async fn accept_loop(
                     let node = Arc::clone(&node);
                     let worker = Arc::clone(&worker);
                     async move {
-                        let resp = handler::handle(&node, &worker, req, conn_info, scheme).await;
-                        resp.map(|b| conn::TrackedBody::new(b, in_flight))
+                        let (resp, lines) =
+                            handler::handle(&node, &worker, req, conn_info, scheme).await;
+                        (resp.map(|b| conn::TrackedBody::new(b, in_flight)), lines)
                     }
                 }
             };
@@ -523,7 +524,7 @@ async fn serve<I, F, Fut>(
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     F: Fn(http::Request<h1::ReqBody>) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = http::Response<conn::TrackedBody<waitroom_runtime::body::Body>>>
+    Fut: Future<Output = h1::Answer<conn::TrackedBody<waitroom_runtime::body::Body>>>
         + Send
         + 'static,
 {
@@ -544,8 +545,10 @@ where
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let answered = answer(req.map(h1::ReqBody::Hyper));
         async move {
-            let mut resp = answered.await;
-            h1::HeadLines::into_map(&mut resp);
+            let (mut resp, lines) = answered.await;
+            if let Some(lines) = lines {
+                lines.into_map(&mut resp);
+            }
             Ok::<_, Infallible>(resp)
         }
     });
@@ -626,7 +629,7 @@ async fn serve_plain<I, F, Fut>(
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     F: Fn(http::Request<h1::ReqBody>) -> Fut,
-    Fut: Future<Output = http::Response<conn::TrackedBody<waitroom_runtime::body::Body>>>,
+    Fut: Future<Output = h1::Answer<conn::TrackedBody<waitroom_runtime::body::Body>>>,
 {
     let ctl = h1::Control::default();
     let limits = h1::Limits {
