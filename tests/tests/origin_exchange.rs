@@ -1151,6 +1151,47 @@ fn status_codes_and_reason_phrases_pass_through() {
 }
 
 #[test]
+fn what_an_answer_says_of_its_own_hop_stays_with_the_node() {
+    // Hop-by-hop fields (RFC 9110 §7.6.1): `Connection`, `Keep-Alive` and
+    // what a `Connection` names describe the origin's connection to the
+    // node. The visitor gets none of them (in either spelling, on either
+    // line), every other field passes, and the node keeps or closes its
+    // connection as they say.
+    const ANSWERS: [&[u8]; 3] = [
+        b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nX-Kept: 1\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nconnection: X-Private\r\nX-Private: secret\r\nCONNECTION: Keep-Alive\r\nkeep-alive: max=9\r\nX-Kept: 2\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nX-Kept: 3\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+    ];
+    let dir = TempDir::new("exchange-hop-fields");
+    let origin = Origin::start(|n| {
+        if n == 0 {
+            ANSWERS.iter().map(|a| keep(a)).collect()
+        } else {
+            vec![keep(OK)]
+        }
+    });
+    let edge = node(&dir, origin.addr);
+    let agent = client();
+    for (i, raw) in ANSWERS.iter().enumerate() {
+        let v = get(&agent, &edge);
+        let what = String::from_utf8_lossy(raw);
+        assert_eq!(v.status, 200, "{what}: {v:?}");
+        assert_eq!(v.text(), "ok", "{what}");
+        assert_eq!(
+            v.header("x-kept"),
+            Some(&*(i + 1).to_string()),
+            "{what}: {v:?}"
+        );
+        for gone in ["connection", "keep-alive", "x-private"] {
+            assert!(v.header(gone).is_none(), "{gone} passed: {what}: {v:?}");
+        }
+    }
+    // The first two kept the connection, the third closed it.
+    get_ok(&agent, &edge, "the request after the close");
+    assert_eq!(origin.accepted(), 2);
+}
+
+#[test]
 fn an_http_1_0_answer_with_transfer_encoding_is_not_trusted_for_its_connection() {
     // RFC 9112 §6.1: faulty framing; the connection closes after it.
     const ODD: &[u8] = b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n\

@@ -146,7 +146,9 @@ enum Parsed {
     Partial,
 }
 
-/// The answer's head.
+/// The answer's head. `Connection` (when it names no field but `close` and
+/// `keep-alive`) and `Keep-Alive` are read, not kept: they describe the
+/// node's connection to the origin, and the proxy strips them anyway.
 #[derive(Debug)]
 pub struct Head {
     pub status: StatusCode,
@@ -442,11 +444,24 @@ impl H1Conn {
                 // Only the last coding decides (RFC 9112 §6.3, 4).
                 chunked = last_token(h.value).is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
             } else if name == header::CONNECTION {
+                let mut names_fields = false;
                 for token in h.value.split(|b| *b == b',') {
                     let token = token.trim_ascii();
-                    close |= token.eq_ignore_ascii_case(b"close");
-                    keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                    let is_close = token.eq_ignore_ascii_case(b"close");
+                    let is_keep_alive = token.eq_ignore_ascii_case(b"keep-alive");
+                    close |= is_close;
+                    keep_alive |= is_keep_alive;
+                    names_fields |= !(is_close || is_keep_alive || token.is_empty());
                 }
+                // Said of this hop only, and read above: the proxy would
+                // strip it (`proxy::strip_hop_by_hop`); kept when it names
+                // other fields, which go with it there.
+                if !names_fields {
+                    continue;
+                }
+            } else if name.as_str() == "keep-alive" {
+                // Hop-by-hop too, and stripped as surely.
+                continue;
             }
             let start = h.value.as_ptr() as usize - base;
             self.spans.push((name, start, start + h.value.len()));
