@@ -79,35 +79,26 @@ pub async fn handle(
     scheme: &'static str,
 ) -> Answer<Body> {
     let mut lines = None;
-    let Some(log) = &worker.access_log else {
-        let resp = answer(
-            node,
-            worker,
-            req,
-            conn,
-            scheme,
-            &mut Trace::default(),
-            &mut lines,
+    let mut logged = worker.access_log.as_ref().map(|log| {
+        let started = Instant::now();
+        (
+            log,
+            started,
+            access_log::Record::from_request(&req, conn.client),
         )
-        .await;
-        return (resp, lines);
+    });
+    let mut untraced = Trace::default();
+    let trace = match &mut logged {
+        Some((_, _, record)) => &mut record.trace,
+        None => &mut untraced,
     };
-    let started = Instant::now();
-    let mut record = access_log::Record::from_request(&req, conn.client);
-    let resp = answer(
-        node,
-        worker,
-        req,
-        conn,
-        scheme,
-        &mut record.trace,
-        &mut lines,
-    )
-    .await;
-    record.status = resp.status().as_u16();
-    record.bytes = hyper::body::Body::size_hint(resp.body()).exact();
-    record.total_micros = started.elapsed().as_micros() as u64;
-    log.push(record);
+    let resp = answer(node, worker, req, conn, scheme, trace, &mut lines).await;
+    if let Some((log, started, mut record)) = logged {
+        record.status = resp.status().as_u16();
+        record.bytes = hyper::body::Body::size_hint(resp.body()).exact();
+        record.total_micros = started.elapsed().as_micros() as u64;
+        log.push(record);
+    }
     (resp, lines)
 }
 
