@@ -902,34 +902,6 @@ fn queue_response(
     (resp, HeadLines::done(lines))
 }
 
-/// Whole seconds as a header value (`Refresh`, `Retry-After`): the same
-/// bytes as `HeaderValue::from(seconds)`, but below [`SECONDS_TABLE`] from a
-/// table of static values made once, so a queue page formats and allocates
-/// none (a refresh interval is at most 108 s with its jitter; issue 17).
-fn seconds_header(seconds: u64) -> HeaderValue {
-    static DIGITS: std::sync::LazyLock<String> =
-        std::sync::LazyLock::new(|| (0..SECONDS_TABLE).map(|n| n.to_string()).collect());
-    static VALUES: std::sync::LazyLock<Vec<HeaderValue>> = std::sync::LazyLock::new(|| {
-        let digits: &'static str = &DIGITS;
-        let mut at = 0;
-        (0..SECONDS_TABLE)
-            .map(|n| {
-                let len = itoa::Buffer::new().format(n).len();
-                let value = HeaderValue::from_static(&digits[at..at + len]);
-                at += len;
-                value
-            })
-            .collect()
-    });
-    match usize::try_from(seconds) {
-        Ok(n) if n < SECONDS_TABLE => VALUES[n].clone(),
-        _ => HeaderValue::from(seconds),
-    }
-}
-
-/// Values of [`seconds_header`] kept ready.
-const SECONDS_TABLE: usize = 256;
-
 /// How a visitor asked to be answered: JSON (`Accept`), and which of the
 /// room's languages (`Accept-Language`; `None`: the default).
 #[derive(Clone, Copy, Debug)]
@@ -985,7 +957,7 @@ fn status_page(
     if view.retry_after_seconds > 0 {
         h.insert(
             header::RETRY_AFTER,
-            seconds_header(view.retry_after_seconds),
+            HeaderValue::from(view.retry_after_seconds),
         );
     }
     resp
@@ -1099,15 +1071,6 @@ mod tests {
             let now = UnixMillis(base + ms);
             assert_eq!(last_updated(now), format_rfc3339(now), "{ms}");
             assert_eq!(last_updated(now), format_rfc3339(now), "{ms}, again");
-        }
-    }
-
-    #[test]
-    fn seconds_headers_are_what_formatting_gives() {
-        for n in (0..=SECONDS_TABLE as u64 + 10).chain([1_000, 65_535, u64::MAX]) {
-            let value = seconds_header(n);
-            assert_eq!(value, HeaderValue::from(n), "{n}");
-            assert_eq!(value.as_bytes(), n.to_string().as_bytes(), "{n}");
         }
     }
 
