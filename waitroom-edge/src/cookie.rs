@@ -319,7 +319,8 @@ pub fn find<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a str> {
                 Some(at) => (&rest[..at], Some(&rest[at + 1..])),
                 None => (rest, None),
             };
-            let pair = trim_space(pair);
+            // Only spaces and tabs among what `trim_ascii` trims pass `is_text`.
+            let pair = pair.trim_ascii();
             if pair.len() > name.len() && pair[name.len()] == b'=' && pair.starts_with(name) {
                 // ASCII, checked above.
                 return std::str::from_utf8(&pair[name.len() + 1..]).ok();
@@ -339,17 +340,6 @@ fn is_text(bytes: &[u8]) -> bool {
     bytes.iter().fold(true, |ok, &b| {
         ok & ((b.wrapping_sub(0x20) < 0x5f) | (b == b'\t'))
     })
-}
-
-/// `bytes` without the spaces and tabs at either end.
-fn trim_space(bytes: &[u8]) -> &[u8] {
-    let space = |b: &u8| *b == b' ' || *b == b'\t';
-    let start = bytes.iter().position(|b| !space(b)).unwrap_or(bytes.len());
-    let end = bytes
-        .iter()
-        .rposition(|b| !space(b))
-        .map_or(start, |e| e + 1);
-    &bytes[start..end.max(start)]
 }
 
 #[cfg(test)]
