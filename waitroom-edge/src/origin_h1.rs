@@ -55,6 +55,14 @@ pub const MAX_HEAD: usize = 8192 + 4096 * 100;
 /// keep the node parsing until `origin_timeout_ms`. The interim heads also
 /// count towards [`MAX_HEAD`] with the final one.
 pub const MAX_INTERIM: usize = 16;
+/// How an answer's head is read: httparse's defaults, which fold no line
+/// (an obsolete folded field is malformed), so a field value holds only
+/// HTAB, SP, VCHAR and obs-text — what `parse_head` relies on to make its
+/// `HeaderValue`s unchecked.
+fn answer_parser() -> httparse::ParserConfig {
+    httparse::ParserConfig::default()
+}
+
 /// Longest chunk-size line accepted (size, extensions, CRLF).
 const MAX_CHUNK_LINE: usize = 4096;
 /// Room made in the read buffer before each read.
@@ -397,7 +405,7 @@ impl H1Conn {
         // hundred slots set to empty first cost ~100 instructions a request.
         let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
         let mut parsed = httparse::Response::new(&mut []);
-        let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        let len = match answer_parser().parse_response_with_uninit_headers(
             &mut parsed,
             &self.buf,
             &mut slots,
@@ -961,8 +969,8 @@ mod tests {
     }
 
     /// `parse_head` makes each value a `HeaderValue` unchecked: whatever
-    /// byte httparse lets through in an answer's field value (as
-    /// `parse_head` calls it) is one a `HeaderValue` holds.
+    /// byte httparse lets through in an answer's field value (read with
+    /// `parse_head`'s own `answer_parser`) is one a `HeaderValue` holds.
     #[test]
     fn every_value_byte_httparse_admits_is_a_header_values() {
         let mut admitted = 0;
@@ -975,8 +983,8 @@ mod tests {
             .concat();
             let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
             let mut parsed = httparse::Response::new(&mut []);
-            let Ok(httparse::Status::Complete(_)) = httparse::ParserConfig::default()
-                .parse_response_with_uninit_headers(&mut parsed, &head, &mut slots)
+            let Ok(httparse::Status::Complete(_)) =
+                answer_parser().parse_response_with_uninit_headers(&mut parsed, &head, &mut slots)
             else {
                 continue;
             };
@@ -986,6 +994,15 @@ mod tests {
         }
         // HTAB, SP..=0x7e and obs-text; not CR, LF, NUL, DEL or other controls.
         assert_eq!(admitted, 1 + 95 + 128);
+        // Nor a folded line, whose value would carry CR LF.
+        let folded = b"HTTP/1.1 200 OK\r\nx: a\r\n b\r\ncontent-length: 0\r\n\r\n";
+        let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        assert!(
+            answer_parser()
+                .parse_response_with_uninit_headers(&mut parsed, folded, &mut slots)
+                .is_err()
+        );
     }
 
     #[test]
