@@ -1471,3 +1471,75 @@ fn a_post_the_origin_drops_unanswered_on_a_reused_connection_is_not_sent_twice()
     assert_eq!(posts[0].body, b"buy=1");
     still_serving(&edge);
 }
+
+#[test]
+fn an_answers_fields_reach_the_visitor_as_the_origin_wrote_them_less_its_hop() {
+    // The fields of an answer go to the visitor copied from the origin's
+    // head (a `GET`: `origin_h1` writes them as lines) or through a map
+    // (a `HEAD`, whose length the node cannot state itself): either way
+    // every end-to-end field arrives once, repeated ones in the origin's
+    // order, the origin's `Date` is the only one, the length is the
+    // body's, the node's `Via` is added, and no field of the origin's hop
+    // (RFC 9110 §7.6.1, any spelling) passes.
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\nServer: scripted\r\nDate: Sun, 29 Nov 2026 12:00:00 GMT\r\n\
+        Set-Cookie: a=1\r\nX-Mixed: 1\r\nSET-COOKIE: b=2\r\nTE: trailers\r\nTrailer: X-T\r\nupgrade: h2c\r\n\
+        Proxy-Connection: keep-alive\r\nProxy-Authenticate: Basic\r\nPROXY-AUTHORIZATION: x\r\n\
+        Keep-Alive: timeout=5\r\nConnection: keep-alive\r\nX-Obs: caf\xe9\r\nContent-Length: 2\r\n\r\nok";
+    let dir = TempDir::new("exchange-answer-fields");
+    let origin = Origin::start(|_| vec![keep(ANSWER)]);
+    let edge = node(&dir, origin.addr);
+    for method in ["GET", "HEAD"] {
+        let request =
+            format!("{method} / HTTP/1.1\r\nHost: shop.example\r\nConnection: close\r\n\r\n");
+        let v = raw_visit(&edge, request.as_bytes());
+        assert_eq!(v.status, 200, "{method}: {v:?}");
+        let all = |name: &str| -> Vec<&[u8]> {
+            v.headers
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, value)| value.as_slice())
+                .collect()
+        };
+        assert_eq!(all("server"), [b"scripted"], "{method}: {v:?}");
+        assert_eq!(
+            all("date"),
+            [b"Sun, 29 Nov 2026 12:00:00 GMT"],
+            "{method}: {v:?}"
+        );
+        assert_eq!(all("content-length"), [b"2"], "{method}: {v:?}");
+        assert_eq!(all("x-mixed"), [b"1"], "{method}: {v:?}");
+        assert_eq!(all("x-obs"), [b"caf\xe9"], "{method}: {v:?}");
+        // The origin's two cookies, in its order; the ticket's is not
+        // renewed on this visit (a new visitor's own comes first or not at
+        // all, and carries the room's name).
+        let cookies: Vec<&[u8]> = all("set-cookie")
+            .into_iter()
+            .filter(|c| c.starts_with(b"a=") || c.starts_with(b"b="))
+            .collect();
+        assert_eq!(cookies, [b"a=1", b"b=2"], "{method}: {v:?}");
+        assert_eq!(all("via"), [VIA.as_bytes()], "{method}: {v:?}");
+        for gone in [
+            "te",
+            "trailer",
+            "upgrade",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "keep-alive",
+            "transfer-encoding",
+        ] {
+            assert!(all(gone).is_empty(), "{method}: {gone} passed: {v:?}");
+        }
+        // `Connection: close` is the node's own, for the visitor's close.
+        assert!(
+            all("connection")
+                .iter()
+                .all(|c| c.eq_ignore_ascii_case(b"close")),
+            "{method}: {v:?}"
+        );
+        let body: &[u8] = if method == "HEAD" { b"" } else { b"ok" };
+        assert_eq!(v.body.as_deref(), Some(body), "{method}: {v:?}");
+    }
+    // One origin connection served both.
+    assert_eq!(origin.accepted(), 1);
+}

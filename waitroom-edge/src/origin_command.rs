@@ -9,6 +9,8 @@
 //! request headers cannot be made to say it) and from every response before
 //! the visitor sees it, whether the room allows the command or not.
 use http::{HeaderMap, HeaderName};
+
+use crate::http::h1::HeadLines;
 use waitroom_common::room_table::{DEFAULT_ORIGIN_COMMAND_HEADER, OriginCommand};
 
 /// A room's command header and which commands it follows.
@@ -48,17 +50,35 @@ impl OriginCommands {
     /// allowed command it gave, if any (values are comma-separated tokens,
     /// ASCII case-insensitive).
     pub fn take(&self, headers: &mut HeaderMap) -> Option<OriginCommand> {
-        let revoke = headers.get_all(&self.header).iter().any(|value| {
-            value
-                .to_str()
-                .unwrap_or_default()
-                .split(',')
-                .any(|t| t.trim().eq_ignore_ascii_case(OriginCommand::Revoke.token()))
-        });
+        let revoke = says_revoke(headers.get_all(&self.header).iter().map(|v| v.as_bytes()));
         // Every value goes (`remove` drops them all).
         headers.remove(&self.header);
         (revoke && self.revoke).then_some(OriginCommand::Revoke)
     }
+
+    /// [`OriginCommands::take`] for an answer whose fields came as lines
+    /// (`h1::HeadLines`, a plain-HTTP origin's): the same command, and the
+    /// header gone from them just as surely.
+    pub fn take_lines(&self, lines: &mut HeadLines) -> Option<OriginCommand> {
+        let values = lines.take(&self.header);
+        let revoke = says_revoke(values.iter().map(|v| &v[..]));
+        (revoke && self.revoke).then_some(OriginCommand::Revoke)
+    }
+}
+
+/// Whether one of `values` holds the `revoke` token (values are
+/// comma-separated tokens, ASCII case-insensitive; a value that is not
+/// visible ASCII holds none, as `HeaderValue::to_str` refuses it).
+fn says_revoke<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> bool {
+    values.any(|value| {
+        value
+            .iter()
+            .all(|b| *b == b'\t' || (b' '..0x7f).contains(b))
+            && value.split(|b| *b == b',').any(|t| {
+                t.trim_ascii()
+                    .eq_ignore_ascii_case(OriginCommand::Revoke.token().as_bytes())
+            })
+    })
 }
 
 #[cfg(test)]
@@ -89,5 +109,71 @@ mod tests {
         req.insert("x-shop-command", HeaderValue::from_static("revoke"));
         renamed.strip_request(&mut req);
         assert!(req.is_empty());
+    }
+
+    /// The lines' reading answers as the map's and leaves what the map
+    /// keeps: over values with the token in odd spellings and places, or
+    /// not quite the token, and names that only start like the header or
+    /// sit in its value.
+    #[test]
+    fn lines_give_the_same_command_and_keep_the_same_fields() {
+        const VALUES: [&[u8]; 9] = [
+            b"revoke",
+            b"REVOKE",
+            b"x,\t revoke ,y",
+            b"revoked",
+            b"re voke",
+            b"",
+            b"caf\xe9, revoke",
+            b"noop",
+            b"waitroom-command: revoke",
+        ];
+        const NAMES: [&str; 4] = [
+            "waitroom-command",
+            "waitroom-command-x",
+            "x-waitroom-command",
+            "waitroom-comman",
+        ];
+        let commands = [
+            OriginCommands::new("waitroom-command", &[OriginCommand::Revoke]),
+            OriginCommands::new("Waitroom-Command", &[]),
+        ];
+        let mut cases = 0;
+        for command in &commands {
+            for (i, a) in VALUES.iter().enumerate() {
+                for (j, b) in VALUES.iter().enumerate() {
+                    let fields = [
+                        (NAMES[i % 4], *a),
+                        ("x-other", b"1".as_slice()),
+                        (NAMES[j % 4], *b),
+                        (NAMES[0], *b),
+                    ];
+                    let mut map = HeaderMap::new();
+                    let mut raw = Vec::new();
+                    for (name, value) in fields {
+                        map.append(
+                            HeaderName::from_static(name),
+                            HeaderValue::from_bytes(value).unwrap(),
+                        );
+                        HeadLines::push(&mut raw, &HeaderName::from_static(name), value);
+                    }
+                    let mut lines = HeadLines::done(raw);
+                    assert_eq!(command.take_lines(&mut lines), command.take(&mut map));
+                    let mut kept = Vec::new();
+                    for (name, value) in &map {
+                        HeadLines::push(&mut kept, name, value.as_bytes());
+                    }
+                    // The map groups a name's values; the lines keep their
+                    // order, which here is the same.
+                    let mut left: Vec<&[u8]> = lines.as_bytes().split(|b| *b == b'\n').collect();
+                    let mut right: Vec<&[u8]> = kept.split(|b| *b == b'\n').collect();
+                    left.sort_unstable();
+                    right.sort_unstable();
+                    assert_eq!(left, right);
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(cases, 2 * 9 * 9);
     }
 }

@@ -157,11 +157,22 @@ enum Parsed {
 /// The answer's head. `Connection` (when it names no field but `close` and
 /// `keep-alive`) and `Keep-Alive` are read, not kept: they describe the
 /// node's connection to the origin, and the proxy strips them anyway.
+///
+/// Most answers' fields come as `lines`, `name: value\r\n` each, copied
+/// from the head with names in lower case and without the fields of the
+/// framing (the length is the body's, which the writer states) or of this
+/// hop, with whether one is `date`: what the visitor gets, written as it
+/// stands (`h1::HeadLines`), where a `HeaderMap` cost ~3,000 instructions
+/// to fill, strip, encode and drop (issue 17). `headers` is then empty.
+/// The answer to a `HEAD`, a `204` or `304` (whose length the writer
+/// cannot state) and one whose `Connection` names fields come in
+/// `headers` instead, `lines` `None`.
 #[derive(Debug)]
 pub struct Head {
     pub status: StatusCode,
     pub version: Version,
     pub headers: HeaderMap,
+    pub lines: Option<(Vec<u8>, bool)>,
 }
 
 impl H1Conn {
@@ -431,60 +442,29 @@ impl H1Conn {
         } else {
             Version::HTTP_11
         };
-        let base = self.buf.as_ptr() as usize;
-        let mut length: Option<u64> = None;
-        let mut transfer_encoding = false;
-        let mut chunked = false;
-        let mut close = false;
-        let mut keep_alive = false;
-        self.spans.clear();
-        for h in parsed.headers.iter() {
-            let name = HeaderName::from_bytes(h.name.as_bytes())
-                .map_err(|_| H1Error::Invalid("bad header name"))?;
-            if name == header::CONTENT_LENGTH {
-                let n = parse_length(h.value).ok_or(H1Error::Invalid("bad Content-Length"))?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(H1Error::Invalid("two different Content-Lengths"));
-                }
-                length = Some(n);
-            } else if name == header::TRANSFER_ENCODING {
-                transfer_encoding = true;
-                // Only the last coding decides (RFC 9112 §6.3, 4).
-                chunked = last_token(h.value).is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
-            } else if name == header::CONNECTION {
-                let mut names_fields = false;
-                for token in h.value.split(|b| *b == b',') {
-                    let token = token.trim_ascii();
-                    let is_close = token.eq_ignore_ascii_case(b"close");
-                    let is_keep_alive = token.eq_ignore_ascii_case(b"keep-alive");
-                    close |= is_close;
-                    keep_alive |= is_keep_alive;
-                    names_fields |= !(is_close || is_keep_alive || token.is_empty());
-                }
-                // Said of this hop only, and read above: the proxy would
-                // strip it (`proxy::strip_hop_by_hop`); kept when it names
-                // other fields, which go with it there.
-                if !names_fields {
-                    continue;
-                }
-            } else if name.as_str() == "keep-alive" {
-                // Hop-by-hop too, and stripped as surely.
-                continue;
-            }
-            let start = h.value.as_ptr() as usize - base;
-            self.spans.push((name, start, start + h.value.len()));
+        // The answer's fields go to the visitor as lines copied from the head
+        // (`HeadLines`), not through a `HeaderMap` — unless the visitor's
+        // `HEAD` or a bodiless status makes the writer need the origin's
+        // length, or a `Connection` names fields to drop with it (rare: the
+        // map path handles both).
+        let as_lines = *method != Method::HEAD
+            && status != StatusCode::NO_CONTENT
+            && status != StatusCode::NOT_MODIFIED;
+        let Fields {
+            length,
+            transfer_encoding,
+            chunked,
+            close,
+            keep_alive,
+            lines,
+        } = read_fields(&parsed, &self.buf, as_lines.then_some(len + LINES_SPARE))?;
+        if lines.is_none() {
+            field_spans(&parsed, self.buf.as_ptr() as usize, &mut self.spans)?;
         }
         let head_bytes = self.buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(self.spans.len());
-        for (name, start, end) in self.spans.drain(..) {
-            // SAFETY: httparse admits in a value only HTAB, SP, VCHAR and
-            // obs-text (`b'\t' | b' '..=0x7e | 0x80..=0xff`), exactly the
-            // bytes a `HeaderValue` may hold (`b >= 32 && b != 127 || b ==
-            // b'\t'`): checking them again cost ~3 instructions a byte
-            // (issue 17). A debug build checks anyway (it panics).
-            let value =
-                unsafe { HeaderValue::from_maybe_shared_unchecked(head_bytes.slice(start..end)) };
-            headers.append(name, value);
+        let mut headers = HeaderMap::new();
+        if lines.is_none() {
+            headers = answer_map(&mut self.spans, &head_bytes);
         }
         let mut reusable = if version == Version::HTTP_11 {
             !close
@@ -521,11 +501,212 @@ impl H1Conn {
                 status,
                 version,
                 headers,
+                lines,
             },
             framing,
             reusable,
         ))
     }
+}
+
+/// The longest name a `HeaderName` holds.
+const MAX_NAME: usize = (1 << 16) - 1;
+/// Room kept after an answer's lines for the node's own (`Via`).
+const LINES_SPARE: usize = 64;
+
+/// What an answer's field is to the proxy, by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AnswerField {
+    Length,
+    TransferEncoding,
+    Connection,
+    KeepAlive,
+    /// `Proxy-Connection`, `Proxy-Authenticate`, `Proxy-Authorization`,
+    /// `TE`, `Trailer`, `Upgrade` (with the three above, what
+    /// `proxy::strip_hop_by_hop` removes).
+    HopByHop,
+    Date,
+    Other,
+}
+
+/// Which [`AnswerField`] `name` is (ASCII case-insensitive).
+fn answer_field(name: &[u8]) -> AnswerField {
+    let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+    match name.len() {
+        2 if is(b"te") => AnswerField::HopByHop,
+        4 if is(b"date") => AnswerField::Date,
+        7 if is(b"trailer") || is(b"upgrade") => AnswerField::HopByHop,
+        10 if is(b"connection") => AnswerField::Connection,
+        10 if is(b"keep-alive") => AnswerField::KeepAlive,
+        14 if is(b"content-length") => AnswerField::Length,
+        16 if is(b"proxy-connection") => AnswerField::HopByHop,
+        17 if is(b"transfer-encoding") => AnswerField::TransferEncoding,
+        18 if is(b"proxy-authenticate") => AnswerField::HopByHop,
+        19 if is(b"proxy-authorization") => AnswerField::HopByHop,
+        _ => AnswerField::Other,
+    }
+}
+
+/// What an answer's fields say of its framing and connection, and the
+/// fields themselves as lines when they can go so ([`Head`]).
+#[derive(Debug, Default)]
+struct Fields {
+    length: Option<u64>,
+    transfer_encoding: bool,
+    /// The last coding of `Transfer-Encoding` is `chunked`.
+    chunked: bool,
+    close: bool,
+    keep_alive: bool,
+    /// `name: value\r\n` for every field but those of the framing and of
+    /// this hop, and whether one is `date`; `None` when asked for none or
+    /// when a `Connection` names a field (or a name is longer than a
+    /// `HeaderName` holds).
+    lines: Option<(Vec<u8>, bool)>,
+}
+
+/// Reads `parsed`'s fields (read from `head`); lines are made when
+/// `lines` gives the bytes to reserve for them.
+///
+/// A field is copied as the origin wrote it, name in its spelling, when
+/// its line is `name: value\r\n` exactly (most origins write every line
+/// so), and a run of such lines with nothing dropped between them as one
+/// slice; any other line is written out as `name: value\r\n`. Four
+/// copies a field cost more than the `HeaderMap` saved (issue 17).
+fn read_fields(
+    parsed: &httparse::Response<'_, '_>,
+    head: &[u8],
+    lines: Option<usize>,
+) -> Result<Fields, H1Error> {
+    let mut raw = lines.is_some();
+    let mut out = Vec::with_capacity(lines.unwrap_or(0));
+    let mut date = false;
+    let mut f = Fields::default();
+    let base = head.as_ptr() as usize;
+    // Bytes of `head` to copy as they stand, not yet copied.
+    let mut run = 0..0;
+    for h in parsed.headers.iter() {
+        let name = h.name.as_bytes();
+        let field = answer_field(name);
+        match field {
+            AnswerField::Length => {
+                let n = parse_length(h.value).ok_or(H1Error::Invalid("bad Content-Length"))?;
+                if f.length.is_some_and(|l| l != n) {
+                    return Err(H1Error::Invalid("two different Content-Lengths"));
+                }
+                f.length = Some(n);
+            }
+            AnswerField::TransferEncoding => {
+                f.transfer_encoding = true;
+                // Only the last coding decides (RFC 9112 §6.3, 4).
+                f.chunked = last_token(h.value).is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
+            }
+            AnswerField::Connection => {
+                for token in h.value.split(|b| *b == b',') {
+                    let token = token.trim_ascii();
+                    let is_close = token.eq_ignore_ascii_case(b"close");
+                    let is_keep_alive = token.eq_ignore_ascii_case(b"keep-alive");
+                    f.close |= is_close;
+                    f.keep_alive |= is_keep_alive;
+                    // Names a field that goes with it: the map path strips both.
+                    raw &= is_close || is_keep_alive || token.is_empty();
+                }
+            }
+            // Said of this hop only: never the visitor's.
+            AnswerField::KeepAlive | AnswerField::HopByHop => {}
+            AnswerField::Date | AnswerField::Other if raw => {
+                if name.len() > MAX_NAME {
+                    // A `HeaderName` could not hold it: the map path
+                    // refuses the answer.
+                    raw = false;
+                    continue;
+                }
+                date |= field == AnswerField::Date;
+                // httparse admitted only token bytes in the name (what a
+                // `HeaderName` holds:
+                // `every_name_byte_httparse_admits_is_a_header_names`) and
+                // only HTAB, SP, VCHAR and obs-text in the value.
+                let at = name.as_ptr() as usize - base;
+                // Where the value starts on a line written `name: value`.
+                let value_at = at + name.len() + 2;
+                let end = value_at + h.value.len() + 2;
+                let as_written = h.value.as_ptr() as usize == base + value_at
+                    && head[value_at - 1] == b' '
+                    && head.get(end - 2..end) == Some(b"\r\n");
+                if as_written && run.end == at {
+                    run.end = end;
+                    continue;
+                }
+                out.extend_from_slice(&head[run.clone()]);
+                if as_written {
+                    run = at..end;
+                    continue;
+                }
+                run = 0..0;
+                out.extend_from_slice(name);
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(h.value);
+                out.extend_from_slice(b"\r\n");
+                continue;
+            }
+            AnswerField::Date | AnswerField::Other => {}
+        }
+        // A field not copied ends the run.
+        if raw && !run.is_empty() {
+            out.extend_from_slice(&head[run.clone()]);
+        }
+        run = 0..0;
+    }
+    out.extend_from_slice(&head[run]);
+    f.lines = raw.then_some((out, date));
+    Ok(f)
+}
+
+/// The names of `parsed`'s fields and where their values sit after `base`
+/// (the address of the bytes it was read from), into `spans`: every field
+/// but `Keep-Alive` and a `Connection` that names no other field (the
+/// proxy strips the rest, `proxy::strip_hop_by_hop`).
+fn field_spans(
+    parsed: &httparse::Response<'_, '_>,
+    base: usize,
+    spans: &mut Vec<(HeaderName, usize, usize)>,
+) -> Result<(), H1Error> {
+    spans.clear();
+    for h in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| H1Error::Invalid("bad header name"))?;
+        match answer_field(h.name.as_bytes()) {
+            AnswerField::KeepAlive => continue,
+            AnswerField::Connection
+                if h.value.split(|b| *b == b',').all(|t| {
+                    let t = t.trim_ascii();
+                    t.is_empty()
+                        || t.eq_ignore_ascii_case(b"close")
+                        || t.eq_ignore_ascii_case(b"keep-alive")
+                }) =>
+            {
+                continue;
+            }
+            _ => {}
+        }
+        let start = h.value.as_ptr() as usize - base;
+        spans.push((name, start, start + h.value.len()));
+    }
+    Ok(())
+}
+
+/// The fields of `spans` as a `HeaderMap` of slices of `head`.
+fn answer_map(spans: &mut Vec<(HeaderName, usize, usize)>, head: &Bytes) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    for (name, start, end) in spans.drain(..) {
+        // SAFETY: httparse admits in a value only HTAB, SP, VCHAR and
+        // obs-text (`b'\t' | b' '..=0x7e | 0x80..=0xff`), exactly the
+        // bytes a `HeaderValue` may hold (`b >= 32 && b != 127 || b ==
+        // b'\t'`): checking them again cost ~3 instructions a byte
+        // (issue 17). A debug build checks anyway (it panics).
+        let value = unsafe { HeaderValue::from_maybe_shared_unchecked(head.slice(start..end)) };
+        headers.append(name, value);
+    }
+    headers
 }
 
 /// `Content-Length`'s value: decimal digits only (no sign, no space inside).
@@ -1003,6 +1184,169 @@ mod tests {
                 .parse_response_with_uninit_headers(&mut parsed, folded, &mut slots)
                 .is_err()
         );
+    }
+
+    /// Every name httparse admits in an answer is a `HeaderName`'s, spelled
+    /// as the lines write it (lower case): what lets `read_fields` copy
+    /// names without making `HeaderName`s. An httparse that loosened its
+    /// rule fails this.
+    #[test]
+    fn every_name_byte_httparse_admits_is_a_header_names() {
+        let mut admitted = 0;
+        for b in 0..=255u8 {
+            let head = [&b"HTTP/1.1 200 OK\r\nx"[..], &[b], b"y: 1\r\n\r\n"].concat();
+            let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+            let mut parsed = httparse::Response::new(&mut []);
+            let Ok(httparse::Status::Complete(_)) =
+                answer_parser().parse_response_with_uninit_headers(&mut parsed, &head, &mut slots)
+            else {
+                continue;
+            };
+            let name = parsed.headers[0].name.as_bytes();
+            if name == b"x" {
+                // `x:y: 1`: the colon ends the name.
+                assert_eq!(b, b':');
+                continue;
+            }
+            let header = HeaderName::from_bytes(name);
+            assert!(header.is_ok(), "byte {b:#04x}");
+            assert_eq!(
+                header.unwrap().as_str().as_bytes(),
+                name.to_ascii_lowercase(),
+                "byte {b:#04x}"
+            );
+            admitted += 1;
+        }
+        // RFC 9110's tchar: letters, digits and !#$%&'*+-.^_`|~.
+        assert_eq!(admitted, 52 + 10 + 15);
+    }
+
+    /// The fields written as lines are what the visitor got from the map:
+    /// the map path's fields, hop-by-hop ones stripped as the proxy strips
+    /// them, less `Content-Length` (the writer states the body's length).
+    /// Over every sequence of three fields from a hostile set (every
+    /// hop-by-hop name in odd spellings, near-miss names, repeated fields,
+    /// obs-text, a `Connection` naming a field). Classifying a hop-by-hop
+    /// name as another field, or a near miss as hop-by-hop, fails it.
+    #[test]
+    fn lines_carry_what_the_map_carries_less_the_framing() {
+        const FIELDS: [&[u8]; 27] = [
+            b"Server: nginx",
+            b"X-Tight:tight",
+            b"X-Tab:\tv",
+            b"X-Wide: \t wide \t",
+            b"Date: Sun, 29 Nov 2026 12:00:00 GMT",
+            b"Content-Length: 2",
+            b"Transfer-Encoding: gzip, chunked",
+            b"Connection: keep-alive",
+            b"connection: close, X-A",
+            b"Keep-Alive: timeout=5",
+            b"TE: trailers",
+            b"Trailer: X-T",
+            b"UPGRADE: h2c",
+            b"Proxy-Connection: keep-alive",
+            b"Proxy-Authenticate: Basic",
+            b"proxy-authorization: x",
+            b"Set-Cookie: a=1",
+            b"SET-COOKIE: b=2",
+            b"X-A: secret",
+            b"X-Obs: caf\xe9 \t!",
+            b"Via: 1.1 origin",
+            b"teapot: 1",
+            b"Dates: x",
+            b"upgrades: y",
+            b"te-x: z",
+            b"Connectionx: w",
+            b"Content-Lengths: 3",
+        ];
+        let mut compared = 0;
+        let mut as_map = 0;
+        for a in FIELDS {
+            for b in FIELDS {
+                for c in FIELDS {
+                    let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+                    for f in [a, b, c] {
+                        head.extend_from_slice(f);
+                        head.extend_from_slice(b"\r\n");
+                    }
+                    head.extend_from_slice(b"\r\n");
+                    let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+                    let mut parsed = httparse::Response::new(&mut []);
+                    let Ok(httparse::Status::Complete(len)) = answer_parser()
+                        .parse_response_with_uninit_headers(&mut parsed, &head, &mut slots)
+                    else {
+                        panic!("{}", String::from_utf8_lossy(&head));
+                    };
+                    let fields = read_fields(&parsed, &head, Some(len)).unwrap();
+                    let mut spans = Vec::new();
+                    field_spans(&parsed, head.as_ptr() as usize, &mut spans).unwrap();
+                    let mut map = answer_map(&mut spans, &Bytes::copy_from_slice(&head));
+                    crate::proxy::strip_hop_by_hop(&mut map);
+                    let names_a_field = [a, b, c].contains(&FIELDS[8]);
+                    let what = String::from_utf8_lossy(&head).into_owned();
+                    let Some((lines, date)) = fields.lines else {
+                        assert!(names_a_field, "{what}");
+                        as_map += 1;
+                        continue;
+                    };
+                    assert!(!names_a_field, "{what}");
+                    map.remove(header::CONTENT_LENGTH);
+                    let mut from_map = std::collections::BTreeMap::<String, Vec<Vec<u8>>>::new();
+                    for (name, value) in &map {
+                        from_map
+                            .entry(name.as_str().to_owned())
+                            .or_default()
+                            .push(value.as_bytes().to_vec());
+                    }
+                    // Lines as a head's fields, names exactly as written.
+                    let mut from_lines = std::collections::BTreeMap::<String, Vec<Vec<u8>>>::new();
+                    for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                        let line = line.strip_suffix(b"\r").expect("CR LF");
+                        let colon = line.iter().position(|b| *b == b':').unwrap();
+                        let name = String::from_utf8(line[..colon].to_vec()).unwrap();
+                        assert_eq!(&line[colon + 1..colon + 2], b" ", "{what}");
+                        // The name in the origin's spelling.
+                        let spelled = [b"\r\n", &line[..=colon]].concat();
+                        assert!(head.windows(spelled.len()).any(|w| w == spelled), "{what}");
+                        let value = &line[colon + 2..];
+                        from_lines
+                            .entry(name.to_ascii_lowercase())
+                            .or_default()
+                            .push(value.to_vec());
+                    }
+                    assert_eq!(from_lines, from_map, "{what}");
+                    assert_eq!(date, map.contains_key(header::DATE), "{what}");
+                    compared += 1;
+                }
+            }
+        }
+        assert_eq!(compared + as_map, 27 * 27 * 27);
+        assert!(as_map > 0 && compared > 10_000);
+    }
+
+    /// Lines are made only when asked for, and framing is read either way.
+    #[test]
+    fn fields_read_without_lines_say_the_same_framing() {
+        let head = b"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nTransfer-Encoding: x, CHUNKED\r\nContent-Length: 7\r\nContent-Length: 7\r\n\r\n";
+        let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        answer_parser()
+            .parse_response_with_uninit_headers(&mut parsed, head, &mut slots)
+            .unwrap();
+        let with = read_fields(&parsed, head, Some(64)).unwrap();
+        let without = read_fields(&parsed, head, None).unwrap();
+        for f in [&with, &without] {
+            assert_eq!(f.length, Some(7));
+            assert!(f.transfer_encoding && f.chunked && f.keep_alive && !f.close);
+        }
+        assert_eq!(with.lines, Some((Vec::new(), false)));
+        assert_eq!(without.lines, None);
+        let two = b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\nContent-Length: 8\r\n\r\n";
+        let mut parsed = httparse::Response::new(&mut []);
+        answer_parser()
+            .parse_response_with_uninit_headers(&mut parsed, two, &mut slots)
+            .unwrap();
+        assert!(read_fields(&parsed, two, Some(64)).is_err());
     }
 
     #[test]

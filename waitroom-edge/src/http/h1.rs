@@ -82,12 +82,18 @@ impl HttpBody for ReqBody {
 /// The queue page's fields go this way: written once as bytes instead of
 /// inserted into a map, hashed, encoded from it and dropped (about 1,500
 /// instructions a page; as a response extension they cost ~550 more, the
-/// extensions' map and box made and dropped). None of them may be
-/// `content-length`, `transfer-encoding`, `connection`, `date` or
-/// `trailer`, whose framing the writer decides; hyper's path puts them in
-/// the map first ([`HeadLines::into_map`]).
+/// extensions' map and box made and dropped). So do a plain-HTTP origin's
+/// answer fields ([`crate::origin_h1`]: copied from its head with names in
+/// lower case, the hop-by-hop ones left out). None of them may be
+/// `content-length`, `transfer-encoding`, `connection` or `trailer`, whose
+/// framing the writer decides, and `date` only when [`HeadLines::has_date`]
+/// says so (the writer then adds none); hyper's path puts them in the map
+/// first ([`HeadLines::into_map`]).
 #[derive(Debug, Clone)]
-pub struct HeadLines(Bytes);
+pub struct HeadLines {
+    lines: Bytes,
+    date: bool,
+}
 
 impl HeadLines {
     /// Appends `name: value\r\n` to `lines`.
@@ -110,13 +116,76 @@ impl HeadLines {
     /// The lines, ready to attach to an answer.
     #[must_use]
     pub fn done(lines: Vec<u8>) -> Self {
-        Self(Bytes::from(lines))
+        Self {
+            lines: Bytes::from(lines),
+            date: false,
+        }
+    }
+
+    /// An origin's answer fields as [`crate::origin_h1`] copied them
+    /// (valid names in lower case, values as httparse admitted them, no
+    /// field of the framing); `date`: one of them is `date`.
+    #[must_use]
+    pub fn from_origin(lines: Vec<u8>, date: bool) -> Self {
+        Self {
+            lines: Bytes::from(lines),
+            date,
+        }
+    }
+
+    /// Whether a `date` line is among them.
+    #[must_use]
+    pub fn has_date(&self) -> bool {
+        self.date
+    }
+
+    /// The lines as they will be written.
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.lines
+    }
+
+    /// Takes every field named `name` (ASCII case-insensitive) out of the
+    /// lines and returns their values, in order; nothing is copied when
+    /// none is there.
+    pub fn take(&mut self, name: &HeaderName) -> Vec<Bytes> {
+        let name = name.as_str().as_bytes();
+        // Each line's start, and whether it is `name:`.
+        let named = |at: usize| {
+            let line = &self.lines[at..];
+            line.len() > name.len()
+                && line[name.len()] == b':'
+                && line[..name.len()].eq_ignore_ascii_case(name)
+        };
+        let starts = || {
+            std::iter::once(0).chain(
+                memchr::memchr_iter(b'\n', &self.lines)
+                    .map(|n| n + 1)
+                    .filter(|at| *at < self.lines.len()),
+            )
+        };
+        if !starts().any(named) {
+            return Vec::new();
+        }
+        let mut values = Vec::new();
+        let mut kept = Vec::with_capacity(self.lines.len());
+        for line in self.lines.split_inclusive(|b| *b == b'\n') {
+            let at = line.as_ptr() as usize - self.lines.as_ptr() as usize;
+            if named(at) {
+                let value = line[name.len() + 1..].trim_ascii();
+                values.push(Bytes::copy_from_slice(value));
+            } else {
+                kept.extend_from_slice(line);
+            }
+        }
+        self.lines = Bytes::from(kept);
+        values
     }
 
     /// Moves the lines into `resp`'s `HeaderMap`, for an answer hyper
     /// writes (HTTP/2, or a connection handed over).
     pub fn into_map<B>(self, resp: &mut Response<B>) {
-        let Self(lines) = self;
+        let Self { lines, .. } = self;
         let headers = resp.headers_mut();
         for line in lines.split(|b| *b == b'\n') {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -646,8 +715,9 @@ fn encode_head(
         out.extend_from_slice(value.as_bytes());
     }
     end_line(out, open_line, must_chunk);
-    if let Some(HeadLines(lines)) = lines {
-        out.extend_from_slice(lines);
+    if let Some(lines) = lines {
+        out.extend_from_slice(&lines.lines);
+        wrote_date |= lines.date;
     }
     // The last answer says so, in the answer's own `Connection` if it has one.
     if close && !wrote_close {

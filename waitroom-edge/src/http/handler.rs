@@ -144,7 +144,8 @@ async fn answer(
                 respell(&mut req, spelling);
                 // Boxed: the rare path's state stays out of every
                 // request's future (each byte of it is moved per request).
-                return Box::pin(unrouted(node, worker, req, conn, hop, scheme, trace)).await;
+                return Box::pin(unrouted(node, worker, req, conn, hop, scheme, trace, lines))
+                    .await;
             };
             let merge = node.rooms[index].spec.merge_slashes;
             let changed = req.uri().authority().is_some()
@@ -185,7 +186,13 @@ async fn answer(
         trace.outcome = Outcome::Bypassed;
         // No ticket: nothing for an origin command to act on (its header
         // is still removed).
-        return Box::pin(to_origin(node, worker, room, req, conn, hop, scheme, trace))
+        let to = OriginCall {
+            hop,
+            scheme,
+            trace,
+            lines,
+        };
+        return Box::pin(to_origin(node, worker, room, req, conn, to))
             .await
             .0;
     }
@@ -198,7 +205,13 @@ async fn answer(
     //     to the origin, no ticket, no count, as if no room covered it.
     if live.suspended {
         trace.outcome = Outcome::Suspended;
-        return Box::pin(to_origin(node, worker, room, req, conn, hop, scheme, trace))
+        let to = OriginCall {
+            hop,
+            scheme,
+            trace,
+            lines,
+        };
+        return Box::pin(to_origin(node, worker, room, req, conn, to))
             .await
             .0;
     }
@@ -358,8 +371,13 @@ async fn answer(
             // request's future is moved whole more than once (hyper's
             // dispatch, each await that starts it): ~2,000 instructions of
             // `memcpy` a proxied request, against one allocation.
-            let (mut resp, command) =
-                Box::pin(to_origin(node, worker, room, req, conn, hop, scheme, trace)).await;
+            let to = OriginCall {
+                hop,
+                scheme,
+                trace,
+                lines,
+            };
+            let (mut resp, command) = Box::pin(to_origin(node, worker, room, req, conn, to)).await;
             // 5. The origin's `revoke`: the session ends now, its slot is free,
             //    and the browser forgets the cookie (a kept copy is a new
             //    visitor's, see `engine::revoke`).
@@ -431,6 +449,10 @@ fn respell(req: &mut Request<ReqBody>, (path_and_query, host): (String, String))
 /// A request no room covers: 404, or the default origin
 /// (`[node.unrouted]`, see `crate::unrouted`) as a bypassed request goes
 /// to its room's: no cookie opened, no ticket, nothing counted.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the request's whole context, passed down once"
+)]
 async fn unrouted(
     node: &Node,
     worker: &Worker,
@@ -439,6 +461,7 @@ async fn unrouted(
     hop: std::net::IpAddr,
     scheme: &'static str,
     trace: &mut Trace,
+    lines: &mut Option<HeadLines>,
 ) -> Response<Body> {
     let Some(upstream) = &node.unrouted.origin else {
         node.unrouted.count(UnroutedOutcome::NotFound);
@@ -460,9 +483,10 @@ async fn unrouted(
     .await;
     trace.upstream_micros = Some(started.elapsed().as_micros() as u64);
     match result {
-        Ok(resp) => {
+        Ok((resp, head)) => {
             node.unrouted.count(UnroutedOutcome::Proxied);
             trace.upstream_status = Some(resp.status().as_u16());
+            *lines = head;
             resp
         }
         Err(err) => {
@@ -491,7 +515,7 @@ async fn forward(
     conn: ConnInfo,
     hop: std::net::IpAddr,
     scheme: &'static str,
-) -> Result<Response<Body>, proxy::ProxyError> {
+) -> Result<Answer<Body>, proxy::ProxyError> {
     let origin_request = proxy::OriginRequest {
         forwarding: Forwarding {
             client: conn.client,
@@ -513,29 +537,40 @@ async fn forward(
             &origin_request,
         ))
         .await
+        .map(|resp| (resp, None))
     } else {
         proxy::forward(&worker.client, upstream, timeout, req, &origin_request).await
     }
+}
+
+/// What [`to_origin`] needs of the request's context besides the request:
+/// the peer it came from, its scheme, the access log's trace and where the
+/// answer's lines go.
+struct OriginCall<'a> {
+    hop: std::net::IpAddr,
+    scheme: &'static str,
+    trace: &'a mut Trace,
+    lines: &'a mut Option<HeadLines>,
 }
 
 /// Forwards the request to one of the room's origins (`proxy::forward`),
 /// timing it; a failure becomes its error page. The room's origin-command
 /// header goes from the request and from the response; the allowed command
 /// the origin gave is returned beside the response.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the request's whole context, passed down once"
-)]
 async fn to_origin(
     node: &Node,
     worker: &Worker,
     room: &RoomRuntime,
     req: Request<ReqBody>,
     conn: ConnInfo,
-    hop: std::net::IpAddr,
-    scheme: &'static str,
-    trace: &mut Trace,
+    to: OriginCall<'_>,
 ) -> (Response<Body>, Option<OriginCommand>) {
+    let OriginCall {
+        hop,
+        scheme,
+        trace,
+        lines,
+    } = to;
     // Read before the request goes: an error page answers in kind.
     let json = wants_json(req.headers());
     let mut req = req;
@@ -555,9 +590,16 @@ async fn to_origin(
     trace.upstream_micros = Some(proxy_time.as_micros() as u64);
     let live = room.live.load();
     match result {
-        Ok(mut resp) => {
+        Ok((mut resp, head)) => {
             trace.upstream_status = Some(resp.status().as_u16());
-            let command = live.origin_commands.take(resp.headers_mut());
+            let command = match head {
+                Some(mut head) => {
+                    let command = live.origin_commands.take_lines(&mut head);
+                    *lines = Some(head);
+                    command
+                }
+                None => live.origin_commands.take(resp.headers_mut()),
+            };
             (resp, command)
         }
         Err(err) => {
