@@ -172,7 +172,19 @@ pub struct Head {
     pub status: StatusCode,
     pub version: Version,
     pub headers: HeaderMap,
-    pub lines: Option<(Vec<u8>, bool)>,
+    pub lines: Option<OriginLines>,
+}
+
+/// An answer's fields as the visitor gets them, copied from the origin's
+/// head ([`Head`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct OriginLines {
+    /// `name: value\r\n` each.
+    pub lines: Vec<u8>,
+    /// One of them is `date`.
+    pub date: bool,
+    /// The values of the room's origin-command field, left out of `lines`.
+    pub commands: Vec<Vec<u8>>,
 }
 
 impl H1Conn {
@@ -242,8 +254,14 @@ impl H1Conn {
     /// `headers` are sent as they are but for the framing headers
     /// (`Content-Length`, `Transfer-Encoding`), which follow `body`, and
     /// those `additions` replace; `additions` follow them; `host` is sent as
-    /// `Host` when `headers` have none. Returns the head and the
-    /// body, which owns the connection until the answer has been read.
+    /// `Host` when `headers` have none; `command`, the room's
+    /// origin-command field, is taken out of the answer's lines
+    /// ([`OriginLines::commands`]). Returns the head and the body, which
+    /// owns the connection until the answer has been read.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the request's parts, borrowed rather than copied into a struct per request"
+    )]
     pub async fn send(
         mut self,
         method: &Method,
@@ -252,6 +270,7 @@ impl H1Conn {
         additions: &Additions,
         host: &str,
         mut body: Body,
+        command: Option<&HeaderName>,
     ) -> Result<(Head, H1Body), H1Error> {
         let framing = request_framing(method, headers, &body);
         self.out.clear();
@@ -266,11 +285,11 @@ impl H1Conn {
         let written = self.write_body(&mut body, framing).await;
         drop(body);
         let (head, framing, reusable) = match written {
-            Ok(()) => self.read_head(method).await?,
+            Ok(()) => self.read_head(method, command).await?,
             // An origin may answer before it has read all of the request
             // (refusing an upload) and close: if its answer came, that is
             // the answer, on a connection that is done.
-            Err(err @ H1Error::Io(_)) => match self.read_head(method).await {
+            Err(err @ H1Error::Io(_)) => match self.read_head(method, command).await {
                 Ok((head, framing, _)) => (head, framing, false),
                 Err(_) => return Err(err),
             },
@@ -373,7 +392,11 @@ impl H1Conn {
     }
 
     /// Reads up to the final answer's head (interim `1xx` answers skipped).
-    async fn read_head(&mut self, method: &Method) -> Result<(Head, Framing, bool), H1Error> {
+    async fn read_head(
+        &mut self,
+        method: &Method,
+        command: Option<&HeaderName>,
+    ) -> Result<(Head, Framing, bool), H1Error> {
         let mut answered = false;
         let mut interims = 0;
         // Bytes of the interim heads passed over.
@@ -382,7 +405,7 @@ impl H1Conn {
             if !self.buf.is_empty() {
                 answered = true;
                 let before = self.buf.len();
-                match self.parse_head(method)? {
+                match self.parse_head(method, command)? {
                     Parsed::Final(head, framing, reusable) => return Ok((head, framing, reusable)),
                     Parsed::Interim => {
                         interims += 1;
@@ -411,7 +434,11 @@ impl H1Conn {
 
     /// The final answer's head if `buf` holds all of it; an interim answer
     /// is consumed.
-    fn parse_head(&mut self, method: &Method) -> Result<Parsed, H1Error> {
+    fn parse_head(
+        &mut self,
+        method: &Method,
+        command: Option<&HeaderName>,
+    ) -> Result<Parsed, H1Error> {
         // Uninitialised (httparse writes a slot before it reads it): a
         // hundred slots set to empty first cost ~100 instructions a request.
         let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
@@ -457,7 +484,12 @@ impl H1Conn {
             close,
             keep_alive,
             lines,
-        } = read_fields(&parsed, &self.buf, as_lines.then_some(len + LINES_SPARE))?;
+        } = read_fields(
+            &parsed,
+            &self.buf,
+            as_lines.then_some(len + LINES_SPARE),
+            command,
+        )?;
         if lines.is_none() {
             field_spans(&parsed, self.buf.as_ptr() as usize, &mut self.spans)?;
         }
@@ -530,6 +562,7 @@ enum AnswerField {
 }
 
 /// Which [`AnswerField`] `name` is (ASCII case-insensitive).
+#[inline]
 fn answer_field(name: &[u8]) -> AnswerField {
     let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
     match name.len() {
@@ -557,11 +590,10 @@ struct Fields {
     chunked: bool,
     close: bool,
     keep_alive: bool,
-    /// `name: value\r\n` for every field but those of the framing and of
-    /// this hop, and whether one is `date`; `None` when asked for none or
-    /// when a `Connection` names a field (or a name is longer than a
-    /// `HeaderName` holds).
-    lines: Option<(Vec<u8>, bool)>,
+    /// Every field but those of the framing and of this hop; `None` when
+    /// asked for none or when a `Connection` names a field (or a name is
+    /// longer than a `HeaderName` holds).
+    lines: Option<OriginLines>,
 }
 
 /// Reads `parsed`'s fields (read from `head`); lines are made when
@@ -576,10 +608,13 @@ fn read_fields(
     parsed: &httparse::Response<'_, '_>,
     head: &[u8],
     lines: Option<usize>,
+    command: Option<&HeaderName>,
 ) -> Result<Fields, H1Error> {
     let mut raw = lines.is_some();
     let mut out = Vec::with_capacity(lines.unwrap_or(0));
     let mut date = false;
+    let mut commands = Vec::new();
+    let command = command.map_or(&[][..], |c| c.as_str().as_bytes());
     let mut f = Fields::default();
     let base = head.as_ptr() as usize;
     // Bytes of `head` to copy as they stand, not yet copied.
@@ -620,6 +655,15 @@ fn read_fields(
                     raw = false;
                     continue;
                 }
+                if name.len() == command.len() && name.eq_ignore_ascii_case(command) {
+                    // The origin's word to the node, never the visitor's.
+                    commands.push(h.value.to_vec());
+                    if !run.is_empty() {
+                        out.extend_from_slice(&head[run]);
+                    }
+                    run = 0..0;
+                    continue;
+                }
                 date |= field == AnswerField::Date;
                 // httparse admitted only token bytes in the name (what a
                 // `HeaderName` holds:
@@ -657,8 +701,41 @@ fn read_fields(
         run = 0..0;
     }
     out.extend_from_slice(&head[run]);
-    f.lines = raw.then_some((out, date));
+    f.lines = raw.then_some(OriginLines {
+        lines: out,
+        date,
+        commands,
+    });
     Ok(f)
+}
+
+/// An answer's head read both ways, for the tests and the fuzz target
+/// `origin_answer`: the fields as lines (`read_fields`, `command` left
+/// out; `None` where the map path is taken) and as the map path gives them
+/// to the visitor (hop-by-hop fields stripped as the proxy strips them,
+/// `Content-Length` removed: the writer states the body's). `None` for
+/// bytes that are not a complete head httparse admits, or an answer the
+/// node refuses.
+#[doc(hidden)]
+#[must_use]
+pub fn fields_both_ways(
+    head: &[u8],
+    command: Option<&HeaderName>,
+) -> Option<(Option<OriginLines>, HeaderMap)> {
+    let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let Ok(httparse::Status::Complete(len)) =
+        answer_parser().parse_response_with_uninit_headers(&mut parsed, head, &mut slots)
+    else {
+        return None;
+    };
+    let fields = read_fields(&parsed, head, Some(len), command).ok()?;
+    let mut spans = Vec::new();
+    field_spans(&parsed, head.as_ptr() as usize, &mut spans).ok()?;
+    let mut map = answer_map(&mut spans, &Bytes::copy_from_slice(head));
+    crate::proxy::strip_hop_by_hop(&mut map);
+    map.remove(header::CONTENT_LENGTH);
+    Some((fields.lines, map))
 }
 
 /// The names of `parsed`'s fields and where their values sit after `base`
@@ -1270,27 +1347,35 @@ mod tests {
                         head.extend_from_slice(b"\r\n");
                     }
                     head.extend_from_slice(b"\r\n");
-                    let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
-                    let mut parsed = httparse::Response::new(&mut []);
-                    let Ok(httparse::Status::Complete(len)) = answer_parser()
-                        .parse_response_with_uninit_headers(&mut parsed, &head, &mut slots)
-                    else {
-                        panic!("{}", String::from_utf8_lossy(&head));
-                    };
-                    let fields = read_fields(&parsed, &head, Some(len)).unwrap();
-                    let mut spans = Vec::new();
-                    field_spans(&parsed, head.as_ptr() as usize, &mut spans).unwrap();
-                    let mut map = answer_map(&mut spans, &Bytes::copy_from_slice(&head));
-                    crate::proxy::strip_hop_by_hop(&mut map);
-                    let names_a_field = [a, b, c].contains(&FIELDS[8]);
                     let what = String::from_utf8_lossy(&head).into_owned();
-                    let Some((lines, date)) = fields.lines else {
+                    // The room's command field is `X-A` every other time.
+                    let command = (compared % 2 == 1).then(|| HeaderName::from_static("x-a"));
+                    let (lines, mut map) = fields_both_ways(&head, command.as_ref()).expect(&what);
+                    let names_a_field = [a, b, c].contains(&FIELDS[8]);
+                    let Some(OriginLines {
+                        lines,
+                        date,
+                        commands,
+                    }) = lines
+                    else {
                         assert!(names_a_field, "{what}");
                         as_map += 1;
                         continue;
                     };
                     assert!(!names_a_field, "{what}");
-                    map.remove(header::CONTENT_LENGTH);
+                    // Left out of the lines, every value of it kept aside.
+                    let said: Vec<Vec<u8>> = match &command {
+                        Some(c) => map
+                            .get_all(c)
+                            .iter()
+                            .map(|v| v.as_bytes().to_vec())
+                            .collect(),
+                        None => Vec::new(),
+                    };
+                    assert_eq!(commands, said, "{what}");
+                    if let Some(c) = &command {
+                        map.remove(c);
+                    }
                     let mut from_map = std::collections::BTreeMap::<String, Vec<Vec<u8>>>::new();
                     for (name, value) in &map {
                         from_map
@@ -1333,20 +1418,20 @@ mod tests {
         answer_parser()
             .parse_response_with_uninit_headers(&mut parsed, head, &mut slots)
             .unwrap();
-        let with = read_fields(&parsed, head, Some(64)).unwrap();
-        let without = read_fields(&parsed, head, None).unwrap();
+        let with = read_fields(&parsed, head, Some(64), None).unwrap();
+        let without = read_fields(&parsed, head, None, None).unwrap();
         for f in [&with, &without] {
             assert_eq!(f.length, Some(7));
             assert!(f.transfer_encoding && f.chunked && f.keep_alive && !f.close);
         }
-        assert_eq!(with.lines, Some((Vec::new(), false)));
+        assert_eq!(with.lines, Some(OriginLines::default()));
         assert_eq!(without.lines, None);
         let two = b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\nContent-Length: 8\r\n\r\n";
         let mut parsed = httparse::Response::new(&mut []);
         answer_parser()
             .parse_response_with_uninit_headers(&mut parsed, two, &mut slots)
             .unwrap();
-        assert!(read_fields(&parsed, two, Some(64)).is_err());
+        assert!(read_fields(&parsed, two, Some(64), None).is_err());
     }
 
     #[test]

@@ -134,6 +134,9 @@ pub struct OriginRequest<'a> {
     pub via: &'a Via,
     pub defences: &'a Defences,
     pub now_secs: u64,
+    /// The room's origin-command field, left out of a plain-HTTP origin's
+    /// answer as its fields are copied (`origin_h1::OriginLines`).
+    pub command: Option<&'a HeaderName>,
 }
 
 /// What [`prepare_request_headers`] caught.
@@ -299,6 +302,7 @@ pub async fn forward(
                 headers: &parts.headers,
                 additions: &additions,
                 body,
+                command: to_origin.command,
             };
             send_h1(
                 client,
@@ -442,6 +446,8 @@ struct OutgoingH1<'a> {
     /// The node's headers, written after the visitor's.
     additions: &'a Additions,
     body: Body,
+    /// The room's origin-command field, read out of the answer's lines.
+    command: Option<&'a HeaderName>,
 }
 
 /// One attempt on a plain-HTTP origin ([`crate::origin_h1`]); its failures
@@ -472,6 +478,7 @@ async fn send_h1(
                 request.additions,
                 origin.as_str(),
                 request.body,
+                request.command,
             )
             .await?;
         body.return_to(client);
@@ -481,10 +488,10 @@ async fn send_h1(
     let (mut head, body) = settle(outcome, origin, response_timeout, reused)?;
     let lines = match head.lines.take() {
         // Copied without the hop-by-hop fields already (`origin_h1::Head`).
-        Some((mut lines, date)) => {
+        Some(mut lines) => {
             let via = via.value(Version::HTTP_11);
-            HeadLines::push(&mut lines, &header::VIA, via.as_bytes());
-            Some(HeadLines::from_origin(lines, date))
+            HeadLines::push(&mut lines.lines, &header::VIA, via.as_bytes());
+            Some(HeadLines::from_origin(lines))
         }
         None => {
             answer_headers_for_visitor(&mut head.headers, via);

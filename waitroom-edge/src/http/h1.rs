@@ -93,6 +93,8 @@ impl HttpBody for ReqBody {
 pub struct HeadLines {
     lines: Bytes,
     date: bool,
+    /// Values of the room's origin-command field, not among the lines.
+    commands: Vec<Vec<u8>>,
 }
 
 impl HeadLines {
@@ -119,17 +121,20 @@ impl HeadLines {
         Self {
             lines: Bytes::from(lines),
             date: false,
+            commands: Vec::new(),
         }
     }
 
     /// An origin's answer fields as [`crate::origin_h1`] copied them
-    /// (valid names in lower case, values as httparse admitted them, no
-    /// field of the framing); `date`: one of them is `date`.
+    /// (names and values as httparse admitted them, no field of the framing
+    /// or of the hop; `date`: one of them is `date`) and the values of the
+    /// origin-command field it left out.
     #[must_use]
-    pub fn from_origin(lines: Vec<u8>, date: bool) -> Self {
+    pub fn from_origin(lines: crate::origin_h1::OriginLines) -> Self {
         Self {
-            lines: Bytes::from(lines),
-            date,
+            lines: Bytes::from(lines.lines),
+            date: lines.date,
+            commands: lines.commands,
         }
     }
 
@@ -145,41 +150,10 @@ impl HeadLines {
         &self.lines
     }
 
-    /// Takes every field named `name` (ASCII case-insensitive) out of the
-    /// lines and returns their values, in order; nothing is copied when
-    /// none is there.
-    pub fn take(&mut self, name: &HeaderName) -> Vec<Bytes> {
-        let name = name.as_str().as_bytes();
-        // Each line's start, and whether it is `name:`.
-        let named = |at: usize| {
-            let line = &self.lines[at..];
-            line.len() > name.len()
-                && line[name.len()] == b':'
-                && line[..name.len()].eq_ignore_ascii_case(name)
-        };
-        let starts = || {
-            std::iter::once(0).chain(
-                memchr::memchr_iter(b'\n', &self.lines)
-                    .map(|n| n + 1)
-                    .filter(|at| *at < self.lines.len()),
-            )
-        };
-        if !starts().any(named) {
-            return Vec::new();
-        }
-        let mut values = Vec::new();
-        let mut kept = Vec::with_capacity(self.lines.len());
-        for line in self.lines.split_inclusive(|b| *b == b'\n') {
-            let at = line.as_ptr() as usize - self.lines.as_ptr() as usize;
-            if named(at) {
-                let value = line[name.len() + 1..].trim_ascii();
-                values.push(Bytes::copy_from_slice(value));
-            } else {
-                kept.extend_from_slice(line);
-            }
-        }
-        self.lines = Bytes::from(kept);
-        values
+    /// The values of the origin-command field left out of an origin's
+    /// lines as they were copied (`origin_h1`), taken once.
+    pub fn take_commands(&mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.commands)
     }
 
     /// Moves the lines into `resp`'s `HeaderMap`, for an answer hyper

@@ -477,8 +477,7 @@ async fn unrouted(
         node.unrouted.timeout,
         req,
         conn,
-        hop,
-        scheme,
+        (hop, scheme, None),
     )
     .await;
     trace.upstream_micros = Some(started.elapsed().as_micros() as u64);
@@ -500,12 +499,9 @@ async fn unrouted(
 }
 
 /// Sends `req` to an origin of `upstream` with the forwarding headers of
-/// this hop: an upgrade through `crate::upgrade`, anything else through
-/// `proxy::forward`.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the request's whole context, passed down once"
-)]
+/// this hop (the peer it came from, its scheme): an upgrade through
+/// `crate::upgrade`, anything else through `proxy::forward`, which leaves
+/// the room's origin-command field out of a plain-HTTP origin's lines.
 async fn forward(
     node: &Node,
     worker: &Worker,
@@ -513,8 +509,7 @@ async fn forward(
     timeout: std::time::Duration,
     req: Request<ReqBody>,
     conn: ConnInfo,
-    hop: std::net::IpAddr,
-    scheme: &'static str,
+    (hop, scheme, command): (std::net::IpAddr, &'static str, Option<&http::HeaderName>),
 ) -> Result<Answer<Body>, proxy::ProxyError> {
     let origin_request = proxy::OriginRequest {
         forwarding: Forwarding {
@@ -526,6 +521,7 @@ async fn forward(
         via: &node.settings.via,
         defences: &node.defences,
         now_secs: node.clock.now().0 / 1_000,
+        command,
     };
     if upgrade::is_upgrade(&req) {
         // Boxed: rare, and its future would be copied with every request's.
@@ -578,13 +574,17 @@ async fn to_origin(
     // answer, never held across it: an arc-swap guard held over an await
     // takes one of the thread's few fast slots for as long (every other
     // load on the thread then takes the slow path).
-    room.live
-        .load()
-        .origin_commands
-        .strip_request(req.headers_mut());
+    // The command field's name goes with the request (a clone of shared
+    // bytes): a plain-HTTP origin's answer is read without it.
+    let command = {
+        let live = room.live.load();
+        live.origin_commands.strip_request(req.headers_mut());
+        live.origin_commands.header().clone()
+    };
     let proxy_started = Instant::now();
     let (upstream, timeout) = (&room.upstream, room.spec.origin_timeout);
-    let result = forward(node, worker, upstream, timeout, req, conn, hop, scheme).await;
+    let at = (hop, scheme, Some(&command));
+    let result = forward(node, worker, upstream, timeout, req, conn, at).await;
     let proxy_time = proxy_started.elapsed();
     room.metrics.observe(Latency::Proxy, proxy_time);
     trace.upstream_micros = Some(proxy_time.as_micros() as u64);
