@@ -333,7 +333,10 @@ pub async fn forward(
             {
                 req.headers_mut().insert(header::HOST, host);
             }
-            send(
+            // Boxed: hyper's exchange is the larger future (1.9 KB against
+            // the plain one's 1.3 KB), and inline it sized every proxied
+            // request's future, which is moved into its box whole.
+            Box::pin(send(
                 client,
                 upstream,
                 choice,
@@ -341,7 +344,7 @@ pub async fn forward(
                 req,
                 to_origin.via,
                 fresh,
-            )
+            ))
             .await
             .map(|resp| (resp, None))
         };

@@ -83,8 +83,8 @@ impl HttpBody for ReqBody {
 /// inserted into a map, hashed, encoded from it and dropped (about 1,500
 /// instructions a page; as a response extension they cost ~550 more, the
 /// extensions' map and box made and dropped). So do a plain-HTTP origin's
-/// answer fields ([`crate::origin_h1`]: copied from its head with names in
-/// lower case, the hop-by-hop ones left out). None of them may be
+/// answer fields ([`crate::origin_h1`]: copied from its head as the origin
+/// spelled them, the hop-by-hop ones left out). None of them may be
 /// `content-length`, `transfer-encoding`, `connection` or `trailer`, whose
 /// framing the writer decides, and `date` only when [`HeadLines::has_date`]
 /// says so (the writer then adds none); hyper's path puts them in the map

@@ -181,11 +181,20 @@ async fn answer(
     let room = &node.rooms[index];
     trace.room = Some(index as u16);
 
-    // 1b. A bypass rule: to the origin without a ticket, nothing counted.
-    if bypassed {
-        trace.outcome = Outcome::Bypassed;
-        // No ticket: nothing for an origin command to act on (its header
-        // is still removed).
+    // 1b. A bypass rule, or (1c) a suspended room (Cloudflare's
+    //     `suspended`: out of the way, as if no room covered it): to the
+    //     origin without a ticket, nothing counted. No ticket: nothing for
+    //     an origin command to act on (its header is still removed).
+    let live = room.live.load_full();
+    let through = if bypassed {
+        Some(Outcome::Bypassed)
+    } else if live.suspended {
+        Some(Outcome::Suspended)
+    } else {
+        None
+    };
+    if let Some(outcome) = through {
+        trace.outcome = outcome;
         let to = OriginCall {
             hop,
             scheme,
@@ -196,25 +205,9 @@ async fn answer(
             .await
             .0;
     }
-    let live = room.live.load_full();
     let now = node.clock.now();
     // The room as it stands now: a scheduled event's overrides (`Room::at`).
     let engine_room = &live.engine.at(now);
-
-    // 1c. A suspended room is out of the way (Cloudflare's `suspended`):
-    //     to the origin, no ticket, no count, as if no room covered it.
-    if live.suspended {
-        trace.outcome = Outcome::Suspended;
-        let to = OriginCall {
-            hop,
-            scheme,
-            trace,
-            lines,
-        };
-        return Box::pin(to_origin(node, worker, room, req, conn, to))
-            .await
-            .0;
-    }
 
     // 2. The ticket: whatever does not open is a new visitor, counted by why.
     let started = Instant::now();
@@ -557,7 +550,7 @@ async fn to_origin(
     node: &Node,
     worker: &Worker,
     room: &RoomRuntime,
-    req: Request<ReqBody>,
+    mut req: Request<ReqBody>,
     conn: ConnInfo,
     to: OriginCall<'_>,
 ) -> (Response<Body>, Option<OriginCommand>) {
@@ -569,7 +562,6 @@ async fn to_origin(
     } = to;
     // Read before the request goes: an error page answers in kind.
     let json = wants_json(req.headers());
-    let mut req = req;
     // The room's live settings are loaded on each side of the origin's
     // answer, never held across it: an arc-swap guard held over an await
     // takes one of the thread's few fast slots for as long (every other
