@@ -495,10 +495,11 @@ impl H1Conn {
             field_spans(&parsed, self.buf.as_ptr() as usize, &mut self.spans)?;
         }
         let head_bytes = self.buf.split_to(len).freeze();
-        let mut headers = HeaderMap::new();
-        if lines.is_none() {
-            headers = answer_map(&mut self.spans, &head_bytes);
-        }
+        let mut headers = if lines.is_none() {
+            answer_map(&mut self.spans, &head_bytes)
+        } else {
+            HeaderMap::new()
+        };
         let mut reusable = if version == Version::HTTP_11 {
             !close
         } else {
@@ -581,6 +582,35 @@ fn answer_field(name: &[u8]) -> AnswerField {
     }
 }
 
+/// What a `Connection` value says.
+#[derive(Debug, Clone, Copy)]
+struct ConnectionSays {
+    close: bool,
+    keep_alive: bool,
+    /// A token other than `close` and `keep-alive`: a field that goes with
+    /// it (RFC 9110 §7.6.1).
+    names_fields: bool,
+}
+
+/// Reads a `Connection` value's comma-separated tokens (ASCII
+/// case-insensitive, empty ones skipped).
+fn connection_says(value: &[u8]) -> ConnectionSays {
+    let mut says = ConnectionSays {
+        close: false,
+        keep_alive: false,
+        names_fields: false,
+    };
+    for token in value.split(|b| *b == b',') {
+        let token = token.trim_ascii();
+        let is_close = token.eq_ignore_ascii_case(b"close");
+        let is_keep_alive = token.eq_ignore_ascii_case(b"keep-alive");
+        says.close |= is_close;
+        says.keep_alive |= is_keep_alive;
+        says.names_fields |= !(is_close || is_keep_alive || token.is_empty());
+    }
+    says
+}
+
 /// What an answer's fields say of its framing and connection, and the
 /// fields themselves as lines when they can go so ([`Head`]).
 #[derive(Debug, Default)]
@@ -637,32 +667,23 @@ fn read_fields(
                 f.chunked = last_token(h.value).is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
             }
             AnswerField::Connection => {
-                for token in h.value.split(|b| *b == b',') {
-                    let token = token.trim_ascii();
-                    let is_close = token.eq_ignore_ascii_case(b"close");
-                    let is_keep_alive = token.eq_ignore_ascii_case(b"keep-alive");
-                    f.close |= is_close;
-                    f.keep_alive |= is_keep_alive;
-                    // Names a field that goes with it: the map path strips both.
-                    raw &= is_close || is_keep_alive || token.is_empty();
-                }
+                let says = connection_says(h.value);
+                f.close |= says.close;
+                f.keep_alive |= says.keep_alive;
+                // Names a field that goes with it: the map path strips both.
+                raw &= !says.names_fields;
             }
             // Said of this hop only: never the visitor's.
             AnswerField::KeepAlive | AnswerField::HopByHop => {}
+            // The origin's word to the node, never the visitor's.
+            AnswerField::Date | AnswerField::Other if name.eq_ignore_ascii_case(command) => {
+                commands.push(h.value.to_vec());
+            }
             AnswerField::Date | AnswerField::Other if raw => {
                 if name.len() > MAX_NAME {
                     // A `HeaderName` could not hold it: the map path
                     // refuses the answer.
                     raw = false;
-                    continue;
-                }
-                if name.len() == command.len() && name.eq_ignore_ascii_case(command) {
-                    // The origin's word to the node, never the visitor's.
-                    commands.push(h.value.to_vec());
-                    if !run.is_empty() {
-                        out.extend_from_slice(&head[run]);
-                    }
-                    run = 0..0;
                     continue;
                 }
                 date |= field == AnswerField::Date;
@@ -754,16 +775,7 @@ fn field_spans(
             .map_err(|_| H1Error::Invalid("bad header name"))?;
         match answer_field(h.name.as_bytes()) {
             AnswerField::KeepAlive => continue,
-            AnswerField::Connection
-                if h.value.split(|b| *b == b',').all(|t| {
-                    let t = t.trim_ascii();
-                    t.is_empty()
-                        || t.eq_ignore_ascii_case(b"close")
-                        || t.eq_ignore_ascii_case(b"keep-alive")
-                }) =>
-            {
-                continue;
-            }
+            AnswerField::Connection if !connection_says(h.value).names_fields => continue,
             _ => {}
         }
         let start = h.value.as_ptr() as usize - base;

@@ -86,8 +86,8 @@ impl HttpBody for ReqBody {
 /// answer fields ([`crate::origin_h1`]: copied from its head as the origin
 /// spelled them, the hop-by-hop ones left out). None of them may be
 /// `content-length`, `transfer-encoding`, `connection` or `trailer`, whose
-/// framing the writer decides, and `date` only when [`HeadLines::has_date`]
-/// says so (the writer then adds none); hyper's path puts them in the map
+/// framing the writer decides, and `date` only in an origin's lines, which
+/// say so (the writer then adds none); hyper's path puts them in the map
 /// first ([`HeadLines::into_map`]).
 #[derive(Debug, Clone)]
 pub struct HeadLines {
@@ -136,12 +136,6 @@ impl HeadLines {
             date: lines.date,
             commands: lines.commands,
         }
-    }
-
-    /// Whether a `date` line is among them.
-    #[must_use]
-    pub fn has_date(&self) -> bool {
-        self.date
     }
 
     /// The lines as they will be written.
