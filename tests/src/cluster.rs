@@ -164,10 +164,39 @@ pub fn start_nodes(
     origin: SocketAddr,
     interval_ms: u64,
 ) -> Vec<crate::edge::Edge> {
+    start_nodes_with(
+        dir,
+        certs,
+        aggregators,
+        nodes,
+        rooms,
+        origin,
+        interval_ms,
+        "",
+    )
+}
+
+/// As [`start_nodes`], with `gossip_lines` (e.g. `lease_wait_ms = 250\n`)
+/// added to each node's `[aggregator]` table.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "start_nodes' arguments and the lines added"
+)]
+pub fn start_nodes_with(
+    dir: &Path,
+    certs: &Certs,
+    aggregators: &[SocketAddr],
+    nodes: &[(&str, &str)],
+    rooms: &str,
+    origin: SocketAddr,
+    interval_ms: u64,
+    gossip_lines: &str,
+) -> Vec<crate::edge::Edge> {
     nodes
         .iter()
         .map(|&(name, colo)| {
-            let gossip = node_gossip_table_many(aggregators, certs, certs, name, interval_ms);
+            let gossip =
+                node_gossip_table_many(aggregators, certs, certs, name, interval_ms) + gossip_lines;
             let config = node_config(dir, name, colo, 2, true, rooms, origin, &gossip);
             crate::edge::Edge::start(dir, name, &config).unwrap()
         })

@@ -46,7 +46,7 @@ use waitroom_common::{cluster::grants::GrantLedger, time::Minute};
 use waitroom_tests::{
     cluster::{
         Aggregator, Certs, aggregator_config, free_udp_addr, named_homed_at, random_room,
-        start_nodes,
+        start_nodes_with,
     },
     edge::{
         Edge, admits_new_visitor, check_the_minute, fresh_from, get_text, home_among, metric,
@@ -62,6 +62,15 @@ use waitroom_tests::{
 const INTERVAL_MS: u64 = 500;
 const NEW_USERS_PER_MINUTE: u64 = 24;
 const TOTAL_ACTIVE_USERS: u64 = 60;
+/// How long a node holds a visitor while it asks its home for more. With
+/// `[ledger]` the answer waits for a commit, and OPERATIONS says to keep
+/// `lease_wait_ms` above the commit time: the default 50 ms is several
+/// commits on an idle machine (12–15 ms), but not in CI, where six
+/// clusters of three etcd members fsync on two cores at once. A hold that
+/// ends unanswered queues its visitor, and in a random room every later
+/// visitor then joins the queue (CI run on 843ef16: a node that began the
+/// minute holding the one slot an idle node keeps admitted 5 of its 12).
+const LEASE_WAIT_MS: u64 = 250;
 
 /// Demand past the limit at every node, two new visitors each per 100 ms,
 /// until the minute is 55 s old; `during` runs once, at `at` seconds into
@@ -201,7 +210,7 @@ impl Setup {
                 Aggregator::start(dir.path(), &format!("aggregator-{i}"), &config).unwrap()
             })
             .collect();
-        let edges = start_nodes(
+        let edges = start_nodes_with(
             dir.path(),
             &certs,
             &listens,
@@ -209,6 +218,7 @@ impl Setup {
             &room,
             origin,
             INTERVAL_MS,
+            &format!("lease_wait_ms = {LEASE_WAIT_MS}\n"),
         );
         let setup = Self {
             etcd,
@@ -245,15 +255,17 @@ impl Setup {
         setup
     }
 
-    /// The grants both aggregators logged (debug), for a failure message.
-    fn grant_log(&self) -> String {
+    /// The grants of `minute` both aggregators logged (debug), for a
+    /// failure message.
+    fn grant_log(&self, minute: u64) -> String {
+        let minute = format!("minute={minute} ");
         let mut out = String::new();
         for (i, a) in self.aggregators.iter().enumerate() {
             for line in a
                 .proc
                 .stderr()
                 .lines()
-                .filter(|l| l.contains("shared grant"))
+                .filter(|l| l.contains("shared grant") && l.contains(&minute))
             {
                 out += &format!("aggregator {i}: {line}\n");
             }
@@ -262,19 +274,38 @@ impl Setup {
     }
 
     /// Neither node was starved: each admitted at least a quarter of the
-    /// limit. Both face the same demand and start the minute holding half
-    /// of it each; in a random room a node that queues its first visitors
-    /// sends every later one to the lottery, and these visitors never come
-    /// back for a draw, so a node granted nothing at the minute's start
-    /// admits nothing all minute.
-    fn check_nobody_starved(&self, admitted: &[u64]) {
+    /// limit. Both face the same demand; a node idle until the minute's
+    /// start holds only the slot or two its lease keeps for an idle node
+    /// and asks for more with its first visitors, held meanwhile. In a
+    /// random room a node that queues its first visitors sends every later
+    /// one to the lottery, and these visitors never come back for a draw,
+    /// so a node whose ask went unanswered at the minute's start admits
+    /// next to nothing all minute.
+    fn check_nobody_starved(&self, minute: u64, admitted: &[u64]) {
         for (name, &admitted) in self.names.iter().zip(admitted) {
             assert!(
                 admitted >= NEW_USERS_PER_MINUTE / 4,
-                "{name} admitted {admitted} of {NEW_USERS_PER_MINUTE}, starved; the grants:\n{}",
-                self.grant_log()
+                "{name} admitted {admitted} of {NEW_USERS_PER_MINUTE}, starved; the nodes' holds:\n{}the grants:\n{}",
+                self.holds(),
+                self.grant_log(minute)
             );
         }
+    }
+
+    /// Each node's on-demand lease holds so far, and how many ended
+    /// without an answer, for a failure message.
+    fn holds(&self) -> String {
+        let mut out = String::new();
+        for (name, edge) in self.names.iter().zip(&self.edges) {
+            let text = get_text(&edge.admin_url("/metrics"));
+            let count = |metric_name| metric(&text, metric_name).unwrap_or(-1.0);
+            out += &format!(
+                "{name}: {} held, {} timed out\n",
+                count("waitroom_lease_holds_total"),
+                count("waitroom_lease_holds_timed_out_total")
+            );
+        }
+        out
     }
 
     /// Aggregator 0 killed and started again with `config` (named `tag`),
@@ -421,7 +452,7 @@ fn an_aggregator_that_lost_its_state_grants_from_what_etcd_holds() {
     );
     eprintln!("the node was fresh from its restarted home {home_again:?} after the restart");
     check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
-    setup.check_nobody_starved(&admitted);
+    setup.check_nobody_starved(minute, &admitted);
     setup.check_etcd(minute, &admitted);
     let log = setup.aggregators[0].proc.stderr();
     assert!(
@@ -472,7 +503,7 @@ fn without_a_quorum_nodes_keep_what_they_hold_and_nothing_more() {
     let held_back = setup.sum("waitroom_aggregator_ledger_grants_held_back_total");
     eprintln!("no quorum from 10 s on: {failures} commit failures, {held_back} grants held back");
     check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
-    setup.check_nobody_starved(&admitted);
+    setup.check_nobody_starved(minute, &admitted);
     assert!(failures >= 1.0, "commits failed without a quorum");
     assert!(held_back >= 1.0, "nodes were answered with what they hold");
     let killed_at = killed_at.unwrap();
@@ -579,7 +610,7 @@ fn cut_from_etcd(tag: &str, replies_only: bool) {
         failures(1) - before[1],
     );
     check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
-    setup.check_nobody_starved(&admitted);
+    setup.check_nobody_starved(minute, &admitted);
     assert!(failures(0) > before[0], "the cut aggregator's commits fail");
     assert!(held_back >= 1.0, "and it tells its node so");
     // The other commits all along (a report every 500 ms): a failure or
@@ -639,7 +670,10 @@ fn a_node_whose_home_cannot_commit_is_granted_by_the_other() {
     minutes::early_in_a_minute(20);
     // This minute, node 0 spends all but one of what it holds: a node
     // keeps an unused lease of the last minute until its next grant, and
-    // that one slot is all it may carry into the next minute.
+    // that one slot is all it may carry into the next minute. (Once it has
+    // moved, aggregator 1 grants it more of this minute for its recent
+    // admits, and node 1, idle, keeps the one slot an idle node is leased:
+    // what either holds of the next minute comes from aggregator 1.)
     let (caps, _) = caps_in_etcd(&setup.endpoints, minutes::unix_secs() / 60);
     let held = caps
         .iter()
@@ -687,7 +721,7 @@ fn a_node_whose_home_cannot_commit_is_granted_by_the_other() {
         "node 0 takes its grants from the aggregator that can commit: {}",
         log_lines(&setup.edges[0].proc, |l| l.contains("WARN"))
     );
-    setup.check_nobody_starved(&admitted);
+    setup.check_nobody_starved(minute, &admitted);
     setup.check_etcd(minute, &admitted);
 
     // --- The typo mended (restarted with the cluster's epoch): its answers
@@ -743,7 +777,7 @@ fn an_aggregator_frozen_mid_commit_and_thawed_grants_nothing_twice() {
     );
     assert!(thawed_at.is_some(), "thawed inside the minute");
     check_the_minute(&setup.edges, &admitted, NEW_USERS_PER_MINUTE);
-    setup.check_nobody_starved(&admitted);
+    setup.check_nobody_starved(minute, &admitted);
     setup.check_etcd(minute, &admitted);
 
     // --- Its way to etcd fast again: it takes its node back and commits.
