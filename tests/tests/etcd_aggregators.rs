@@ -585,13 +585,19 @@ fn cut_from_etcd(tag: &str, replies_only: bool) {
             .metric("waitroom_aggregator_ledger_commit_failures_total")
             .unwrap_or(0.0)
     };
-    let commits = |i: usize| {
-        setup.aggregators[i]
-            .metric("waitroom_aggregator_ledger_commits_total")
-            .unwrap_or(0.0)
+    // The other's commits and failures from one scrape: read in two while
+    // it reports every 500 ms, a failure between them would count against
+    // commits read before it.
+    let commits_and_failures = |i: usize| {
+        let text = get_text(&setup.aggregators[i].admin_url("/metrics"));
+        let read = |series| metric(&text, series).unwrap_or(0.0);
+        (
+            read("waitroom_aggregator_ledger_commits_total"),
+            read("waitroom_aggregator_ledger_commit_failures_total"),
+        )
     };
     let before = [failures(0), failures(1)];
-    let commits_before = commits(1);
+    let other_before = commits_and_failures(1);
     minutes::sleep_until_second(57);
     for relay in &setup.relays {
         relay.cut(!replies_only, true);
@@ -618,7 +624,8 @@ fn cut_from_etcd(tag: &str, replies_only: bool) {
     // The other commits all along (a report every 500 ms): a failure or
     // two there is contention with the cut one's writes that landed, or a
     // loaded machine, not the cut.
-    let other = (commits(1) - commits_before, failures(1) - before[1]);
+    let other_now = commits_and_failures(1);
+    let other = (other_now.0 - other_before.0, other_now.1 - other_before.1);
     assert!(
         other.0 >= 20.0 && other.1 <= other.0 / 10.0,
         "the other's go on, (commits, failures) {other:?}: {}",
@@ -638,9 +645,10 @@ fn cut_from_etcd(tag: &str, replies_only: bool) {
     for relay in &setup.relays {
         relay.cut(false, false);
     }
-    let mended = commits(0);
+    let mended = commits_and_failures(0).0;
     assert!(
-        eventually(Duration::from_secs(20), || commits(0) > mended),
+        eventually(Duration::from_secs(20), || commits_and_failures(0).0
+            > mended),
         "aggregator 0 commits again once it reaches etcd"
     );
 }

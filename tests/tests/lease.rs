@@ -108,8 +108,10 @@ fn in_a_seven_to_one_burst_nobody_is_queued_below_98_percent_while_the_aggregato
         .status
         .reports_total
         .load(Relaxed)
-        - b_answers
-        - (lease(&cluster, 1).asks_total.load(Relaxed) - b_asks);
+        .saturating_sub(b_answers)
+        // An ask counted whose answer is not yet: none periodic, not an
+        // underflow.
+        .saturating_sub(lease(&cluster, 1).asks_total.load(Relaxed) - b_asks);
     eprintln!(
         "B: promised {b_promise}, admitted {b_admitted} of {at_b} in {b_took:?} \
          ({} asks, {periodic} periodic answers meanwhile)",

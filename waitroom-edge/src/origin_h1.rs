@@ -744,20 +744,33 @@ pub fn fields_both_ways(
     head: &[u8],
     command: Option<&HeaderName>,
 ) -> Option<(Option<OriginLines>, HeaderMap)> {
+    with_parsed(head, |parsed, len| {
+        let fields = read_fields(parsed, head, Some(len), command).ok()?;
+        let mut spans = Vec::new();
+        field_spans(parsed, head.as_ptr() as usize, &mut spans).ok()?;
+        let mut map = answer_map(&mut spans, &Bytes::copy_from_slice(head));
+        crate::proxy::strip_hop_by_hop(&mut map);
+        map.remove(header::CONTENT_LENGTH);
+        Some((fields.lines, map))
+    })
+    .flatten()
+}
+
+/// `f` over `head` read as `parse_head` reads an answer (its parser, its
+/// slots) and the head's length; `None` where httparse does not admit
+/// `head` as a complete answer head. For the checks beside the reader
+/// (tests, `fields_both_ways`): `parse_head` itself tells a partial head
+/// from a malformed one.
+fn with_parsed<R>(
+    head: &[u8],
+    f: impl FnOnce(&httparse::Response<'_, '_>, usize) -> R,
+) -> Option<R> {
     let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Response::new(&mut []);
-    let Ok(httparse::Status::Complete(len)) =
-        answer_parser().parse_response_with_uninit_headers(&mut parsed, head, &mut slots)
-    else {
-        return None;
-    };
-    let fields = read_fields(&parsed, head, Some(len), command).ok()?;
-    let mut spans = Vec::new();
-    field_spans(&parsed, head.as_ptr() as usize, &mut spans).ok()?;
-    let mut map = answer_map(&mut spans, &Bytes::copy_from_slice(head));
-    crate::proxy::strip_hop_by_hop(&mut map);
-    map.remove(header::CONTENT_LENGTH);
-    Some((fields.lines, map))
+    match answer_parser().parse_response_with_uninit_headers(&mut parsed, head, &mut slots) {
+        Ok(httparse::Status::Complete(len)) => Some(f(&parsed, len)),
+        _ => None,
+    }
 }
 
 /// The names of `parsed`'s fields and where their values sit after `base`
@@ -1242,15 +1255,11 @@ mod tests {
     /// The first field of an answer head as `parse_head` reads heads (name,
     /// value); `None` when httparse does not admit it whole.
     fn first_field(head: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
-        let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut []);
-        let Ok(httparse::Status::Complete(_)) =
-            answer_parser().parse_response_with_uninit_headers(&mut parsed, head, &mut slots)
-        else {
-            return None;
-        };
-        let h = parsed.headers.first()?;
-        Some((h.name.as_bytes().to_vec(), h.value.to_vec()))
+        with_parsed(head, |parsed, _| {
+            let h = parsed.headers.first()?;
+            Some((h.name.as_bytes().to_vec(), h.value.to_vec()))
+        })
+        .flatten()
     }
 
     /// `parse_head` makes each value a `HeaderValue` unchecked: whatever
@@ -1276,13 +1285,7 @@ mod tests {
         assert_eq!(admitted, 1 + 95 + 128);
         // Nor a folded line, whose value would carry CR LF.
         let folded = b"HTTP/1.1 200 OK\r\nx: a\r\n b\r\ncontent-length: 0\r\n\r\n";
-        let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut []);
-        assert!(
-            answer_parser()
-                .parse_response_with_uninit_headers(&mut parsed, folded, &mut slots)
-                .is_err()
-        );
+        assert!(with_parsed(folded, |_, _| ()).is_none());
     }
 
     /// Every name httparse admits in an answer is a `HeaderName`'s (which
@@ -1431,13 +1434,13 @@ mod tests {
     #[test]
     fn fields_read_without_lines_say_the_same_framing() {
         let head = b"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nTransfer-Encoding: x, CHUNKED\r\nContent-Length: 7\r\nContent-Length: 7\r\n\r\n";
-        let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut []);
-        answer_parser()
-            .parse_response_with_uninit_headers(&mut parsed, head, &mut slots)
-            .unwrap();
-        let with = read_fields(&parsed, head, Some(64), None).unwrap();
-        let without = read_fields(&parsed, head, None, None).unwrap();
+        let (with, without) = with_parsed(head, |parsed, _| {
+            (
+                read_fields(parsed, head, Some(64), None).unwrap(),
+                read_fields(parsed, head, None, None).unwrap(),
+            )
+        })
+        .unwrap();
         for f in [&with, &without] {
             assert_eq!(f.length, Some(7));
             assert!(f.transfer_encoding && f.chunked && f.keep_alive && !f.close);
@@ -1445,11 +1448,11 @@ mod tests {
         assert_eq!(with.lines, Some(OriginLines::default()));
         assert_eq!(without.lines, None);
         let two = b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\nContent-Length: 8\r\n\r\n";
-        let mut parsed = httparse::Response::new(&mut []);
-        answer_parser()
-            .parse_response_with_uninit_headers(&mut parsed, two, &mut slots)
-            .unwrap();
-        assert!(read_fields(&parsed, two, Some(64), None).is_err());
+        assert!(
+            with_parsed(two, |parsed, _| read_fields(parsed, two, Some(64), None)
+                .is_err())
+            .unwrap()
+        );
     }
 
     #[test]
