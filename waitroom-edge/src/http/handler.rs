@@ -71,357 +71,371 @@ impl Worker {
 /// Handles one request. Never fails: every problem becomes a response.
 /// With the access log on, what the line needs is copied from the head
 /// first and the record queued after the answer (`crate::access_log`).
-pub async fn handle(
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an `async fn` stores its arguments twice in its future (rust-lang/rust#62958)"
+)]
+pub fn handle(
     node: &Node,
     worker: &Worker,
     req: Request<ReqBody>,
     conn: ConnInfo,
     scheme: &'static str,
-) -> Answer<Body> {
-    let mut lines = None;
-    let mut logged = worker.access_log.as_ref().map(|log| {
-        let started = Instant::now();
-        (
-            log,
-            started,
-            access_log::Record::from_request(&req, conn.client),
-        )
-    });
-    let mut untraced = Trace::default();
-    let trace = match &mut logged {
-        Some((_, _, record)) => &mut record.trace,
-        None => &mut untraced,
-    };
-    let resp = answer(node, worker, req, conn, scheme, trace, &mut lines).await;
-    if let Some((log, started, mut record)) = logged {
-        record.status = resp.status().as_u16();
-        record.bytes = hyper::body::Body::size_hint(resp.body()).exact();
-        record.total_micros = started.elapsed().as_micros() as u64;
-        log.push(record);
+) -> impl Future<Output = Answer<Body>> {
+    // Not an `async fn`: see `to_origin`.
+    async move {
+        let mut lines = None;
+        let mut logged = worker.access_log.as_ref().map(|log| {
+            let started = Instant::now();
+            (
+                log,
+                started,
+                access_log::Record::from_request(&req, conn.client),
+            )
+        });
+        let mut untraced = Trace::default();
+        let trace = match &mut logged {
+            Some((_, _, record)) => &mut record.trace,
+            None => &mut untraced,
+        };
+        let resp = answer(node, worker, req, conn, scheme, trace, &mut lines).await;
+        if let Some((log, started, mut record)) = logged {
+            record.status = resp.status().as_u16();
+            record.bytes = hyper::body::Body::size_hint(resp.body()).exact();
+            record.total_micros = started.elapsed().as_micros() as u64;
+            log.push(record);
+        }
+        (resp, lines)
     }
-    (resp, lines)
 }
 
 /// The request path proper; `trace` gathers what the access log says of it,
 /// `lines` the fields of the answer already written (the queue page's).
-async fn answer(
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an `async fn` stores its arguments twice in its future (rust-lang/rust#62958)"
+)]
+fn answer(
     node: &Node,
     worker: &Worker,
-    req: Request<ReqBody>,
+    mut req: Request<ReqBody>,
     conn: ConnInfo,
     scheme: &'static str,
     trace: &mut Trace,
     lines: &mut Option<HeadLines>,
-) -> Response<Body> {
-    // 0. A request that already passed this node stops here; the client is
-    //    who a trusted proxy says it is (`crate::forwarded`).
-    if node.settings.via.seen_in(req.headers()) {
-        node.defences.record(
-            Defence::Loop,
-            node.clock.now().0 / 1_000,
-            Some(conn.client),
-            "a request came back carrying this node's own Via: 508",
-        );
-        trace.outcome = Outcome::Loop;
-        return proxy::loop_detected();
-    }
-    let hop = conn.client;
-    let conn = ConnInfo {
-        client: node.settings.trusted_proxies.resolve(hop, req.headers()),
-        ..conn
-    };
-    trace.client = Some(conn.client);
-
-    // 1. The room, by the one spelling of the target (`crate::target`); the
-    //    origin gets that spelling too.
-    let (index, rewrite, bypassed) = match target::normalize(req.uri(), req.headers()) {
-        Ok(t) => {
-            let Some(index) = node.routes.route(&t) else {
-                node.metrics.requests_unmatched.fetch_add(1, Relaxed);
-                // Slashes as sent: no room says to merge them.
-                let spelling = (t.path_and_query(false), t.host_header());
-                let mut req = req;
-                respell(&mut req, spelling);
-                // Boxed: the rare path's state stays out of every
-                // request's future (each byte of it is moved per request).
-                return Box::pin(unrouted(node, worker, req, conn, hop, scheme, trace, lines))
-                    .await;
-            };
-            let merge = node.rooms[index].spec.merge_slashes;
-            let changed = req.uri().authority().is_some()
-                || matches!(t.host, std::borrow::Cow::Owned(_))
-                || t.path(merge) != req.uri().path();
-            // Bypass rules see the spelling that was routed and is forwarded.
-            let rules = &node.rooms[index].live.load().bypass;
-            let bypassed = !rules.is_empty()
-                && rules
-                    .find(&bypass::Probe {
-                        method: req.method(),
-                        path: t.path(merge),
-                        headers: req.headers(),
-                        client: conn.client,
-                    })
-                    .is_some();
-            (
-                index,
-                changed.then(|| (t.path_and_query(merge), t.host_header())),
-                bypassed,
-            )
+) -> impl Future<Output = Response<Body>> {
+    // Not an `async fn`: see `to_origin` (the request was held three times).
+    async move {
+        // 0. A request that already passed this node stops here; the client is
+        //    who a trusted proxy says it is (`crate::forwarded`).
+        if node.settings.via.seen_in(req.headers()) {
+            node.defences.record(
+                Defence::Loop,
+                node.clock.now().0 / 1_000,
+                Some(conn.client),
+                "a request came back carrying this node's own Via: 508",
+            );
+            trace.outcome = Outcome::Loop;
+            return proxy::loop_detected();
         }
-        Err(err) => {
-            node.refused_targets.record(err, node.clock.now().0 / 1_000);
-            trace.outcome = Outcome::BadTarget;
-            return bad_target(err);
-        }
-    };
-    let mut req = req;
-    if let Some(spelling) = rewrite {
-        respell(&mut req, spelling);
-    }
-    let room = &node.rooms[index];
-    trace.room = Some(index as u16);
-
-    // 1b. A bypass rule, or (1c) a suspended room (Cloudflare's
-    //     `suspended`: out of the way, as if no room covered it): to the
-    //     origin without a ticket, nothing counted. No ticket: nothing for
-    //     an origin command to act on (its header is still removed).
-    let live = room.live.load_full();
-    let through = if bypassed {
-        Some(Outcome::Bypassed)
-    } else if live.suspended {
-        Some(Outcome::Suspended)
-    } else {
-        None
-    };
-    if let Some(outcome) = through {
-        trace.outcome = outcome;
-        let to = OriginCall {
-            hop,
-            scheme,
-            trace,
-            lines,
+        let hop = conn.client;
+        let conn = ConnInfo {
+            client: node.settings.trusted_proxies.resolve(hop, req.headers()),
+            ..conn
         };
-        return Box::pin(to_origin(node, worker, room, req, conn, to))
-            .await
-            .0;
-    }
-    let now = node.clock.now();
-    // The room as it stands now: a scheduled event's overrides (`Room::at`).
-    let engine_room = &live.engine.at(now);
+        trace.client = Some(conn.client);
 
-    // 2. The ticket: whatever does not open is a new visitor, counted by why.
-    let started = Instant::now();
-    let now_secs = now.0 / 1_000;
-    let config = engine_room.config();
-    let mut ticket = open_ticket(node, room, engine_room, req.headers(), now, conn.id);
-    // A ticket from another network (`ticket_binding`), or on more
-    // connections than its budget (a copied cookie): a new visitor's.
-    if let Some(t) = ticket {
-        if config.ticket_binding == TicketBinding::Network
-            && t.network != 0
-            && t.network != t.network_tag(conn.client)
-        {
-            node.defences.record(
-                Defence::TicketBinding,
-                now_secs,
-                Some(conn.client),
-                "ticket bound to another network: served as a new visitor",
-            );
-            ticket = None;
-        } else if !ticket_allowed_on(
-            node,
-            t.id,
-            conn.id,
-            now_secs,
-            config.ticket_connection_budget,
-            config.ticket_connection_window_secs,
-        ) {
-            node.defences.record(
-                Defence::TicketShared,
-                now_secs,
-                Some(conn.client),
-                "ticket on more connections than its budget: served as a new visitor",
-            );
-            ticket = None;
-        }
-    }
-    let presented = ticket;
-
-    // 2b. A new ticket for this client address, if the room queues and the
-    //     engine is going to make a new visitor of this request (no usable
-    //     ticket, or a session that ended): within the address's limit, or a
-    //     429 with nothing issued and no counter moved. Asked here, before
-    //     the engine, because afterwards its counts would already have moved.
-    if node.new_tickets.is_on()
-        && matches!(
-            engine_room.queueing_method(),
-            QueueingMethod::Fifo | QueueingMethod::Random
-        )
-        && engine::is_new_visitor(engine_room, ticket.as_ref(), now)
-        && let Err(wait_ms) = node.new_tickets.take(conn.client, now)
-    {
-        node.defences.record(
-            Defence::NewTicketRate,
-            now_secs,
-            Some(conn.client),
-            "too many new tickets for one client address",
-        );
-        trace.outcome = Outcome::TooManyNewTickets;
-        let view = pages::StatusView::new(
-            pages::Reason::TooManyNewVisitors,
-            429,
-            wait_ms.div_ceil(1_000).max(1),
-        );
-        return status_page(Some(&live), &room.spec.id, view, wants_json(req.headers()));
-    }
-
-    // 3. The decision; counts move by the ticket ledger, not the cookie alone.
-    //    A new visitor short of slots only because this node's promise ran
-    //    out is first held (at most `lease_wait_ms`, one ask for every held
-    //    visitor) while the node asks the aggregator for more; the engine
-    //    then decides with whatever state there is.
-    let mut now = now;
-    if let Some(lease) = node.gossip.as_ref().map(|g| &g.lease)
-        && lease.holding()
-        && engine::is_new_visitor(engine_room, ticket.as_ref(), now)
-        && engine::short_of_slots(
-            engine_room,
-            &room.state.load(),
-            node.room_counters(index),
-            now,
-        )
-    {
-        // Counted as held while it waits, so the ask reads as this
-        // visitor's need; noted as a visitor when the engine decides.
-        // Held until an answer counted them, or an earlier one gave room.
-        let _held = node.room_counters(index).hold_visitor(now.minute());
-        lease
-            .hold(|| {
-                engine::short_of_slots(
-                    engine_room,
-                    &room.state.load(),
-                    node.room_counters(index),
-                    node.clock.now(),
+        // 1. The room, by the one spelling of the target (`crate::target`); the
+        //    origin gets that spelling too.
+        let (index, rewrite, bypassed) = match target::normalize(req.uri(), req.headers()) {
+            Ok(t) => {
+                let Some(index) = node.routes.route(&t) else {
+                    node.metrics.requests_unmatched.fetch_add(1, Relaxed);
+                    // Slashes as sent: no room says to merge them.
+                    let spelling = (t.path_and_query(false), t.host_header());
+                    respell(&mut req, spelling);
+                    // Boxed: the rare path's state stays out of every
+                    // request's future (each byte of it is moved per request).
+                    return Box::pin(unrouted(node, worker, req, conn, hop, scheme, trace, lines))
+                        .await;
+                };
+                let merge = node.rooms[index].spec.merge_slashes;
+                let changed = req.uri().authority().is_some()
+                    || matches!(t.host, std::borrow::Cow::Owned(_))
+                    || t.path(merge) != req.uri().path();
+                // Bypass rules see the spelling that was routed and is forwarded.
+                let rules = &node.rooms[index].live.load().bypass;
+                let bypassed = !rules.is_empty()
+                    && rules
+                        .find(&bypass::Probe {
+                            method: req.method(),
+                            path: t.path(merge),
+                            headers: req.headers(),
+                            client: conn.client,
+                        })
+                        .is_some();
+                (
+                    index,
+                    changed.then(|| (t.path_and_query(merge), t.host_header())),
+                    bypassed,
                 )
-            })
-            .await;
-        now = node.clock.now();
-    }
-    let state = room.state.load();
-    let (mut decision, noted) = engine::decide_noting(
-        engine_room,
-        &state,
-        node.room_counters(index),
-        node.ledger(),
-        ticket,
-        now,
-        rand::random(),
-    );
-    if noted.replayed {
-        node.defences.record(
-            Defence::TicketReplayed,
-            now_secs,
-            Some(conn.client),
-            "stale or replayed ticket: its counts were not moved again",
-        );
-    }
-    let issued = decision.ticket_mut();
-    if config.ticket_binding == TicketBinding::Network && issued.network == 0 {
-        issued.network = issued.network_tag(conn.client);
-    }
-    if presented.is_none_or(|p| p.id != issued.id) {
-        // A new ticket's first connection counts against its budget too.
-        let _ = node.ledger().note_connection(
-            issued.id,
-            conn.id,
-            now_secs,
-            config.ticket_connection_budget,
-            config.ticket_connection_window_secs,
-        );
-    }
-    let set_cookie = if cookie_still_good(presented.as_ref(), &decision) {
-        None
-    } else {
-        set_cookie_header(node, room, engine_room, decision.ticket(), scheme)
-    };
-    room.metrics.observe(Latency::Decision, started.elapsed());
-    trace.bucket = Some(decision.ticket().bucket.0);
+            }
+            Err(err) => {
+                node.refused_targets.record(err, node.clock.now().0 / 1_000);
+                trace.outcome = Outcome::BadTarget;
+                return bad_target(err);
+            }
+        };
+        if let Some(spelling) = rewrite {
+            respell(&mut req, spelling);
+        }
+        let room = &node.rooms[index];
+        trace.room = Some(index as u16);
 
-    // 4. The answer.
-    match decision {
-        Decision::Admit {
-            visitor, ticket, ..
-        } => {
-            trace.outcome = Outcome::Admitted;
-            trace.visitor = Some(visitor.into());
-            room.metrics.count(if visitor == Visitor::Admitted {
-                RoomCount::AdmittedReturning
-            } else {
-                RoomCount::AdmittedNew
-            });
-            // Boxed here and at the other two calls: inline, the origin
-            // exchange's future made this one 12 KB (1.9 KB so), and a
-            // request's future is moved whole more than once (hyper's
-            // dispatch, each await that starts it): ~2,000 instructions of
-            // `memcpy` a proxied request, against one allocation.
+        // 1b. A bypass rule, or (1c) a suspended room (Cloudflare's
+        //     `suspended`: out of the way, as if no room covered it): to the
+        //     origin without a ticket, nothing counted. No ticket: nothing for
+        //     an origin command to act on (its header is still removed).
+        let live = room.live.load_full();
+        let through = if bypassed {
+            Some(Outcome::Bypassed)
+        } else if live.suspended {
+            Some(Outcome::Suspended)
+        } else {
+            None
+        };
+        if let Some(outcome) = through {
+            trace.outcome = outcome;
             let to = OriginCall {
                 hop,
                 scheme,
                 trace,
                 lines,
             };
-            let (mut resp, command) = Box::pin(to_origin(node, worker, room, req, conn, to)).await;
-            // 5. The origin's `revoke`: the session ends now, its slot is free,
-            //    and the browser forgets the cookie (a kept copy is a new
-            //    visitor's, see `engine::revoke`).
-            let set_cookie = if command == Some(OriginCommand::Revoke)
-                && engine::revoke(node.room_counters(index), node.ledger(), &ticket, now)
+            return Box::pin(to_origin(node, worker, room, req, conn, to))
+                .await
+                .0;
+        }
+        let now = node.clock.now();
+        // The room as it stands now: a scheduled event's overrides (`Room::at`).
+        let engine_room = &live.engine.at(now);
+
+        // 2. The ticket: whatever does not open is a new visitor, counted by why.
+        let started = Instant::now();
+        let now_secs = now.0 / 1_000;
+        let config = engine_room.config();
+        let mut ticket = open_ticket(node, room, engine_room, req.headers(), now, conn.id);
+        // A ticket from another network (`ticket_binding`), or on more
+        // connections than its budget (a copied cookie): a new visitor's.
+        if let Some(t) = ticket {
+            if config.ticket_binding == TicketBinding::Network
+                && t.network != 0
+                && t.network != t.network_tag(conn.client)
             {
-                room.metrics.count(RoomCount::Revoked);
-                clear_cookie_header(room, engine_room, scheme)
-            } else {
-                set_cookie.and_then(|c| c.header_value())
-            };
-            if let Some(c) = set_cookie {
-                resp.headers_mut().append(header::SET_COOKIE, c);
+                node.defences.record(
+                    Defence::TicketBinding,
+                    now_secs,
+                    Some(conn.client),
+                    "ticket bound to another network: served as a new visitor",
+                );
+                ticket = None;
+            } else if !ticket_allowed_on(
+                node,
+                t.id,
+                conn.id,
+                now_secs,
+                config.ticket_connection_budget,
+                config.ticket_connection_window_secs,
+            ) {
+                node.defences.record(
+                    Defence::TicketShared,
+                    now_secs,
+                    Some(conn.client),
+                    "ticket on more connections than its budget: served as a new visitor",
+                );
+                ticket = None;
             }
-            resp
         }
-        Decision::Queue {
+        let presented = ticket;
+
+        // 2b. A new ticket for this client address, if the room queues and the
+        //     engine is going to make a new visitor of this request (no usable
+        //     ticket, or a session that ended): within the address's limit, or a
+        //     429 with nothing issued and no counter moved. Asked here, before
+        //     the engine, because afterwards its counts would already have moved.
+        if node.new_tickets.is_on()
+            && matches!(
+                engine_room.queueing_method(),
+                QueueingMethod::Fifo | QueueingMethod::Random
+            )
+            && engine::is_new_visitor(engine_room, ticket.as_ref(), now)
+            && let Err(wait_ms) = node.new_tickets.take(conn.client, now)
+        {
+            node.defences.record(
+                Defence::NewTicketRate,
+                now_secs,
+                Some(conn.client),
+                "too many new tickets for one client address",
+            );
+            trace.outcome = Outcome::TooManyNewTickets;
+            let view = pages::StatusView::new(
+                pages::Reason::TooManyNewVisitors,
+                429,
+                wait_ms.div_ceil(1_000).max(1),
+            );
+            return status_page(Some(&live), &room.spec.id, view, wants_json(req.headers()));
+        }
+
+        // 3. The decision; counts move by the ticket ledger, not the cookie alone.
+        //    A new visitor short of slots only because this node's promise ran
+        //    out is first held (at most `lease_wait_ms`, one ask for every held
+        //    visitor) while the node asks the aggregator for more; the engine
+        //    then decides with whatever state there is.
+        let mut now = now;
+        if let Some(lease) = node.gossip.as_ref().map(|g| &g.lease)
+            && lease.holding()
+            && engine::is_new_visitor(engine_room, ticket.as_ref(), now)
+            && engine::short_of_slots(
+                engine_room,
+                &room.state.load(),
+                node.room_counters(index),
+                now,
+            )
+        {
+            // Counted as held while it waits, so the ask reads as this
+            // visitor's need; noted as a visitor when the engine decides.
+            // Held until an answer counted them, or an earlier one gave room.
+            let _held = node.room_counters(index).hold_visitor(now.minute());
+            lease
+                .hold(|| {
+                    engine::short_of_slots(
+                        engine_room,
+                        &room.state.load(),
+                        node.room_counters(index),
+                        node.clock.now(),
+                    )
+                })
+                .await;
+            now = node.clock.now();
+        }
+        let state = room.state.load();
+        let (mut decision, noted) = engine::decide_noting(
+            engine_room,
+            &state,
+            node.room_counters(index),
+            node.ledger(),
             ticket,
-            estimate,
-            visitor,
-            ..
-        } => {
-            trace.outcome = Outcome::Queued;
-            trace.visitor = Some(visitor.into());
-            room.metrics.count(RoomCount::Queued);
-            let wants_json = wants_json(req.headers());
-            let language = if wants_json {
-                None
-            } else {
-                live.language_of(req.headers())
-            };
-            let ask = Ask {
-                json: wants_json,
-                language,
-            };
-            let (resp, head) =
-                queue_response(room, &live, &ticket, &estimate, now, ask, set_cookie);
-            *lines = Some(head);
-            resp
+            now,
+            rand::random(),
+        );
+        if noted.replayed {
+            node.defences.record(
+                Defence::TicketReplayed,
+                now_secs,
+                Some(conn.client),
+                "stale or replayed ticket: its counts were not moved again",
+            );
         }
-        Decision::Reject { visitor, .. } => {
-            trace.outcome = Outcome::Rejected;
-            trace.visitor = Some(visitor.into());
-            room.metrics.count(RoomCount::Rejected);
-            let mut view = pages::StatusView::new(pages::Reason::Rejected, 403, 0);
-            view.queueing_method = "reject".into();
-            let mut resp = status_page(Some(&live), &room.spec.id, view, wants_json(req.headers()));
-            if let Some(c) = set_cookie.and_then(|c| c.header_value()) {
-                resp.headers_mut().append(header::SET_COOKIE, c);
+        let issued = decision.ticket_mut();
+        if config.ticket_binding == TicketBinding::Network && issued.network == 0 {
+            issued.network = issued.network_tag(conn.client);
+        }
+        if presented.is_none_or(|p| p.id != issued.id) {
+            // A new ticket's first connection counts against its budget too.
+            let _ = node.ledger().note_connection(
+                issued.id,
+                conn.id,
+                now_secs,
+                config.ticket_connection_budget,
+                config.ticket_connection_window_secs,
+            );
+        }
+        let set_cookie = if cookie_still_good(presented.as_ref(), &decision) {
+            None
+        } else {
+            set_cookie_header(node, room, engine_room, decision.ticket(), scheme)
+        };
+        room.metrics.observe(Latency::Decision, started.elapsed());
+        trace.bucket = Some(decision.ticket().bucket.0);
+
+        // 4. The answer.
+        match decision {
+            Decision::Admit {
+                visitor, ticket, ..
+            } => {
+                trace.outcome = Outcome::Admitted;
+                trace.visitor = Some(visitor.into());
+                room.metrics.count(if visitor == Visitor::Admitted {
+                    RoomCount::AdmittedReturning
+                } else {
+                    RoomCount::AdmittedNew
+                });
+                // Boxed here and at the other two calls: inline, the origin
+                // exchange's future made this one 12 KB (1.9 KB so), and a
+                // request's future is moved whole more than once (hyper's
+                // dispatch, each await that starts it): ~2,000 instructions of
+                // `memcpy` a proxied request, against one allocation.
+                let to = OriginCall {
+                    hop,
+                    scheme,
+                    trace,
+                    lines,
+                };
+                let (mut resp, command) =
+                    Box::pin(to_origin(node, worker, room, req, conn, to)).await;
+                // 5. The origin's `revoke`: the session ends now, its slot is free,
+                //    and the browser forgets the cookie (a kept copy is a new
+                //    visitor's, see `engine::revoke`).
+                let set_cookie = if command == Some(OriginCommand::Revoke)
+                    && engine::revoke(node.room_counters(index), node.ledger(), &ticket, now)
+                {
+                    room.metrics.count(RoomCount::Revoked);
+                    clear_cookie_header(room, engine_room, scheme)
+                } else {
+                    set_cookie.and_then(|c| c.header_value())
+                };
+                if let Some(c) = set_cookie {
+                    resp.headers_mut().append(header::SET_COOKIE, c);
+                }
+                resp
             }
-            resp
+            Decision::Queue {
+                ticket,
+                estimate,
+                visitor,
+                ..
+            } => {
+                trace.outcome = Outcome::Queued;
+                trace.visitor = Some(visitor.into());
+                room.metrics.count(RoomCount::Queued);
+                let wants_json = wants_json(req.headers());
+                let language = if wants_json {
+                    None
+                } else {
+                    live.language_of(req.headers())
+                };
+                let ask = Ask {
+                    json: wants_json,
+                    language,
+                };
+                let (resp, head) =
+                    queue_response(room, &live, &ticket, &estimate, now, ask, set_cookie);
+                *lines = Some(head);
+                resp
+            }
+            Decision::Reject { visitor, .. } => {
+                trace.outcome = Outcome::Rejected;
+                trace.visitor = Some(visitor.into());
+                room.metrics.count(RoomCount::Rejected);
+                let mut view = pages::StatusView::new(pages::Reason::Rejected, 403, 0);
+                view.queueing_method = "reject".into();
+                let mut resp =
+                    status_page(Some(&live), &room.spec.id, view, wants_json(req.headers()));
+                if let Some(c) = set_cookie.and_then(|c| c.header_value()) {
+                    resp.headers_mut().append(header::SET_COOKIE, c);
+                }
+                resp
+            }
         }
     }
 }
@@ -495,7 +509,11 @@ async fn unrouted(
 /// this hop (the peer it came from, its scheme): an upgrade through
 /// `crate::upgrade`, anything else through `proxy::forward`, which leaves
 /// the room's origin-command field out of a plain-HTTP origin's lines.
-async fn forward(
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an `async fn` stores its arguments twice in its future (rust-lang/rust#62958)"
+)]
+fn forward(
     node: &Node,
     worker: &Worker,
     upstream: &std::sync::Arc<crate::upstream::Upstream>,
@@ -503,32 +521,35 @@ async fn forward(
     req: Request<ReqBody>,
     conn: ConnInfo,
     (hop, scheme, command): (std::net::IpAddr, &'static str, Option<&http::HeaderName>),
-) -> Result<Answer<Body>, proxy::ProxyError> {
-    let origin_request = proxy::OriginRequest {
-        forwarding: Forwarding {
-            client: conn.client,
-            hop,
-            trusted: node.settings.trusted_proxies.contains(hop),
-            scheme,
-        },
-        via: &node.settings.via,
-        defences: &node.defences,
-        now_secs: node.clock.now().0 / 1_000,
-        command,
-    };
-    if upgrade::is_upgrade(&req) {
-        // Boxed: rare, and its future would be copied with every request's.
-        Box::pin(upgrade::forward(
-            &worker.client,
-            upstream,
-            timeout,
-            req,
-            &origin_request,
-        ))
-        .await
-        .map(|resp| (resp, None))
-    } else {
-        proxy::forward(&worker.client, upstream, timeout, req, &origin_request).await
+) -> impl Future<Output = Result<Answer<Body>, proxy::ProxyError>> {
+    // Not an `async fn`: see `to_origin`.
+    async move {
+        let origin_request = proxy::OriginRequest {
+            forwarding: Forwarding {
+                client: conn.client,
+                hop,
+                trusted: node.settings.trusted_proxies.contains(hop),
+                scheme,
+            },
+            via: &node.settings.via,
+            defences: &node.defences,
+            now_secs: node.clock.now().0 / 1_000,
+            command,
+        };
+        if upgrade::is_upgrade(&req) {
+            // Boxed: rare, and its future would be copied with every request's.
+            Box::pin(upgrade::forward(
+                &worker.client,
+                upstream,
+                timeout,
+                req,
+                &origin_request,
+            ))
+            .await
+            .map(|resp| (resp, None))
+        } else {
+            proxy::forward(&worker.client, upstream, timeout, req, &origin_request).await
+        }
     }
 }
 
@@ -546,66 +567,76 @@ struct OriginCall<'a> {
 /// timing it; a failure becomes its error page. The room's origin-command
 /// header goes from the request and from the response; the allowed command
 /// the origin gave is returned beside the response.
-async fn to_origin(
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an `async fn` stores its arguments twice in its future (rust-lang/rust#62958)"
+)]
+fn to_origin(
     node: &Node,
     worker: &Worker,
     room: &RoomRuntime,
     mut req: Request<ReqBody>,
     conn: ConnInfo,
     to: OriginCall<'_>,
-) -> (Response<Body>, Option<OriginCommand>) {
-    let OriginCall {
-        hop,
-        scheme,
-        trace,
-        lines,
-    } = to;
-    // Read before the request goes: an error page answers in kind.
-    let json = wants_json(req.headers());
-    // The room's live settings are loaded on each side of the origin's
-    // answer, never held across it: an arc-swap guard held over an await
-    // takes one of the thread's few fast slots for as long (every other
-    // load on the thread then takes the slow path).
-    // The command field's name goes with the request (a clone of shared
-    // bytes): a plain-HTTP origin's answer is read without it.
-    let command = {
+) -> impl Future<Output = (Response<Body>, Option<OriginCommand>)> {
+    // An `async fn` keeps each argument twice in its future (the argument
+    // and the body's binding of it, rust-lang/rust#62958): the request's
+    // 264 bytes once more in every future that holds this one, all moved
+    // per request. The block uses the captured arguments as they are.
+    async move {
+        let OriginCall {
+            hop,
+            scheme,
+            trace,
+            lines,
+        } = to;
+        // Read before the request goes: an error page answers in kind.
+        let json = wants_json(req.headers());
+        // The room's live settings are loaded on each side of the origin's
+        // answer, never held across it: an arc-swap guard held over an await
+        // takes one of the thread's few fast slots for as long (every other
+        // load on the thread then takes the slow path).
+        // The command field's name goes with the request (a clone of shared
+        // bytes): a plain-HTTP origin's answer is read without it.
+        let command = {
+            let live = room.live.load();
+            live.origin_commands.strip_request(req.headers_mut());
+            live.origin_commands.header().clone()
+        };
+        let proxy_started = Instant::now();
+        let (upstream, timeout) = (&room.upstream, room.spec.origin_timeout);
+        let at = (hop, scheme, Some(&command));
+        let result = forward(node, worker, upstream, timeout, req, conn, at).await;
+        let proxy_time = proxy_started.elapsed();
+        room.metrics.observe(Latency::Proxy, proxy_time);
+        trace.upstream_micros = Some(proxy_time.as_micros() as u64);
         let live = room.live.load();
-        live.origin_commands.strip_request(req.headers_mut());
-        live.origin_commands.header().clone()
-    };
-    let proxy_started = Instant::now();
-    let (upstream, timeout) = (&room.upstream, room.spec.origin_timeout);
-    let at = (hop, scheme, Some(&command));
-    let result = forward(node, worker, upstream, timeout, req, conn, at).await;
-    let proxy_time = proxy_started.elapsed();
-    room.metrics.observe(Latency::Proxy, proxy_time);
-    trace.upstream_micros = Some(proxy_time.as_micros() as u64);
-    let live = room.live.load();
-    match result {
-        Ok((mut resp, head)) => {
-            trace.upstream_status = Some(resp.status().as_u16());
-            let command = match head {
-                Some(mut head) => {
-                    let command = live.origin_commands.take_lines(&mut head);
-                    *lines = Some(head);
-                    command
-                }
-                None => live.origin_commands.take(resp.headers_mut()),
-            };
-            (resp, command)
-        }
-        Err(err) => {
-            room.metrics
-                .count(if matches!(err, proxy::ProxyError::ClientBody { .. }) {
-                    RoomCount::ClientBodyErrors
-                } else {
-                    RoomCount::ProxyErrors
-                });
-            let resp = match proxy::failure(&err) {
-                Some(view) => status_page(Some(&live), &room.spec.id, view, json),
-                None => proxy::error_page(&err),
-            };
-            (resp, None)
+        match result {
+            Ok((mut resp, head)) => {
+                trace.upstream_status = Some(resp.status().as_u16());
+                let command = match head {
+                    Some(mut head) => {
+                        let command = live.origin_commands.take_lines(&mut head);
+                        *lines = Some(head);
+                        command
+                    }
+                    None => live.origin_commands.take(resp.headers_mut()),
+                };
+                (resp, command)
+            }
+            Err(err) => {
+                room.metrics
+                    .count(if matches!(err, proxy::ProxyError::ClientBody { .. }) {
+                        RoomCount::ClientBodyErrors
+                    } else {
+                        RoomCount::ProxyErrors
+                    });
+                let resp = match proxy::failure(&err) {
+                    Some(view) => status_page(Some(&live), &room.spec.id, view, json),
+                    None => proxy::error_page(&err),
+                };
+                (resp, None)
+            }
         }
     }
 }
