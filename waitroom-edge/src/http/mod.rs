@@ -535,7 +535,7 @@ where
         + 'static,
 {
     let settings = &node.settings;
-    let (io, prefix, mut draining) = if settings.http1_fast_path {
+    let (io, prefix, draining) = if settings.http1_fast_path {
         match serve_plain(io, &answer, state, settings, &mut shutdown, peer).await {
             Plain::Done(why) => return why,
             Plain::HandOff(io, prefix, draining) => {
@@ -548,6 +548,38 @@ where
     } else {
         (io, bytes::Bytes::new(), false)
     };
+    // Boxed: hyper's connection (HTTP/2, upgrades, what the fast path hands
+    // off) lay beside the plain path's state in this future, about 2.5 KB
+    // more in every connection's task, most of which never leave the plain
+    // path. One allocation per connection handed off.
+    Box::pin(serve_hyper(
+        io, prefix, draining, builder, answer, state, settings, shutdown, peer,
+    ))
+    .await
+}
+
+/// [`serve`]'s connection from where the fast path handed it off (or from
+/// its start, without the fast path): hyper serves it, under the same
+/// deadlines.
+#[expect(clippy::too_many_arguments, reason = "serve's own, passed on")]
+async fn serve_hyper<I, F, Fut>(
+    io: I,
+    prefix: bytes::Bytes,
+    mut draining: bool,
+    builder: &auto::Builder<TokioExecutor>,
+    answer: F,
+    state: &conn::ConnState,
+    settings: &Settings,
+    mut shutdown: Shutdown,
+    peer: SocketAddr,
+) -> CloseReason
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: Fn(http::Request<h1::ReqBody>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = h1::Answer<conn::TrackedBody<waitroom_runtime::body::Body>>>
+        + Send
+        + 'static,
+{
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let answered = answer(req.map(h1::ReqBody::Hyper));
         async move {
