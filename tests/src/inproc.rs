@@ -168,6 +168,16 @@ origin = "{origin_addr}"
         self.restart()
     }
 
+    /// Rewrites the node's config file with `edit` and reloads it in the
+    /// running node, as `SIGHUP` would: requests in flight go on.
+    pub fn reload(&self, edit: impl FnOnce(&str) -> String) -> Result<Vec<String>> {
+        let before = std::fs::read_to_string(&self.config)?;
+        let after = edit(&before);
+        anyhow::ensure!(after != before, "the edit changes the config");
+        std::fs::write(&self.config, after)?;
+        Ok(self.node().reload(&self.config)?)
+    }
+
     /// `http://NODE{path}`.
     #[must_use]
     pub fn url(&self, path: &str) -> String {

@@ -122,3 +122,140 @@ fn the_command_is_the_origins_alone_and_only_where_enabled() {
     assert_eq!(active(&on), Some(1.0), "a visitor's header moved a count");
     assert!(visit(&on, "/", &Some(a)).body.contains(SITE));
 }
+
+/// An origin on its own threads that answers `/checkout…` only when the
+/// test lets it (each such request said on `held`), with the command field
+/// under its default name; anything else at once. HTTP/1.1, kept alive.
+fn held_origin() -> (
+    std::net::SocketAddr,
+    std::sync::mpsc::Receiver<()>,
+    std::sync::mpsc::Sender<()>,
+) {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex, mpsc};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (held_tx, held) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel::<()>();
+    let release_rx = Arc::new(Mutex::new(release_rx));
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(64) {
+            let Ok(mut conn) = conn else { return };
+            let (held_tx, release_rx) = (held_tx.clone(), Arc::clone(&release_rx));
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match conn.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end + 4);
+                    let mut words = head.split(' ');
+                    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+                    let command = if path.starts_with("/checkout") {
+                        let _ = held_tx.send(());
+                        let released = release_rx
+                            .lock()
+                            .unwrap()
+                            .recv_timeout(Duration::from_secs(20));
+                        assert!(released.is_ok(), "the test never released the origin");
+                        "Waitroom-Command: revoke\r\n"
+                    } else {
+                        ""
+                    };
+                    let body = if method == "HEAD" { "" } else { "ok" };
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n{command}\r\n{body}"
+                    );
+                    if conn.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, held, release)
+}
+
+/// The tired operator renames the command field (`origin_command_header`)
+/// by a reload while a checkout is at the origin: that answer is read by the
+/// name its request left with — its command acted on, the field kept from
+/// the visitor — whether its fields come as lines (`GET`) or as a map
+/// (`HEAD`); the next request goes by the new name.
+#[test]
+fn a_reload_renaming_the_field_mid_request_keeps_the_name_the_request_left_with() {
+    for method in ["GET", "HEAD"] {
+        let (origin, held, release) = held_origin();
+        let node = InProcNode::start_in_front_of(
+            &format!("cmd-rename-{method}"),
+            origin,
+            &format!("{ROOM}enabled_origin_commands = [\"revoke\"]\n"),
+        )
+        .unwrap();
+        let first = request(node.http, "GET", "/", &[]);
+        assert_eq!(first.status, 200, "{method}: {first:?}");
+        let a = first.cookie().unwrap();
+
+        let http = node.http;
+        let cookie = a.clone();
+        let checkout = std::thread::spawn(move || {
+            request(
+                http,
+                method,
+                "/checkout/done",
+                &[("Cookie", cookie.as_str())],
+            )
+        });
+        held.recv_timeout(Duration::from_secs(10))
+            .expect("the checkout reached the origin");
+        let changes = node
+            .reload(|c| format!("{c}origin_command_header = \"X-Shop-Command\"\n"))
+            .unwrap();
+        assert!(
+            changes.iter().all(|c| !c.contains("refused")),
+            "{changes:?}"
+        );
+        release.send(()).unwrap();
+        let done = checkout.join().unwrap();
+        assert_eq!(done.status, 200, "{method}: {done:?}");
+        assert_eq!(
+            done.header("waitroom-command"),
+            None,
+            "{method}: the command reached the visitor"
+        );
+        let cleared = done.header("set-cookie").unwrap_or_default();
+        assert!(
+            cleared.contains("Max-Age=0"),
+            "{method}: the revoke was lost: {cleared:?}"
+        );
+
+        // The reload is in force: under the old name the field is no
+        // command any more, and passes as any other.
+        node.advance_into_next_minute(1);
+        let next = request(node.http, "GET", "/", &[]);
+        assert_eq!(next.body, "ok", "{method}: the freed place was not given");
+        let b = next.cookie().unwrap();
+        let cookie = b.clone();
+        let checkout = std::thread::spawn(move || {
+            request(
+                http,
+                method,
+                "/checkout/done",
+                &[("Cookie", cookie.as_str())],
+            )
+        });
+        held.recv_timeout(Duration::from_secs(10)).unwrap();
+        release.send(()).unwrap();
+        let done = checkout.join().unwrap();
+        assert_eq!(done.header("waitroom-command"), Some("revoke"), "{method}");
+        assert!(
+            done.all("set-cookie").all(|c| !c.contains("Max-Age=0")),
+            "{method}: revoked by the old name"
+        );
+    }
+}

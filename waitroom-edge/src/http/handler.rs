@@ -147,7 +147,7 @@ fn answer(
 
         // 1. The room, by the one spelling of the target (`crate::target`); the
         //    origin gets that spelling too.
-        let (index, rewrite, bypassed) = match target::normalize(req.uri(), req.headers()) {
+        let (index, rewrite, bypassed, live) = match target::normalize(req.uri(), req.headers()) {
             Ok(t) => {
                 let Some(index) = node.routes.route(&t) else {
                     node.metrics.requests_unmatched.fetch_add(1, Relaxed);
@@ -163,8 +163,14 @@ fn answer(
                 let changed = req.uri().authority().is_some()
                     || matches!(t.host, std::borrow::Cow::Owned(_))
                     || t.path(merge) != req.uri().path();
+                // The room's live settings, loaded once for the whole request
+                // (bypass rules, the decision, both sides of the origin's
+                // answer): a reload while the request is at the origin takes
+                // effect from the next request, and the request pays one
+                // load (each is a fenced write to the thread's debt slot).
+                let live = node.rooms[index].live.load_full();
                 // Bypass rules see the spelling that was routed and is forwarded.
-                let rules = &node.rooms[index].live.load().bypass;
+                let rules = &live.bypass;
                 let bypassed = !rules.is_empty()
                     && rules
                         .find(&bypass::Probe {
@@ -178,6 +184,7 @@ fn answer(
                     index,
                     changed.then(|| (t.path_and_query(merge), t.host_header())),
                     bypassed,
+                    live,
                 )
             }
             Err(err) => {
@@ -196,7 +203,6 @@ fn answer(
         //     `suspended`: out of the way, as if no room covered it): to the
         //     origin without a ticket, nothing counted. No ticket: nothing for
         //     an origin command to act on (its header is still removed).
-        let live = room.live.load_full();
         let through = if bypassed {
             Some(Outcome::Bypassed)
         } else if live.suspended {
@@ -209,6 +215,7 @@ fn answer(
             let to = OriginCall {
                 hop,
                 scheme,
+                live: &live,
                 trace,
                 lines,
             };
@@ -378,6 +385,7 @@ fn answer(
                 let to = OriginCall {
                     hop,
                     scheme,
+                    live: &live,
                     trace,
                     lines,
                 };
@@ -554,11 +562,12 @@ fn forward(
 }
 
 /// What [`to_origin`] needs of the request's context besides the request:
-/// the peer it came from, its scheme, the access log's trace and where the
-/// answer's lines go.
+/// the peer it came from, its scheme, the room's live settings the request
+/// was decided with, the access log's trace and where the answer's lines go.
 struct OriginCall<'a> {
     hop: std::net::IpAddr,
     scheme: &'static str,
+    live: &'a RoomLive,
     trace: &'a mut Trace,
     lines: &'a mut Option<HeadLines>,
 }
@@ -587,22 +596,21 @@ fn to_origin(
         let OriginCall {
             hop,
             scheme,
+            live,
             trace,
             lines,
         } = to;
         // Read before the request goes: an error page answers in kind.
         let json = wants_json(req.headers());
-        // The room's live settings are loaded on each side of the origin's
-        // answer, never held across it: an arc-swap guard held over an await
-        // takes one of the thread's few fast slots for as long (every other
-        // load on the thread then takes the slow path).
-        // The command field's name goes with the request (a clone of shared
-        // bytes): a plain-HTTP origin's answer is read without it.
-        let command = {
-            let live = room.live.load();
-            live.origin_commands.strip_request(req.headers_mut());
-            live.origin_commands.header().clone()
-        };
+        // The room's live settings the request was decided with serve both
+        // sides of the origin's answer (the caller holds them, an `Arc`, not
+        // an arc-swap guard, which would take one of the thread's few fast
+        // slots for as long): the command field is stripped from the request
+        // and taken from the answer by the same name, whatever a reload
+        // renames meanwhile. The name goes with the request (a clone of
+        // shared bytes): a plain-HTTP origin's answer is read without it.
+        live.origin_commands.strip_request(req.headers_mut());
+        let command = live.origin_commands.header().clone();
         let proxy_started = Instant::now();
         let (upstream, timeout) = (&room.upstream, room.spec.origin_timeout);
         let at = (hop, scheme, Some(&command));
@@ -610,7 +618,6 @@ fn to_origin(
         let proxy_time = proxy_started.elapsed();
         room.metrics.observe(Latency::Proxy, proxy_time);
         trace.upstream_micros = Some(proxy_time.as_micros() as u64);
-        let live = room.live.load();
         match result {
             Ok((mut resp, head)) => {
                 trace.upstream_status = Some(resp.status().as_u16());
@@ -632,7 +639,7 @@ fn to_origin(
                         RoomCount::ProxyErrors
                     });
                 let resp = match proxy::failure(&err) {
-                    Some(view) => status_page(Some(&live), &room.spec.id, view, json),
+                    Some(view) => status_page(Some(live), &room.spec.id, view, json),
                     None => proxy::error_page(&err),
                 };
                 (resp, None)
