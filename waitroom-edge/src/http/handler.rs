@@ -884,7 +884,7 @@ fn set_cookie_header(
     text.push(b"=");
     node.keys
         .load()
-        .seal_with(&room.spec.id, bytes, |v| text.push(v.as_bytes()))?;
+        .seal_with(&room.spec.id, bytes, |v| text.push(v))?;
     text.push(b"; Path=");
     text.push(room.spec.cookie_path.as_bytes());
     text.push(b"; Max-Age=");
