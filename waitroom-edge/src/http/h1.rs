@@ -251,9 +251,11 @@ where
     B: HttpBody<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let mut buf = BytesMut::with_capacity(READ_SIZE);
-    let mut fields: Vec<(Range<usize>, Range<usize>)> = Vec::with_capacity(16);
-    let mut out: Vec<u8> = Vec::with_capacity(512);
+    let Buffers {
+        read: mut buf,
+        mut fields,
+        mut out,
+    } = spare_buffers();
     loop {
         let plain = loop {
             if !buf.is_empty() {
@@ -270,20 +272,25 @@ where
             }
             ctl.idle.store(buf.is_empty(), Relaxed);
             let n = std::future::poll_fn(|cx| {
-                if buf.capacity() == 0 {
-                    buf = spare_buffer();
+                if buf.capacity() == 0 && fields.capacity() == 0 {
+                    let spare = spare_buffers();
+                    (buf, fields, out) = (spare.read, spare.fields, spare.out);
                 }
                 if buf.capacity() - buf.len() < READ_SIZE / 4 {
                     buf.reserve(READ_SIZE);
                 }
                 let read = std::pin::pin!(io.read_buf(&mut buf)).poll(cx);
-                // Between requests, nothing to read yet: the buffer goes
+                // Between requests, nothing to read yet: the buffers go
                 // back while the visitor is quiet (nginx frees an idle
-                // keep-alive connection's buffers too), 8 KiB of every idle
+                // keep-alive connection's buffers too), 9 KiB of every idle
                 // connection's memory; the wake-up that brings the next
-                // request takes one again.
+                // request takes them again.
                 if read.is_pending() && buf.is_empty() {
-                    give_back(std::mem::take(&mut buf));
+                    give_back(Buffers {
+                        read: std::mem::take(&mut buf),
+                        fields: std::mem::take(&mut fields),
+                        out: std::mem::take(&mut out),
+                    });
                 }
                 read
             })
@@ -347,34 +354,50 @@ pub fn plain_request(buf: &[u8], limits: Limits) -> Option<(usize, Option<Reques
 /// Bytes asked of the socket at a time (hyper's first read is 8 KiB too).
 const READ_SIZE: usize = 8192;
 
-/// Read buffers a worker thread keeps for its connections between their
-/// requests, at most: 512 KiB a worker; a connection that gives one back
-/// beyond that frees it.
+/// Buffers a worker thread keeps for its connections between their
+/// requests, at most: about 576 KiB a worker; a connection that gives its
+/// buffers back beyond that frees them.
 const SPARE_BUFFERS: usize = 64;
 
+/// What [`serve`] holds only while a request is read and answered: the read
+/// buffer, the head's field list and the answer's head.
+struct Buffers {
+    read: BytesMut,
+    fields: Vec<(Range<usize>, Range<usize>)>,
+    out: Vec<u8>,
+}
+
 thread_local! {
-    /// Read buffers this worker's idle connections gave back ([`serve`]):
-    /// a busy connection takes one back at its next request without the
+    /// Buffers this worker's idle connections gave back ([`serve`]): a busy
+    /// connection takes a set back at its next request without the
     /// allocator (an 8 KiB allocation and its free cost ~500 instructions a
     /// request here, mimalloc's slower path).
-    static SPARE: std::cell::RefCell<Vec<BytesMut>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SPARE: std::cell::RefCell<Vec<Buffers>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// A read buffer given back before, or a new one.
-fn spare_buffer() -> BytesMut {
-    SPARE
-        .with_borrow_mut(Vec::pop)
-        .unwrap_or_else(|| BytesMut::with_capacity(READ_SIZE))
+/// Buffers given back before, or new ones.
+fn spare_buffers() -> Buffers {
+    SPARE.with_borrow_mut(Vec::pop).unwrap_or_else(|| Buffers {
+        read: BytesMut::with_capacity(READ_SIZE),
+        fields: Vec::with_capacity(16),
+        out: Vec::with_capacity(512),
+    })
 }
 
-/// Keeps an empty read buffer for the thread's next connection that reads,
-/// while fewer than [`SPARE_BUFFERS`] are kept and it still has room for a
-/// read; frees it otherwise.
-fn give_back(buf: BytesMut) {
-    if buf.capacity() >= READ_SIZE / 4 {
+/// Keeps a connection's empty buffers for the thread's next connection
+/// that reads, while fewer than [`SPARE_BUFFERS`] sets are kept and the read
+/// buffer still has room for a read; frees them otherwise. Nothing is kept
+/// in them: the field list and the answer's head are cleared before each
+/// use.
+fn give_back(mut buffers: Buffers) {
+    if buffers.read.capacity() >= READ_SIZE / 4 {
+        // A long head (many fields, a large answer's head) does not keep
+        // its larger lists in every spare set.
+        buffers.fields.shrink_to(64);
+        buffers.out.shrink_to(2048);
         SPARE.with_borrow_mut(|spare| {
             if spare.len() < SPARE_BUFFERS {
-                spare.push(buf);
+                spare.push(buffers);
             }
         });
     }
@@ -1154,6 +1177,14 @@ mod tests {
             before + 1,
             "the quiet connection's buffer is kept for others"
         );
+        let given = SPARE.with_borrow(|s| {
+            s.last()
+                .map(|b| (b.read.capacity(), b.fields.capacity(), b.out.capacity()))
+        });
+        assert!(
+            given.is_some_and(|(r, f, o)| r >= READ_SIZE / 4 && f > 0 && o > 0),
+            "the field list and the answer's head go back with it: {given:?}"
+        );
         client.write_all(b"GET /b HTTP/1.1\r\nHo").await.unwrap();
         tokio::task::yield_now().await;
         client.write_all(b"st: x\r\n\r\n").await.unwrap();
@@ -1162,7 +1193,12 @@ mod tests {
         assert!(matches!(served.await.unwrap(), Ok(End::Closed)));
         // Given back more often than it holds, the thread keeps at most its bound.
         for _ in 0..2 * SPARE_BUFFERS {
-            give_back(BytesMut::with_capacity(READ_SIZE));
+            give_back(spare_buffers());
+            give_back(Buffers {
+                read: BytesMut::with_capacity(READ_SIZE),
+                fields: Vec::new(),
+                out: Vec::new(),
+            });
         }
         assert_eq!(spares(), SPARE_BUFFERS);
     }

@@ -272,7 +272,9 @@ async fn accept_loop(
     mut shutdown: Shutdown,
 ) {
     let scheme: &'static str = if spec.tls.is_some() { "https" } else { "http" };
-    let builder = connection_builder(&node.settings);
+    // Shared by the listener's connections: each task holds a pointer, not
+    // hyper's 240-byte builder (memory per open connection).
+    let builder = Arc::new(connection_builder(&node.settings));
     loop {
         // At the limit, the oldest idle connection makes room for the next
         // visitor (nginx reuses keep-alive connections the same way); with
@@ -355,7 +357,7 @@ async fn accept_loop(
         let registered = registry.register();
         let node = Arc::clone(&node);
         let worker = Arc::clone(&worker);
-        let builder = builder.clone();
+        let builder = Arc::clone(&builder);
         let tls = spec.tls.clone();
         let drain = drain.clone();
         let shutdown = shutdown.clone();
