@@ -192,3 +192,86 @@ fn a_rule_without_a_condition_is_refused_at_start() {
         "{err:#}"
     );
 }
+
+/// The tired operator on launch day reloads again and again while visitors
+/// keep coming: rules come and go, the room is suspended and back, the
+/// limits and the command field change. No request fails for it: every one
+/// is answered (no 5xx, no connection dropped) with the site, the queue or
+/// a bypass; and when the reloads stop the node goes by the last file.
+#[test]
+fn reloads_under_traffic_fail_no_request() {
+    let configs = [
+        RULES.to_owned(),
+        format!("{LIMITS}origin_command_header = \"x-shop-command\"\n"),
+        format!("{LIMITS}suspended = true\n"),
+    ];
+    let node = InProcNode::start("bypass-reloads", &configs[0]).unwrap();
+    let addr = node.http;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let visitors: Vec<_> = (0..4)
+        .map(|v| {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut cookie: Option<String> = None;
+                let mut failures = Vec::new();
+                let mut answered = 0;
+                for i in 0..400 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) && i >= 50 {
+                        break;
+                    }
+                    let target = ["/", "/static/app.js", "/checkout/done", "/healthz"][(i + v) % 4];
+                    let method = if i % 5 == 0 { "HEAD" } else { "GET" };
+                    let headers: Vec<(&str, &str)> =
+                        cookie.iter().map(|c| ("Cookie", c.as_str())).collect();
+                    let r = waitroom_tests::raw::request(addr, method, target, &headers);
+                    answered += 1;
+                    let known = method == "HEAD"
+                        || r.body.contains(SITE)
+                        || r.body.contains(QUEUE)
+                        || r.body.starts_with("GET ")
+                        || r.body == "ok\n";
+                    if r.status == 0 || r.status >= 500 || !known {
+                        failures.push(format!("{method} {target}: {} {}", r.status, r.body));
+                    }
+                    if let Some(c) = r.cookie().filter(|c| !c.ends_with('=')) {
+                        cookie = Some(c);
+                    }
+                }
+                (answered, failures)
+            })
+        })
+        .collect();
+    for round in 1..=30 {
+        let (from, to) = (&configs[(round - 1) % 3], &configs[round % 3]);
+        let changes = node
+            .reload(|c| c.replace(from.as_str(), to))
+            .unwrap_or_else(|e| panic!("reload {round}: {e:#}"));
+        assert!(
+            !changes.is_empty() || from == to,
+            "reload {round}: {changes:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut answered = 0;
+    for v in visitors {
+        let (n, failures) = v.join().unwrap();
+        answered += n;
+        assert!(
+            failures.is_empty(),
+            "{} failed: {failures:#?}",
+            failures.len()
+        );
+    }
+    assert!(
+        answered >= 200,
+        "only {answered} requests ran beside the reloads"
+    );
+
+    // 30 reloads from RULES end on RULES: everyone queued but the rules.
+    let (_, _, body) = raw(addr, "GET", "/checkout", &[]);
+    assert!(body.contains(QUEUE), "{body}");
+    let (status, _, body) = raw(addr, "GET", "/static/app.js", &[]);
+    assert_eq!(status, 200);
+    assert!(!body.contains(QUEUE), "{body}");
+}
