@@ -161,21 +161,24 @@ origin = "{origin_addr}"
     /// on it: an operator's change of the room (as a reload would apply it),
     /// the counters, ledger and keys kept.
     pub fn reconfigure(&mut self, edit: impl FnOnce(&str) -> String) -> Result<()> {
-        let before = std::fs::read_to_string(&self.config)?;
-        let after = edit(&before);
-        anyhow::ensure!(after != before, "the edit changes the config");
-        std::fs::write(&self.config, after)?;
+        self.rewrite_config(edit)?;
         self.restart()
     }
 
     /// Rewrites the node's config file with `edit` and reloads it in the
     /// running node, as `SIGHUP` would: requests in flight go on.
     pub fn reload(&self, edit: impl FnOnce(&str) -> String) -> Result<Vec<String>> {
+        self.rewrite_config(edit)?;
+        Ok(self.node().reload(&self.config)?)
+    }
+
+    /// Rewrites the node's config file with `edit`, which must change it.
+    fn rewrite_config(&self, edit: impl FnOnce(&str) -> String) -> Result<()> {
         let before = std::fs::read_to_string(&self.config)?;
         let after = edit(&before);
         anyhow::ensure!(after != before, "the edit changes the config");
         std::fs::write(&self.config, after)?;
-        Ok(self.node().reload(&self.config)?)
+        Ok(())
     }
 
     /// `http://NODE{path}`.
