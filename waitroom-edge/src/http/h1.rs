@@ -1135,10 +1135,11 @@ mod tests {
         }
     }
 
-    /// A connection waiting for its visitor's next request holds no read
-    /// buffer: it went back to the worker's spares, and the next request
-    /// (arriving later, and split over two writes) is read into one again.
-    /// The thread's spares are bounded.
+    /// A connection waiting for its visitor's next request holds none of
+    /// its buffers (read buffer, field list, answer head): they went back to
+    /// the worker's spares as one set, and the next request (arriving later,
+    /// and split over two writes) is read into a set again. The thread's
+    /// spares are bounded.
     #[tokio::test]
     async fn a_quiet_connection_gives_its_read_buffer_back() {
         let spares = || SPARE.with_borrow(Vec::len);
