@@ -39,7 +39,10 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version, header, uri::Authority,
 };
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
-use tokio::{io::AsyncWriteExt as _, net::TcpStream};
+use tokio::{
+    io::{AsyncRead as _, AsyncWriteExt as _, ReadBuf},
+    net::TcpStream,
+};
 use waitroom_runtime::body::{Body, BoxError};
 
 use crate::{forwarded::Additions, origin_pool::OriginPool};
@@ -203,8 +206,12 @@ impl H1Conn {
 
     /// Whether an idle connection may take another request: the origin has
     /// neither closed it nor written to it unasked. Costs a system call only
-    /// when the socket reads as ready (which also clears a readiness left
-    /// from the last answer, so the next wait for an answer is a real one).
+    /// when the socket reads as ready: the origin's close or bytes seen by
+    /// the worker's reactor since the answer was read (whose last, short read
+    /// left the socket not ready, [`Self::poll_fill`]). As nginx's pool of
+    /// kept-alive upstreams, a close still on its way is not waited for: a
+    /// request sent on it fails as `reused` and goes again on a new
+    /// connection when it can be replayed (`proxy::forward`).
     pub fn is_idle_and_open(&mut self) -> bool {
         // Bytes left over from the last answer would be read as the next.
         if !self.buf.is_empty() {
@@ -233,17 +240,24 @@ impl H1Conn {
     }
 
     /// Reads more of the answer into `buf`; `Ok(0)` when the origin closed.
+    ///
+    /// Through tokio's `AsyncRead`, which takes a read that did not fill
+    /// the space offered as the socket drained (edge-triggered epoll) and
+    /// forgets its readiness: the connection, back in the pool, is then
+    /// checked without a system call ([`Self::is_idle_and_open`]), where
+    /// `try_read_buf` left the readiness set and the check paid a read that
+    /// could only say "nothing yet" (one `recvfrom` a proxied request).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < READ_RESERVE / 4 {
             self.buf.reserve(READ_RESERVE);
         }
-        loop {
-            ready!(self.io.poll_read_ready(cx))?;
-            match self.io.try_read_buf(&mut self.buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                other => return Poll::Ready(other),
-            }
-        }
+        let mut read = ReadBuf::uninit(self.buf.spare_capacity_mut());
+        ready!(Pin::new(&mut self.io).poll_read(cx, &mut read))?;
+        let n = read.filled().len();
+        // SAFETY: `poll_read` initialised the first `n` bytes of the spare
+        // capacity (`ReadBuf::filled`), which directly follow `len`.
+        unsafe { self.buf.set_len(self.buf.len() + n) };
+        Poll::Ready(Ok(n))
     }
 
     async fn fill(&mut self) -> io::Result<usize> {
