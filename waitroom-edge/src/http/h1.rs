@@ -394,7 +394,7 @@ fn give_back(mut buffers: Buffers) {
         // A long head (many fields, a large answer's head) does not keep
         // its larger lists in every spare set.
         buffers.fields.shrink_to(64);
-        buffers.out.shrink_to(2048);
+        buffers.out.shrink_to(COALESCED_MAX);
         SPARE.with_borrow_mut(|spare| {
             if spare.len() < SPARE_BUFFERS {
                 spare.push(buffers);
@@ -596,8 +596,21 @@ where
         } else {
             b""
         };
-        let head: &[u8] = if head_sent { b"" } else { out };
-        write_all_vectored(io, &mut [head, prefix, &data, suffix]).await?;
+        let piece = prefix.len() + data.len() + suffix.len();
+        if !head_sent && out.len() + piece <= COALESCED_MAX {
+            // The head and a small first piece (most answers: a page, an
+            // origin's answer that came whole) in one contiguous write: the
+            // kernel takes one slice about 400 ns sooner than the same bytes
+            // in several (`writev`), more than the copy costs here.
+            out.reserve(piece);
+            out.extend_from_slice(prefix);
+            out.extend_from_slice(&data);
+            out.extend_from_slice(suffix);
+            io.write_all(out).await?;
+        } else {
+            let head: &[u8] = if head_sent { b"" } else { out };
+            write_all_vectored(io, &mut [head, prefix, &data, suffix]).await?;
+        }
         head_sent = true;
     }
     match framing {
@@ -617,6 +630,12 @@ where
     io.flush().await?;
     Ok(close)
 }
+
+/// The largest head and first piece of a body written as one copy
+/// ([`write_response`]): the answer buffer a spare set keeps ([`give_back`]),
+/// so a connection's answers do not grow it again and again. A queue page
+/// (about 1.8 KB with its head) fits.
+const COALESCED_MAX: usize = 2048;
 
 /// Writes every slice, in order, with as few writes as the socket allows.
 async fn write_all_vectored<I: AsyncWrite + Unpin>(
@@ -1109,6 +1128,113 @@ mod tests {
             ],
             "{out}"
         );
+    }
+
+    /// A pipe end that records every write it takes: whether it came as
+    /// slices (`writev`) and how many bytes.
+    #[derive(Debug)]
+    struct Recorded {
+        io: DuplexStream,
+        writes: Arc<std::sync::Mutex<Vec<(bool, usize)>>>,
+    }
+
+    impl AsyncRead for Recorded {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.io).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for Recorded {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let r = Pin::new(&mut self.io).poll_write(cx, buf);
+            if let Poll::Ready(Ok(n)) = r {
+                self.writes.lock().unwrap().push((false, n));
+            }
+            r
+        }
+
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+            if let Poll::Ready(Ok(n)) = r {
+                self.writes.lock().unwrap().push((true, n));
+            }
+            r
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.io).poll_flush(cx)
+        }
+
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.io).poll_shutdown(cx)
+        }
+    }
+
+    /// The head and a first piece that fit [`COALESCED_MAX`] together go
+    /// out as one contiguous write (the kernel takes one slice sooner than
+    /// several); a larger body goes as slices beside the head, uncopied;
+    /// the bytes on the wire are the same either way.
+    #[tokio::test]
+    async fn a_small_answer_is_one_write_a_large_one_is_not_copied_into_it() {
+        // The head this test's answers carry: status, close, length, date.
+        let head_len = |body: usize| {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: {body}\r\ndate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\r\n"
+            );
+            head.len()
+        };
+        let fits = COALESCED_MAX - head_len(COALESCED_MAX);
+        for (body, one_write) in [(3, true), (fits, true), (fits + 1, false), (20_000, false)] {
+            let (mut client, server) = tokio::io::duplex(1 << 20);
+            let writes = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let io = Recorded {
+                io: server,
+                writes: Arc::clone(&writes),
+            };
+            let answer = move |_req: Request<ReqBody>| {
+                let resp = Response::new(Full::new(Bytes::from(vec![b'x'; body])));
+                async move { (resp, None) }
+            };
+            client
+                .write_all(b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let end = serve(io, &answer, LIMITS, &Control::default()).await;
+            assert!(matches!(end, Ok(End::Closed)), "{end:?}");
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.unwrap();
+            let text = String::from_utf8_lossy(&got);
+            let (head, sent) = text.split_once("\r\n\r\n").unwrap();
+            assert!(head.contains(&format!("content-length: {body}")), "{head}");
+            assert_eq!(sent, "x".repeat(body), "body of {body} bytes");
+            assert_eq!(head.len() + 4, head_len(body), "{head}");
+            let writes = writes.lock().unwrap().clone();
+            if one_write {
+                assert_eq!(writes, [(false, got.len())], "body of {body} bytes");
+            } else {
+                assert!(
+                    writes.first().is_some_and(|w| w.0),
+                    "body of {body} bytes: {writes:?}"
+                );
+                assert_eq!(writes.iter().map(|w| w.1).sum::<usize>(), got.len());
+            }
+        }
     }
 
     #[tokio::test]
