@@ -547,6 +547,8 @@ where
     // The head goes with the first piece of the body when that is ready now
     // (most answers: a page, or an origin's answer that came whole).
     let mut head_sent = false;
+    // The last chunk written already.
+    let mut ended = false;
     let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await;
     let mut pending = match first {
         Poll::Ready(frame) => Some(frame),
@@ -602,11 +604,31 @@ where
             // origin's answer that came whole) in one contiguous write: the
             // kernel takes one slice about 400 ns sooner than the same bytes
             // in several (`writev`), more than the copy costs here.
-            out.reserve(piece);
+            out.reserve(piece + LAST_CHUNK.len());
             out.extend_from_slice(prefix);
             out.extend_from_slice(&data);
             out.extend_from_slice(suffix);
+            if framing == Framing::Chunked {
+                // A chunked body's end goes in the same write when it is
+                // known already (an origin's chunked answer that came
+                // whole), not in a packet of its own.
+                let next =
+                    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx)))
+                        .await;
+                match next {
+                    Poll::Ready(None) => {
+                        out.extend_from_slice(LAST_CHUNK);
+                        ended = true;
+                    }
+                    Poll::Ready(frame) => pending = Some(frame),
+                    Poll::Pending => {}
+                }
+            }
             io.write_all(out).await?;
+            head_sent = true;
+            if ended {
+                break;
+            }
         } else {
             let head: &[u8] = if head_sent { b"" } else { out };
             write_all_vectored(io, &mut [head, prefix, &data, suffix]).await?;
@@ -620,9 +642,9 @@ where
             }
             return Err(io::Error::other("answer body shorter than its length"));
         }
-        Framing::Chunked => {
+        Framing::Chunked if !ended => {
             let head: &[u8] = if head_sent { b"" } else { out };
-            write_all_vectored(io, &mut [head, b"0\r\n\r\n"]).await?;
+            write_all_vectored(io, &mut [head, LAST_CHUNK]).await?;
         }
         _ if !head_sent => io.write_all(out).await?,
         _ => {}
@@ -636,6 +658,9 @@ where
 /// so a connection's answers do not grow it again and again. A queue page
 /// (about 1.8 KB with its head) fits.
 const COALESCED_MAX: usize = 2048;
+
+/// The end of a chunked body (no trailers: they are dropped).
+const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
 /// Writes every slice, in order, with as few writes as the socket allows.
 async fn write_all_vectored<I: AsyncWrite + Unpin>(
@@ -1186,6 +1211,36 @@ mod tests {
         }
     }
 
+    /// One request with `Connection: close` answered with `make()`'s
+    /// response: the bytes the client read and the writes `serve` made.
+    async fn recorded<B, M>(make: M) -> (Vec<u8>, Vec<(bool, usize)>)
+    where
+        M: Fn() -> Response<B>,
+        B: HttpBody<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let writes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let io = Recorded {
+            io: server,
+            writes: Arc::clone(&writes),
+        };
+        let answer = move |_req: Request<ReqBody>| {
+            let resp = make();
+            async move { (resp, None) }
+        };
+        client
+            .write_all(b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let end = serve(io, &answer, LIMITS, &Control::default()).await;
+        assert!(matches!(end, Ok(End::Closed)), "{end:?}");
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        let writes = writes.lock().unwrap().clone();
+        (got, writes)
+    }
+
     /// The head and a first piece that fit [`COALESCED_MAX`] together go
     /// out as one contiguous write (the kernel takes one slice sooner than
     /// several); a larger body goes as slices beside the head, uncopied;
@@ -1201,30 +1256,13 @@ mod tests {
         };
         let fits = COALESCED_MAX - head_len(COALESCED_MAX);
         for (body, one_write) in [(3, true), (fits, true), (fits + 1, false), (20_000, false)] {
-            let (mut client, server) = tokio::io::duplex(1 << 20);
-            let writes = Arc::new(std::sync::Mutex::new(Vec::new()));
-            let io = Recorded {
-                io: server,
-                writes: Arc::clone(&writes),
-            };
-            let answer = move |_req: Request<ReqBody>| {
-                let resp = Response::new(Full::new(Bytes::from(vec![b'x'; body])));
-                async move { (resp, None) }
-            };
-            client
-                .write_all(b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n")
-                .await
-                .unwrap();
-            let end = serve(io, &answer, LIMITS, &Control::default()).await;
-            assert!(matches!(end, Ok(End::Closed)), "{end:?}");
-            let mut got = Vec::new();
-            client.read_to_end(&mut got).await.unwrap();
+            let (got, writes) =
+                recorded(|| Response::new(Full::new(Bytes::from(vec![b'x'; body])))).await;
             let text = String::from_utf8_lossy(&got);
             let (head, sent) = text.split_once("\r\n\r\n").unwrap();
             assert!(head.contains(&format!("content-length: {body}")), "{head}");
             assert_eq!(sent, "x".repeat(body), "body of {body} bytes");
             assert_eq!(head.len() + 4, head_len(body), "{head}");
-            let writes = writes.lock().unwrap().clone();
             if one_write {
                 assert_eq!(writes, [(false, got.len())], "body of {body} bytes");
             } else {
@@ -1235,6 +1273,34 @@ mod tests {
                 assert_eq!(writes.iter().map(|w| w.1).sum::<usize>(), got.len());
             }
         }
+    }
+
+    /// A chunked answer whose end is known with its first piece (an
+    /// origin's answer that came whole) ends in the same write; one with
+    /// more to come writes the rest, and the end, after it.
+    #[tokio::test]
+    async fn a_chunked_answer_that_came_whole_ends_in_its_one_write() {
+        let (got, writes) =
+            recorded(|| Response::new(Frames(vec![Bytes::from_static(b"abc")]))).await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.ends_with("\r\n\r\n3\r\nabc\r\n0\r\n\r\n"), "{text}");
+        assert_eq!(writes, [(false, got.len())], "{text}");
+
+        let (got, writes) = recorded(|| {
+            Response::new(Frames(vec![
+                Bytes::from_static(b"abc"),
+                Bytes::from_static(b"defgh"),
+            ]))
+        })
+        .await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            text.ends_with("\r\n\r\n3\r\nabc\r\n5\r\ndefgh\r\n0\r\n\r\n"),
+            "{text}"
+        );
+        let first = text.find("3\r\nabc\r\n").unwrap() + 8;
+        assert_eq!(writes.first(), Some(&(false, first)), "{text}");
+        assert_eq!(writes.iter().map(|w| w.1).sum::<usize>(), got.len());
     }
 
     #[tokio::test]
