@@ -205,20 +205,31 @@ impl H1Conn {
     }
 
     /// Whether an idle connection may take another request: the origin has
-    /// neither closed it nor written to it unasked. Costs a system call only
-    /// when the socket reads as ready: the origin's close or bytes seen by
-    /// the worker's reactor since the answer was read (whose last, short read
-    /// left the socket not ready, [`Self::poll_fill`]). As nginx's pool of
-    /// kept-alive upstreams, a close still on its way is not waited for: a
-    /// request sent on it fails as `reused` and goes again on a new
-    /// connection when it can be replayed (`proxy::forward`).
-    pub fn is_idle_and_open(&mut self) -> bool {
+    /// neither closed it nor written to it unasked.
+    ///
+    /// By what the worker's reactor has seen, without a system call while
+    /// it has seen nothing since the answer was read (whose last, short
+    /// read left the socket not ready, [`Self::poll_fill`]). A close still
+    /// on its way to the reactor is then not seen, as by nginx's pool of
+    /// kept-alive upstreams: a request sent on it fails as `reused` and goes
+    /// again on a new connection when it can be replayed
+    /// (`proxy::forward`). With `sure` (a request that cannot be sent
+    /// twice: a body, a method that is not idempotent) the socket is asked
+    /// anyway, one `recv` that peeks.
+    pub fn is_idle_and_open(&mut self, sure: bool) -> bool {
         // Bytes left over from the last answer would be read as the next.
         if !self.buf.is_empty() {
             return false;
         }
         let mut cx = Context::from_waker(Waker::noop());
         match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending if sure => {
+                let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+                matches!(
+                    socket2::SockRef::from(&self.io).peek(&mut probe),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock
+                )
+            }
             Poll::Pending => true,
             Poll::Ready(Err(_)) => false,
             Poll::Ready(Ok(())) => {
@@ -1303,6 +1314,51 @@ impl HttpBody for H1Body {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kept-alive connection and the origin's end of it.
+    async fn idle_pair() -> (H1Conn, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let io = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (origin, _) = listener.accept().unwrap();
+        (H1Conn::new(io, Authority::from_static("origin")), origin)
+    }
+
+    /// Until the reactor has run, its readiness cannot tell a close or
+    /// unasked bytes (a request that may be sent again risks that); the
+    /// sure check reads the socket and sees both. After the reactor has
+    /// run, both checks see them. One thread: nothing runs the reactor
+    /// between two lines without an await.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_close_the_reactor_has_not_seen_is_found_by_the_sure_check() {
+        for unasked in [false, true] {
+            let (mut conn, mut origin) = idle_pair().await;
+            assert!(conn.is_idle_and_open(true), "open and quiet");
+            assert!(conn.is_idle_and_open(false), "open and quiet");
+            if unasked {
+                std::io::Write::write_all(&mut origin, b"HTTP/1.1 200 OK\r\n").unwrap();
+            } else {
+                drop(origin);
+            }
+            assert!(
+                conn.is_idle_and_open(false),
+                "unasked {unasked}: not seen yet"
+            );
+            assert!(
+                !conn.is_idle_and_open(true),
+                "unasked {unasked}: the socket says"
+            );
+            let seen = async {
+                while conn.is_idle_and_open(false) {
+                    tokio::task::yield_now().await;
+                }
+            };
+            tokio::time::timeout(std::time::Duration::from_secs(5), seen)
+                .await
+                .expect("the reactor sees it");
+        }
+    }
 
     #[test]
     fn lengths_are_plain_decimal() {

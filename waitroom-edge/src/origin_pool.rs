@@ -316,11 +316,17 @@ impl OriginPool {
     }
 
     /// An idle [`H1Conn`] to `http://authority` still open, else a new one.
-    pub async fn checkout_h1(&self, authority: &Authority) -> Result<H1Conn, OriginError> {
+    /// `sure`: each idle connection's socket is asked whether the origin
+    /// closed it, not only the reactor ([`H1Conn::is_idle_and_open`]).
+    pub async fn checkout_h1(
+        &self,
+        authority: &Authority,
+        sure: bool,
+    ) -> Result<H1Conn, OriginError> {
         let idle = self
             .idle_h1
             .lock()
-            .take(authority, |conn| conn.is_idle_and_open());
+            .take(authority, |conn| conn.is_idle_and_open(sure));
         if let Some(mut conn) = idle {
             conn.reused = true;
             return Ok(conn);

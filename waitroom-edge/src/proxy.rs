@@ -309,6 +309,7 @@ pub fn forward(
                     additions: &additions,
                     body,
                     command: to_origin.command,
+                    replayable,
                 };
                 send_h1(
                     client,
@@ -458,6 +459,10 @@ struct OutgoingH1<'a> {
     body: Body,
     /// The room's origin-command field, read out of the answer's lines.
     command: Option<&'a HeaderName>,
+    /// The request can be sent again after a kept-alive connection failed
+    /// it; else a kept-alive connection is asked whether it is still open
+    /// before it is used (`H1Conn::is_idle_and_open`).
+    replayable: bool,
 }
 
 /// One attempt on a plain-HTTP origin ([`crate::origin_h1`]); its failures
@@ -477,7 +482,7 @@ async fn send_h1(
         let conn = if fresh {
             client.connect_h1(origin).await?
         } else {
-            client.checkout_h1(origin).await?
+            client.checkout_h1(origin, !request.replayable).await?
         };
         reused = conn.reused;
         let (head, mut body) = conn
