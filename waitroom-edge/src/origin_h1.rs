@@ -209,7 +209,7 @@ impl H1Conn {
     ///
     /// By what the worker's reactor has seen, without a system call while
     /// it has seen nothing since the answer was read (whose last, short
-    /// read left the socket not ready, [`Self::poll_fill`]). A close still
+    /// read left the socket not ready, `poll_fill`). A close still
     /// on its way to the reactor is then not seen, as by nginx's pool of
     /// kept-alive upstreams: a request sent on it fails as `reused` and goes
     /// again on a new connection when it can be replayed
