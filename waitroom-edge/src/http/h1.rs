@@ -878,7 +878,7 @@ fn date_line(out: &mut Vec<u8>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::{
         Arc,
         atomic::{AtomicUsize, Ordering::SeqCst},
@@ -1158,9 +1158,9 @@ mod tests {
     /// A pipe end that records every write it takes: whether it came as
     /// slices (`writev`) and how many bytes.
     #[derive(Debug)]
-    struct Recorded {
-        io: DuplexStream,
-        writes: Arc<std::sync::Mutex<Vec<(bool, usize)>>>,
+    pub(in crate::http) struct Recorded {
+        pub(in crate::http) io: DuplexStream,
+        pub(in crate::http) writes: Arc<std::sync::Mutex<Vec<(bool, usize)>>>,
     }
 
     impl AsyncRead for Recorded {
